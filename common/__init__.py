@@ -1,0 +1,1 @@
+"""Shared core: schemas, config, LLM client, service base, embeddings, logging."""

@@ -1,0 +1,267 @@
+"""The FastAPI app factory every service uses, and the shared service CLI.
+
+Each app gets `GET /healthz` (200 only when ready), `GET /metrics` (Prometheus text), structured
+errors `{"error": {"code", "message", "details"}}` (never a traceback), a request-size limit (413),
+optional bearer-token auth from EVOLVER_API_TOKEN (401; /healthz stays open) and a request id on
+every log line. The middleware is plain ASGI: it sits on the env-service hot path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import inspect
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from loguru import logger
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from common.config import ConfigError, StrictModel, apply_flags, load_config, load_dotenv_file
+from common.logging import setup_logging
+
+OPEN_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+
+
+class ServiceError(Exception):
+    """An error a handler raises on purpose: becomes a structured JSON error with this status."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.details, self.headers = status, code, message, details, headers
+
+
+class ServiceSettings(StrictModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY, gt=0)
+    log_level: str = "INFO"
+
+
+class ORJSONResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+# A renderer turns (path, status, code, message, details) into a body, or None to use the default.
+ErrorRenderer = Callable[[str, int, str, str, Any], dict | None]
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict:
+    return {"error": {"code": code, "message": message, "details": details}}
+
+
+def _render_error(request: Request, status: int, code: str, message: str, details: Any = None,
+                  headers: dict | None = None) -> Response:
+    for renderer in getattr(request.app.state, "error_renderers", ()):
+        body = renderer(request.url.path, status, code, message, details)
+        if body is not None:
+            return ORJSONResponse(body, status_code=status, headers=headers)
+    return ORJSONResponse(error_body(code, message, details), status_code=status, headers=headers)
+
+
+def _field_path(loc: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+class _Metrics:
+    def __init__(self, service: str) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("evolver_http_requests", "HTTP requests served", ["route", "method", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("evolver_http_request_seconds", "Request latency", ["route"],
+                                 registry=self.registry,
+                                 buckets=(0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.service = service
+
+
+class _GuardMiddleware:
+    """Request id, bearer auth, body-size limit and request metrics, as raw ASGI."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, max_body: int, metrics: _Metrics) -> None:
+        self.app, self.token, self.max_body, self.metrics = app, token, max_body, metrics
+        self._expected = f"Bearer {token}".encode() if token else b""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        headers = dict(scope["headers"])
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex[:12]
+        scope.setdefault("state", {})["request_id"] = request_id
+        start = time.perf_counter()
+        status_holder = [500]
+
+        async def send_wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder[0] = message["status"]
+                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
+            await send(message)
+
+        with logger.contextualize(request_id=request_id):
+            try:
+                if self.token and path not in OPEN_PATHS:
+                    got = headers.get(b"authorization", b"")
+                    if not hmac.compare_digest(got, self._expected):
+                        await self._reject(send_wrapped, 401, "unauthorized",
+                                           "missing or wrong bearer token (set Authorization: Bearer $EVOLVER_API_TOKEN)",
+                                           [(b"www-authenticate", b"Bearer")])
+                        return
+                length = headers.get(b"content-length")
+                if length is not None and length.isdigit() and int(length) > self.max_body:
+                    await self._reject(send_wrapped, 413, "payload_too_large",
+                                       f"request body of {int(length)} bytes exceeds the limit of {self.max_body} bytes")
+                    return
+                await self.app(scope, self._limited(receive), send_wrapped)
+            except _BodyTooLarge:
+                await self._reject(send_wrapped, 413, "payload_too_large",
+                                   f"request body exceeds the limit of {self.max_body} bytes")
+            finally:
+                route = scope.get("route")
+                route_path = getattr(route, "path", None) or ("<unmatched>" if status_holder[0] == 404 else path)
+                self.metrics.requests.labels(route_path, scope.get("method", ""), str(status_holder[0])).inc()
+                self.metrics.latency.labels(route_path).observe(time.perf_counter() - start)
+
+    def _limited(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def wrapped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _BodyTooLarge()
+            return message
+
+        return wrapped
+
+    @staticmethod
+    async def _reject(send: Send, status: int, code: str, message: str, extra_headers: list | None = None) -> None:
+        body = orjson.dumps(error_body(code, message))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+ReadyCheck = Callable[[], bool | Awaitable[bool]]
+
+
+def create_app(
+    name: str,
+    *,
+    version: str = "0.1.0",
+    description: str = "",
+    ready: ReadyCheck | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY,
+    token: str | None = None,
+    lifespan: Any = None,
+) -> FastAPI:
+    """Build a FastAPI app with the shared routes, errors and middleware.
+
+    `token` defaults to EVOLVER_API_TOKEN from the environment; `ready` decides /healthz.
+    """
+    token = token if token is not None else (os.environ.get("EVOLVER_API_TOKEN") or None)
+    app = FastAPI(title=f"evolver {name}", version=version, description=description,
+                  default_response_class=ORJSONResponse, lifespan=lifespan)
+    metrics = _Metrics(name)
+    app.state.service_name = name
+    app.state.metrics_registry = metrics.registry
+    app.state.error_renderers = []
+    app.state.ready_check = ready
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
+        if exc.status >= 500:
+            logger.error("{} {}: {}", request.method, request.url.path, exc.message)
+        return _render_error(request, exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = [{"field": _field_path(e["loc"]), "message": e["msg"], "type": e["type"]} for e in exc.errors()]
+        summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5])
+        return _render_error(request, 422, "validation_error", f"invalid request: {summary}", problems)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}"
+        return _render_error(request, exc.status_code, code, message, None, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        request_id = getattr(request.state, "request_id", "-")
+        logger.opt(exception=exc).error("unhandled error in {} {}", request.method, request.url.path)
+        return _render_error(request, 500, "internal_error",
+                             f"internal error while serving {request.url.path} (request id {request_id}; see the service log)")
+
+    @app.get("/healthz", tags=["service"])
+    async def healthz() -> Response:
+        check = app.state.ready_check
+        ok = True
+        if check is not None:
+            result = check()
+            ok = bool(await result) if inspect.isawaitable(result) else bool(result)
+        body = {"status": "ok" if ok else "starting", "service": name}
+        return ORJSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["service"])
+    async def metrics_route() -> Response:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(_GuardMiddleware, token=token, max_body=max_body_bytes, metrics=metrics)
+    return app
+
+
+def run_app(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+    """Serve with uvicorn; uvloop and httptools when installed (uvicorn[standard])."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                timeout_keep_alive=30, log_config=None)
+
+
+def service_cli(
+    name: str,
+    settings_model: type[ServiceSettings],
+    section: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: Sequence[str] | None = None,
+) -> tuple[ServiceSettings, argparse.Namespace]:
+    """Parse `--host --port --conf` (+ service flags) into settings: flags > YAML section > defaults."""
+    parser = argparse.ArgumentParser(prog=f"python -m {name}", description=description)
+    parser.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to bind")
+    parser.add_argument("--conf", default=None, help=f"run YAML; this service reads its `{section}` section")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR")
+    if add_arguments:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    load_dotenv_file()
+    try:
+        settings = load_config(settings_model, args.conf, section=section)
+        flags = {k: v for k, v in vars(args).items() if k in settings_model.model_fields and k != "conf"}
+        settings = apply_flags(settings, **flags)
+    except ConfigError as exc:
+        parser.exit(2, f"{name}: {exc}\n")
+    setup_logging(name, settings.log_level)
+    return settings, args
