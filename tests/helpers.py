@@ -1,0 +1,78 @@
+"""Test helpers: free ports and real service processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServiceProcess:
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path) -> None:
+        self.proc, self.url, self.log_path = proc, url, log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 120, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"service exited with {proc.returncode} before it was healthy:\n{tail}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url}/healthz not ready after {timeout}s")
+
+
+@contextmanager
+def run_service(module: str, args: Sequence[str] = (), *, env: dict[str, str] | None = None,
+                timeout: float = 120, log_dir: Path | None = None) -> Iterator[ServiceProcess]:
+    """Start `python -m module --port P *args` in its own process group; yield once /healthz is 200."""
+    port = free_port()
+    log_dir = Path(log_dir or os.environ.get("EVOLVER_TEST_LOGS", "/tmp/evolver-test-logs"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{module.replace('.', '_')}-{port}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=REPO,
+                                env=full_env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    service = ServiceProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        wait_healthy(service.url, proc, timeout, log_path)
+        yield service
+    finally:
+        service.stop()
