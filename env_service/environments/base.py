@@ -1,0 +1,93 @@
+"""The plug-in API every environment implements.
+
+An `Environment` is created once per server (it holds task data and shared config); it creates
+one `EnvInstance` per live episode. Instance methods are plain synchronous code: the server runs
+them off the event loop (inline backend) or inside a Ray actor (ray backend), so an environment
+never needs to know how it is hosted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from common.schemas import ChatMessage, Split
+
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+
+
+class StepResult(BaseModel):
+    observation: ChatMessage  # exactly one message (AgentEvolver's contract)
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalResult(BaseModel):
+    score: float = Field(ge=0.0, le=1.0)
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvInstance(ABC):
+    """One live episode of one task."""
+
+    @abstractmethod
+    def reset(self) -> list[ChatMessage]:
+        """Start the episode; return exactly [system, user]."""
+
+    @abstractmethod
+    def step(self, action: ChatMessage) -> StepResult:
+        """Apply one assistant message. Malformed actions get an explanatory observation, never an exception."""
+
+    @abstractmethod
+    def evaluate(self, params: dict[str, Any] | None = None) -> EvalResult:
+        """Score the episode so far in [0, 1]."""
+
+    def state(self) -> dict[str, Any] | None:
+        """A JSON snapshot of the verifiable state, or None when the environment has none."""
+        return None
+
+    def state_hash(self) -> str | None:
+        """A canonical hash of the state (GiGPO anchor states); derived from `state()` by default."""
+        snapshot = self.state()
+        if snapshot is None:
+            return None
+        return hashlib.sha256(json.dumps(snapshot, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def close(self) -> None:
+        """Release resources (called once, on release or reap)."""
+
+
+class Environment(ABC):
+    """An environment type, registered by `name` in the server's allowlist."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+
+    @abstractmethod
+    def task_ids(self, split: Split) -> list[str]:
+        """Deterministic task ids of a split."""
+
+    @abstractmethod
+    def create(self, task_id: str, params: dict[str, Any] | None = None) -> EnvInstance:
+        """A new instance for `task_id`. `params["query"]` replaces the task's user query when given.
+
+        Raises KeyError for an unknown task id.
+        """
+
+    def profile(self) -> dict[str, Any]:
+        """Entities, their attributes and operations (AgentEvolver's profile shape): input of self-questioning."""
+        return {"name": self.name, "background": "", "entities": [], "task_preference": {}}
+
+    def tool_docs(self, task_id: str | None = None) -> list[dict[str, Any]]:
+        """OpenAI function schemas of the tools an agent may call (for a task when it matters)."""
+        return []
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "splits": {s: len(self.task_ids(s)) for s in SPLITS}}
