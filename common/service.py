@@ -18,13 +18,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import Field
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.config import ConfigError, StrictModel, apply_flags, load_config, load_dotenv_file
@@ -89,8 +90,10 @@ class _Metrics:
 class _GuardMiddleware:
     """Request id, bearer auth, body-size limit and request metrics, as raw ASGI."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, max_body: int, metrics: _Metrics) -> None:
+    def __init__(self, app: ASGIApp, *, token: str | None, max_body: int, metrics: _Metrics,
+                 renderers: list[ErrorRenderer]) -> None:
         self.app, self.token, self.max_body, self.metrics = app, token, max_body, metrics
+        self.renderers = renderers
         self._expected = f"Bearer {token}".encode() if token else b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -103,10 +106,12 @@ class _GuardMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         start = time.perf_counter()
         status_holder = [500]
+        started = [False]
 
         async def send_wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_holder[0] = message["status"]
+                started[0] = True
                 message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
             await send(message)
 
@@ -124,40 +129,58 @@ class _GuardMiddleware:
                     await self._reject(send_wrapped, 413, "payload_too_large",
                                        f"request body of {int(length)} bytes exceeds the limit of {self.max_body} bytes")
                     return
-                await self.app(scope, self._limited(receive), send_wrapped)
-            except _BodyTooLarge:
-                await self._reject(send_wrapped, 413, "payload_too_large",
-                                   f"request body exceeds the limit of {self.max_body} bytes")
+                if length is None and b"chunked" in headers.get(b"transfer-encoding", b""):
+                    # No declared size: read up to the limit before the app sees anything, because
+                    # FastAPI turns any error raised while it reads the body into a 400.
+                    receive = await self._buffered(receive)
+                    if receive is None:
+                        await self._reject(send_wrapped, 413, "payload_too_large",
+                                           f"request body exceeds the limit of {self.max_body} bytes")
+                        return
+                await self.app(scope, receive, send_wrapped)
+            except Exception:
+                # Unhandled: log the traceback here, answer without it (and with the request id).
+                logger.exception("unhandled error in {} {}", scope.get("method"), path)
+                if started[0]:
+                    raise
+                message = f"internal error while serving {path} (request id {request_id}; see the service log)"
+                body = next((b for r in self.renderers if (b := r(path, 500, "internal_error", message, None))),
+                            error_body("internal_error", message))
+                await self._send_json(send_wrapped, 500, body)
             finally:
                 route = scope.get("route")
                 route_path = getattr(route, "path", None) or ("<unmatched>" if status_holder[0] == 404 else path)
                 self.metrics.requests.labels(route_path, scope.get("method", ""), str(status_holder[0])).inc()
                 self.metrics.latency.labels(route_path).observe(time.perf_counter() - start)
 
-    def _limited(self, receive: Receive) -> Receive:
+    async def _buffered(self, receive: Receive) -> Receive | None:
+        messages: list[Message] = []
         seen = 0
-
-        async def wrapped() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body:
-                    raise _BodyTooLarge()
-            return message
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                return None
+            if not message.get("more_body", False):
+                break
 
-        return wrapped
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        return replay
+
+    async def _reject(self, send: Send, status: int, code: str, message: str, extra_headers: list | None = None) -> None:
+        await self._send_json(send, status, error_body(code, message), extra_headers)
 
     @staticmethod
-    async def _reject(send: Send, status: int, code: str, message: str, extra_headers: list | None = None) -> None:
-        body = orjson.dumps(error_body(code, message))
+    async def _send_json(send: Send, status: int, payload: dict, extra_headers: list | None = None) -> None:
+        body = orjson.dumps(payload)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
         await send({"type": "http.response.body", "body": body})
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 ReadyCheck = Callable[[], bool | Awaitable[bool]]
@@ -206,13 +229,6 @@ def create_app(
             message = f"no route {request.method} {request.url.path}"
         return _render_error(request, exc.status_code, code, message, None, getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> Response:
-        request_id = getattr(request.state, "request_id", "-")
-        logger.opt(exception=exc).error("unhandled error in {} {}", request.method, request.url.path)
-        return _render_error(request, 500, "internal_error",
-                             f"internal error while serving {request.url.path} (request id {request_id}; see the service log)")
-
     @app.get("/healthz", tags=["service"])
     async def healthz() -> Response:
         check = app.state.ready_check
@@ -227,7 +243,8 @@ def create_app(
     async def metrics_route() -> Response:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(_GuardMiddleware, token=token, max_body=max_body_bytes, metrics=metrics)
+    app.add_middleware(_GuardMiddleware, token=token, max_body=max_body_bytes, metrics=metrics,
+                       renderers=app.state.error_renderers)
     return app
 
 

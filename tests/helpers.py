@@ -76,3 +76,32 @@ def run_service(module: str, args: Sequence[str] = (), *, env: dict[str, str] | 
         yield service
     finally:
         service.stop()
+
+
+class InProcessServer:
+    """Serve an ASGI app with uvicorn in a background thread on a free 127.0.0.1 port (real sockets)."""
+
+    def __init__(self, app, port: int | None = None) -> None:
+        import threading
+
+        import uvicorn
+
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
+                                log_config=None)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> InProcessServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError("in-process server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
