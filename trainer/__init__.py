@@ -1,0 +1,1 @@
+"""The trainer: rollouts with exact tokens, the local GRPO trainer on Ray, the veRL plugin, evaluation."""

@@ -1,0 +1,90 @@
+"""The policy loss: PPO clip with dual clip and selective boosting, KL and entropy terms.
+
+Pure torch, no veRL import: the local trainer and the veRL plugin call the same function.
+Selective boosting (AgentEvolver's self-navigating): a sample that saw injected experience and has
+a positive advantage may move further from the policy that generated it, so its upper clip bound
+is `clip_high_boosted` (0.6) instead of `clip_high` (0.28).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from common.config import StrictModel
+
+
+class PolicyLossConfig(StrictModel):
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.28, ge=0)
+    clip_high_boosted: float = Field(default=0.6, ge=0)
+    dual_clip_c: float = Field(default=3.0, gt=1.0, description="bound on the loss of negative-advantage tokens")
+    kl_coef: float = Field(default=0.0, ge=0, description="low-variance (k3) KL to the frozen reference")
+    entropy_coef: float = Field(default=0.0, ge=0)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean over the mask; 0 when the mask is empty (never NaN)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1, clamped for stability."""
+    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    experience_flag: torch.Tensor | None,
+    config: PolicyLossConfig,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean PPO loss over `mask` (B, T). `experience_flag` is (B,) bool: the sample saw experience.
+
+    Returns the scalar loss and metrics, with clip fractions reported separately for flagged and
+    unflagged samples so the effect of the boosted bound can be watched.
+    """
+    mask = mask.to(logp.dtype)
+    flag = (experience_flag if experience_flag is not None
+            else torch.zeros(logp.shape[0], dtype=torch.bool, device=logp.device)).bool()
+    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+
+    boosted = flag[:, None] & (advantages > 0)
+    clip_high = torch.where(boosted, torch.full_like(ratio, config.clip_high_boosted),
+                            torch.full_like(ratio, config.clip_high))
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.minimum(torch.maximum(ratio, torch.full_like(ratio, 1 - config.clip_low)),
+                                          1 + clip_high)
+    pg = torch.maximum(unclipped, clipped)
+    # Dual clip: a negative-advantage token with a huge ratio contributes at most c * |A|.
+    dual = torch.minimum(pg, -advantages * config.dual_clip_c)
+    pg = torch.where(advantages < 0, dual, pg)
+    loss = masked_mean(pg, mask)
+
+    was_clipped = (clipped > unclipped).to(logp.dtype)
+    flagged_tokens = mask * flag[:, None].to(mask.dtype)
+    plain_tokens = mask * (~flag)[:, None].to(mask.dtype)
+    metrics = {
+        "pg_loss": float(loss.detach()),
+        "ratio_mean": float(masked_mean(ratio.detach(), mask)),
+        "clip_frac_flagged": float(masked_mean(was_clipped, flagged_tokens)),
+        "clip_frac_unflagged": float(masked_mean(was_clipped, plain_tokens)),
+        "dual_clip_frac": float(masked_mean(((advantages < 0) & (unclipped.detach() > dual.detach())).to(logp.dtype),
+                                            mask)),
+        "boosted_token_frac": float(masked_mean(boosted.to(logp.dtype), mask)),
+    }
+    if ref_logp is not None and config.kl_coef > 0:
+        kl = masked_mean(low_var_kl(logp, ref_logp), mask)
+        loss = loss + config.kl_coef * kl
+        metrics["kl"] = float(kl.detach())
+    if entropy is not None and config.entropy_coef > 0:
+        ent = masked_mean(entropy, mask)
+        loss = loss - config.entropy_coef * ent
+        metrics["entropy"] = float(ent.detach())
+    return loss, metrics
