@@ -58,7 +58,7 @@ class EnvInstance(ABC):
             return None
         return hashlib.sha256(json.dumps(snapshot, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook)
         """Release resources (called once, on release or reap)."""
 
 

@@ -1,0 +1,102 @@
+"""Live instances of one process: the inline backend's server process, or one Ray actor.
+
+All methods are synchronous and fast to dispatch; the backends decide which thread or process
+runs them. Failures are `HostError`s carrying the HTTP status and code the API should answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.schemas import ChatMessage
+from env_service.environments.base import EnvInstance, Environment, EvalResult, StepResult
+
+
+class HostError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+    def as_tuple(self) -> tuple[int, str, str, Any]:
+        return self.status, self.code, self.message, self.details
+
+
+class InstanceHost:
+    def __init__(self, environments: dict[str, Environment]) -> None:
+        self.environments = environments
+        self.instances: dict[str, EnvInstance] = {}
+        # Ids discarded while their create was still running (a timeout): close them on arrival.
+        self._discarded: set[str] = set()
+
+    def create(self, instance_id: str, env_name: str, task_id: str, params: dict[str, Any]) -> list[ChatMessage]:
+        env = self.environments[env_name]  # the manager checked the name
+        try:
+            instance = env.create(task_id, params)
+        except KeyError as exc:
+            raise HostError(404, "unknown_task", f"environment {env_name!r} has no task {task_id!r} "
+                            f"(list them with GET /v1/environments/{env_name}/tasks?split=train)",
+                            {"env": env_name, "task_id": task_id, "reason": str(exc)}) from None
+        except (ValueError, TypeError) as exc:
+            raise HostError(400, "bad_params", f"cannot create {env_name}/{task_id}: {exc}") from None
+        try:
+            messages = instance.reset()
+            _check_initial_state(env_name, messages)
+        except Exception:
+            _close_quietly(instance)
+            raise
+        if instance_id in self._discarded:
+            self._discarded.discard(instance_id)
+            _close_quietly(instance)
+            raise HostError(504, "timeout", f"instance {instance_id!r} was discarded before its create finished")
+        self.instances[instance_id] = instance
+        return messages
+
+    def step(self, instance_id: str, action: ChatMessage) -> StepResult:
+        return self._get(instance_id).step(action)
+
+    def evaluate(self, instance_id: str, params: dict[str, Any]) -> EvalResult:
+        return self._get(instance_id).evaluate(params)
+
+    def state(self, instance_id: str) -> dict[str, Any]:
+        instance = self._get(instance_id)
+        snapshot = instance.state()
+        return {"state": snapshot, "state_hash": instance.state_hash() if snapshot is not None else None}
+
+    def release(self, instance_id: str) -> bool:
+        instance = self.instances.pop(instance_id, None)
+        if instance is None:
+            return False
+        _close_quietly(instance)
+        return True
+
+    def discard(self, instance_id: str) -> None:
+        """Release now, or as soon as a create still running for this id finishes."""
+        if not self.release(instance_id):
+            self._discarded.add(instance_id)
+
+    def release_all(self) -> None:
+        for instance_id in list(self.instances):
+            self.release(instance_id)
+
+    def _get(self, instance_id: str) -> EnvInstance:
+        instance = self.instances.get(instance_id)
+        if instance is None:
+            raise HostError(404, "unknown_instance", f"no live instance {instance_id!r} on this host")
+        return instance
+
+
+def _check_initial_state(env_name: str, messages: list[ChatMessage]) -> None:
+    # AgentEvolver's contract, relied on by its clients: exactly [system, user].
+    roles = [m.role for m in messages]
+    if roles != ["system", "user"]:
+        raise HostError(500, "environment_contract", f"environment {env_name!r} reset() returned roles {roles}; "
+                        "the contract is exactly [system, user]")
+
+
+def _close_quietly(instance: EnvInstance) -> None:
+    try:
+        instance.close()
+    except Exception:  # closing must never fail a release; the instance is gone either way
+        from loguru import logger
+
+        logger.opt(exception=True).warning("closing an environment instance failed")

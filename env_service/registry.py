@@ -1,0 +1,56 @@
+"""The allowlist of environments: names map to fixed `module:Class` paths, chosen by config only.
+
+A request names an environment, and the server looks that name up among the environments it
+loaded at start; nothing a request sends is ever imported. Operators may add their own
+environment classes through the `plugins` config key (config is trusted, requests are not).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from common.config import ConfigError
+from env_service.environments.base import Environment
+
+BUILTIN_ENVIRONMENTS: dict[str, str] = {
+    "flights": "env_service.environments.flights:FlightsEnvironment",
+    "gym": "env_service.environments.gym:GymEnvironment",
+    "bfcl": "env_service.environments.bfcl:BfclEnvironment",
+    "remote": "env_service.environments.remote:RemoteEnvironment",
+}
+
+
+def resolve_class(name: str, plugins: Mapping[str, str] | None = None) -> type[Environment]:
+    """The Environment class registered as `name` (a built-in, or a plugin from config)."""
+    known = {**BUILTIN_ENVIRONMENTS, **(plugins or {})}
+    spec = known.get(name)
+    if spec is None:
+        raise ConfigError(f"env_service.environments.{name}: unknown environment; "
+                          f"known: {', '.join(sorted(known))} (add others under env_service.plugins "
+                          f"as name: 'module:Class')")
+    module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name:
+        raise ConfigError(f"env_service.plugins.{name}: expected 'module:Class', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"env_service.environments.{name}: cannot import {module_name}: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ConfigError(f"env_service.environments.{name}: {spec} is not an Environment subclass")
+    return cls
+
+
+def load_environments(enabled: Mapping[str, Mapping[str, Any] | None],
+                      plugins: Mapping[str, str] | None = None) -> dict[str, Environment]:
+    """Instantiate every enabled environment with its config section, in config order."""
+    environments: dict[str, Environment] = {}
+    for name, config in enabled.items():
+        cls = resolve_class(name, plugins)
+        try:
+            environments[name] = cls(dict(config or {}))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"env_service.environments.{name}: {exc}") from exc
+    return environments
