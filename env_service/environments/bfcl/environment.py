@@ -176,7 +176,8 @@ class BfclInstance(EnvInstance):
     def _turn_text(self, turn: int) -> str:
         if turn in self.task.held_out:
             # BFCL's holdout turn has no user message: the user hands over the missing functions.
-            return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=self.later_docs[turn])
+            return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(
+                functions=json.dumps(self.later_docs[turn], indent=4))
         return "\n".join(message["content"] for message in self.task.turns[turn])
 
     def _observe(self, message: ChatMessage, **info: Any) -> StepResult:
