@@ -1,0 +1,96 @@
+"""ADCA-GRPO (AgentEvolver's decoupled scheme): judge labels and outcome standardised separately.
+
+Per task group g with trajectories i (K_i steps, labels l_{i,t}):
+  mu_g     = mean_i( mean_t l_{i,t} )                       (each trajectory weighs the same)
+  var_g    = mean_i( mean_t (l_{i,t} - mu_g)^2 )
+  a_{i,t}  = (l_{i,t} - mu_g) / sqrt(var_g)                  (0 when every label in the group is equal)
+  o_i      = (R_i - mean_g R) / std_g R                      (mean only when the spread is zero)
+  r_{i,t}  = alpha * a_{i,t} + [t = K_i - 1] * o_i           (or + o_i on all steps)
+             times 1/sqrt(K_i) with length_normalization
+  A_{i,t}  = sum_{j >= t} r_{i,j}                            broadcast to the tokens of step t
+Because labels are z-scored, only their sign pattern matters: GOOD=+1/BAD=-1 and +-0.2 agree.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from advantage.estimators.batch import AdvantageBatch, BatchError
+from advantage.estimators.config import AdcaGrpoConfig
+from advantage.estimators.grouping import normalize_in_groups
+from advantage.estimators.grpo import grpo
+from advantage.estimators.registry import AdvantageResult, register_estimator
+from advantage.estimators.tokens import broadcast_steps, suffix_sums
+
+
+def alpha_at(config: AdcaGrpoConfig, training_step: int) -> float:
+    """alpha, or its cosine decay alpha_min + (alpha - alpha_min)(1 + cos(pi * step / total)) / 2."""
+    if config.alpha_schedule == "constant":
+        return config.alpha
+    assert config.total_steps is not None  # guaranteed by the config validator
+    progress = min(training_step, config.total_steps) / config.total_steps
+    return config.alpha_min + 0.5 * (config.alpha - config.alpha_min) * (1.0 + math.cos(math.pi * progress))
+
+
+def standardize_labels(labels: list[np.ndarray], groups: list[list[int]]) -> list[np.ndarray]:
+    """Group z-score of step labels with equal weight per trajectory (see the module docstring)."""
+    out = [np.zeros_like(row) for row in labels]
+    for rows in groups:
+        members = [i for i in rows if labels[i].size]
+        if not members:
+            continue
+        mu = float(np.mean([labels[i].mean() for i in members]))
+        var = float(np.mean([((labels[i] - mu) ** 2).mean() for i in members]))
+        scale = max(float(np.abs(labels[i]).max()) for i in members)
+        # Identical labels leave only rounding noise in var: treat as no spread (relative test keeps
+        # the result independent of the label magnitude).
+        if var <= (1e-12 * scale) ** 2:
+            continue
+        for i in members:
+            out[i] = (labels[i] - mu) / math.sqrt(var)
+    return out
+
+
+@register_estimator("adca_grpo", AdcaGrpoConfig)
+def adca_grpo(batch: AdvantageBatch, config: AdcaGrpoConfig, training_step: int) -> AdvantageResult:
+    if config.prm_steps is not None and training_step >= config.prm_steps:
+        result = grpo(batch, config.after_prm, training_step)
+        result.metrics.update({"adv/attribution_active": 0.0, "adv/alpha": 0.0})
+        return result
+
+    if batch.step_labels is None:
+        raise BatchError("adca_grpo needs step_labels (judge GOOD/BAD per step) for every row")
+    missing = [i for i, row in enumerate(batch.step_labels) if row is None]
+    if missing:
+        raise BatchError(f"adca_grpo needs step_labels for every row; rows {missing} have none")
+    labels = [np.asarray(row, dtype=np.float64) for row in batch.step_labels]
+    groups = batch.groups()
+    alpha = alpha_at(config, training_step)
+
+    attribution = standardize_labels(labels, groups)
+    outcome = normalize_in_groups(batch.outcome.detach().double().cpu().numpy(), groups,
+                                  std=config.outcome_std, by_std=True)
+
+    step_advantages: list[list[float]] = []
+    for i, attr in enumerate(attribution):
+        k = attr.size
+        rewards = alpha * attr
+        if k:
+            if config.outcome_placement == "last_step":
+                rewards[-1] += outcome[i]
+            else:
+                rewards += outcome[i]
+            if config.length_normalization:
+                rewards /= math.sqrt(k)
+        step_advantages.append(suffix_sums(rewards).tolist())
+
+    good = sum(int((row > 0).sum()) for row in labels)
+    total = sum(row.size for row in labels)
+    return AdvantageResult(
+        advantages=broadcast_steps(batch, step_advantages),
+        step_advantages=step_advantages,
+        metrics={"adv/attribution_active": 1.0, "adv/alpha": alpha,
+                 "adv/good_label_rate": good / total if total else 0.0},
+    )

@@ -1,0 +1,73 @@
+"""Config sections of the advantage estimators (pydantic, validated at start)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from common.config import StrictModel
+
+# How a group's spread is measured.
+# - population: sqrt(mean((x - mean)^2)); a group of one or with zero spread gets 0.
+# - unbiased:   sqrt(sum((x - mean)^2) / (n - 1)); a group of one or with zero spread gets 0.
+# - verl:       veRL's `grpo` exactly: unbiased std plus `epsilon` in the denominator, and a group
+#               of one is normalised with mean 0 and std 1 (so it keeps its raw score).
+StdConvention = Literal["population", "unbiased", "verl"]
+
+
+class GrpoConfig(StrictModel):
+    """Outcome z-scored within each task group, broadcast to every policy token."""
+
+    std: StdConvention = "unbiased"
+    normalize_by_std: bool = Field(default=True, description="False: Dr. GRPO, subtract the group mean only")
+    epsilon: float = Field(default=1e-6, ge=0, description="added to the std in the `verl` convention only")
+
+
+class AdcaGrpoConfig(StrictModel):
+    """AgentEvolver's decoupled ADCA-GRPO: judge labels (GOOD=+1/BAD=-1) plus the group outcome."""
+
+    alpha: float = Field(default=0.1, ge=0, description="weight of the standardised attribution reward")
+    alpha_schedule: Literal["constant", "cosine"] = "constant"
+    alpha_min: float = Field(default=0.0, ge=0, description="alpha reached at total_steps under cosine decay")
+    total_steps: int | None = Field(default=None, ge=1, description="training steps the cosine decay spans")
+    prm_steps: int | None = Field(
+        default=None, ge=0,
+        description="attribution only while training_step < prm_steps, then plain GRPO; None: always")
+    outcome_placement: Literal["last_step", "all_steps"] = "last_step"
+    length_normalization: bool = Field(default=False, description="scale each step reward by 1/sqrt(K)")
+    outcome_std: Literal["population", "unbiased"] = "population"
+    after_prm: GrpoConfig = Field(default_factory=GrpoConfig,
+                                  description="the GRPO used once training_step >= prm_steps")
+
+    @model_validator(mode="after")
+    def _schedule_complete(self) -> AdcaGrpoConfig:
+        if self.alpha_schedule == "cosine":
+            if self.total_steps is None:
+                raise ValueError("alpha_schedule=cosine needs total_steps (the training steps the decay spans)")
+            if self.alpha_min > self.alpha:
+                raise ValueError(f"alpha_min ({self.alpha_min}) must not exceed alpha ({self.alpha})")
+        return self
+
+
+class GigpoConfig(StrictModel):
+    """verl-agent's GiGPO: episode-level group advantage + weighted anchor-state step advantage."""
+
+    step_weight: float = Field(default=1.0, ge=0, description="weight of the step-level (anchor) advantage")
+    gamma: float = Field(default=0.95, ge=0, le=1, description="discount of the per-step returns")
+    std: StdConvention = "unbiased"
+    normalize_by_std: bool = Field(default=False, description="verl-agent's default mode is mean_norm (False)")
+    epsilon: float = Field(default=1e-6, ge=0, description="added to the std in the `verl` convention only")
+
+
+class AdvantageConfig(StrictModel):
+    """The `advantage` section of a run: which estimator and the settings of each."""
+
+    estimator: Literal["grpo", "adca_grpo", "gigpo"] = "grpo"
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig)
+    adca_grpo: AdcaGrpoConfig = Field(default_factory=AdcaGrpoConfig)
+    gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
+
+    def estimator_config(self) -> StrictModel:
+        """The settings of the selected estimator."""
+        return getattr(self, self.estimator)

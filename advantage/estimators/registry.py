@@ -1,0 +1,86 @@
+"""The estimator registry: one name -> (function, config model), used by the trainer and the veRL plugin."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from advantage.estimators.batch import AdvantageBatch
+from common.config import validate
+
+
+@dataclass
+class AdvantageResult:
+    """Token-level advantages (B, T), 0 on masked tokens, plus per-step values and scalar metrics."""
+
+    advantages: torch.Tensor
+    step_advantages: list[list[float]] = field(default_factory=list)  # per row, K_i values (empty for grpo)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+EstimatorFn = Callable[[AdvantageBatch, Any, int], AdvantageResult]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    name: str
+    fn: EstimatorFn
+    config_model: type[BaseModel]
+
+
+_REGISTRY: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str, config_model: type[BaseModel]) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator: register `fn(batch, config, training_step) -> AdvantageResult` under `name`."""
+
+    def decorator(fn: EstimatorFn) -> EstimatorFn:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.fn is not fn:
+            raise ValueError(f"advantage estimator {name!r} is already registered to {existing.fn.__qualname__}")
+        _REGISTRY[name] = Estimator(name, fn, config_model)
+        return fn
+
+    return decorator
+
+
+def get_estimator(name: str) -> Estimator:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def list_estimators() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def estimate(name: str, batch: AdvantageBatch, config: BaseModel | dict | None = None, *,
+             training_step: int = 0) -> AdvantageResult:
+    """Run estimator `name` on `batch`. `config`: its config model, a dict of its fields, or None (defaults).
+
+    `training_step` (0-based) drives ADCA-GRPO's alpha schedule and its `prm_steps` cut-off.
+    """
+    estimator = get_estimator(name)
+    if config is None or isinstance(config, dict):
+        config = validate(estimator.config_model, config or {}, root=name)
+    elif not isinstance(config, estimator.config_model):
+        raise TypeError(f"estimator {name!r} takes a {estimator.config_model.__name__}, "
+                        f"got {type(config).__name__}")
+    if training_step < 0:
+        raise ValueError(f"training_step must be >= 0, got {training_step}")
+    batch.validate()
+    result = estimator.fn(batch, config, training_step)
+    mask = batch.response_mask.to(result.advantages.dtype)
+    result.advantages = result.advantages * mask  # masked tokens are exactly 0 whatever the estimator did
+    return result
+
+
+def compute_advantages(name: str, batch: AdvantageBatch, config: BaseModel | dict | None = None, *,
+                       training_step: int = 0) -> torch.Tensor:
+    """Token-level advantages (B, T) float32 on the batch's device; 0 on masked tokens."""
+    return estimate(name, batch, config, training_step=training_step).advantages
