@@ -52,7 +52,7 @@ def test_masked_tokens_get_no_gradient_and_empty_mask_is_zero():
     assert logp.grad[0, 1] == 0.0 and logp.grad[0, 0] != 0.0
     # token 0: ratio e^0.1 = 1.105 < 1.28 -> -1.105; token 2: ratio e^0.2 = 1.2214, A=-1 -> max(1.2214, 1.2214) = 1.2214
     expected = (-math.exp(0.1) + math.exp(0.2)) / 2
-    assert math.isclose(float(loss), expected, rel_tol=1e-9)
+    assert math.isclose(loss.item(), expected, rel_tol=1e-9)
     zero, _ = policy_loss(logp, old, adv, torch.zeros_like(mask), None, CFG)
     assert float(zero) == 0.0
 
