@@ -1,0 +1,226 @@
+"""The `flights` environment: a booking desk with tools, hidden preconditions and exact grading."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from typing import Any
+
+from common.schemas import ChatMessage, Split
+from env_service.actions import ActionParseError, ParsedCall, parse_actions
+from env_service.environments.base import SPLITS, EnvInstance, Environment, EvalResult, StepResult
+from env_service.environments.flights.desk import TOOL_SPECS, FlightDesk, ToolError, tool_docs
+from env_service.environments.flights.tasks import ORDER_REF, FlightTask, TaskGenerator
+from env_service.environments.flights.world import AIRPORTS, DATES, generate_world
+
+DEFAULT_SPLITS: dict[str, int] = {"train": 240, "validation": 40, "test": 80}
+
+SYSTEM_PROMPT = """You are a travel agent at an airline booking desk. Help the user by calling tools.
+Tools: {signatures}.
+Airports: {airports}. Flights are sold for {first} to {last}.
+Call tools as Python, e.g. search_flight(origin='SFO', destination='JFK', date='2025-06-03'), several per
+message if you like, or as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call> blocks.
+When the request is done (or cannot be done), reply in plain text without a tool call; that ends the conversation."""
+
+
+def _signature(name: str) -> str:
+    params = TOOL_SPECS[name][1]
+    return f"{name}({', '.join(arg if required else arg + '=None' for arg, (_, required, _) in params.items())})"
+
+
+class FlightsEnvironment(Environment):
+    name = "flights"
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        super().__init__(config)
+        known = {"seed", "routes", "splits", "max_steps"}
+        unknown = sorted(set(self.config) - known)
+        if unknown:
+            raise ValueError(f"unknown flights config key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        self.seed = int(self.config.get("seed", 7))
+        self.max_steps = int(self.config.get("max_steps", 30))
+        sizes = {**DEFAULT_SPLITS, **self.config.get("splits", {})}
+        if set(sizes) != set(SPLITS):
+            raise ValueError(f"flights splits must be {', '.join(SPLITS)}, got {', '.join(sizes)}")
+        self.split_sizes = {s: int(n) for s, n in sizes.items()}
+        self.world = generate_world(self.seed, int(self.config.get("routes", 36)))
+        self.generator = TaskGenerator(self.world, self.seed)
+        self._tasks: dict[str, FlightTask] = {}
+        self._expected: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.system_prompt = SYSTEM_PROMPT.format(
+            signatures=", ".join(_signature(n) for n in TOOL_SPECS), airports=", ".join(AIRPORTS),
+            first=DATES[0], last=DATES[-1])
+
+    # ------------------------------------------------------------ tasks
+
+    def task_ids(self, split: Split) -> list[str]:
+        return [f"{split}-{i:04d}" for i in range(self.split_sizes[split])]
+
+    def task(self, task_id: str) -> FlightTask:
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task
+        split, _, index = task_id.partition("-")
+        if split not in self.split_sizes or not index.isdigit() or int(index) >= self.split_sizes[split] \
+                or task_id != f"{split}-{int(index):04d}":
+            raise KeyError(f"no flights task {task_id!r}; ids look like train-0000 "
+                           f"(sizes: {self.split_sizes})")
+        task = self.generator.generate(split, int(index))
+        with self._lock:
+            self._tasks[task_id] = task
+        return task
+
+    def create(self, task_id: str, params: dict[str, Any] | None = None) -> FlightsInstance:
+        task = self.task(task_id)
+        params = params or {}
+        query = params.get("query")
+        if query is not None and (not isinstance(query, str) or not query.strip()):
+            raise ValueError("params.query must be a non-empty string")
+        max_steps = params.get("max_steps", self.max_steps)
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError("params.max_steps must be a positive integer")
+        return FlightsInstance(self, task, query, max_steps)
+
+    def expected_state(self, task: FlightTask) -> dict[str, Any]:
+        """The comparable state after the reference solution (cached per task)."""
+        expected = self._expected.get(task.task_id)
+        if expected is None:
+            desk = self.fresh_desk(task)
+            for name, arguments in task.reference:
+                desk.call(name, resolve_order_refs(desk, arguments))
+            expected = desk.comparable()
+            with self._lock:
+                self._expected[task.task_id] = expected
+        return expected
+
+    def fresh_desk(self, task: FlightTask) -> FlightDesk:
+        desk = FlightDesk(self.world)
+        for passenger_id, flight_id in task.preload:
+            desk.preload_order(passenger_id, flight_id)
+        return desk
+
+    # ------------------------------------------------------------ descriptions
+
+    def tool_docs(self, task_id: str | None = None) -> list[dict[str, Any]]:
+        if task_id is not None:
+            self.task(task_id)  # KeyError for an unknown task, like create
+        return tool_docs()
+
+    def profile(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "background": "An airline booking desk: search flights, look up passengers, book, list and cancel "
+                          "orders, paid from each passenger's travel credit.",
+            "entities": [
+                {"name": "flight", "description": "a scheduled flight on one route and date",
+                 "attrs": {"flight_id": "airline code, number and date", "origin": "IATA code",
+                           "destination": "IATA code", "date": "YYYY-MM-DD", "depart": "HH:MM", "arrive": "HH:MM",
+                           "stops": "0 or 1", "price": "USD", "seats_left": "seats still for sale"},
+                 "opts": [{"name": "search_flight", "description": TOOL_SPECS["search_flight"][0]}]},
+                {"name": "passenger", "description": "a traveller with an id and travel credit",
+                 "attrs": {"passenger_id": "e.g. P1001", "name": "full name", "tier": "basic/silver/gold",
+                           "travel_credit": "USD available for fares"},
+                 "opts": [{"name": "get_passenger", "description": TOOL_SPECS["get_passenger"][0]}]},
+                {"name": "order", "description": "a seat booked for a passenger on a flight",
+                 "attrs": {"order_id": "generated id", "passenger_id": "who flies", "flight_id": "which flight",
+                           "price": "USD paid", "status": "active or cancelled"},
+                 "opts": [{"name": n, "description": TOOL_SPECS[n][0]}
+                          for n in ("book_ticket", "cancel_order", "list_orders")]},
+            ],
+            "task_preference": {"num_entities": 2, "num_opts": 3, "relation_difficulty": 3},
+        }
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "tools": list(TOOL_SPECS), "seed": self.seed, "flights": len(self.world.flights),
+                "passengers": len(self.world.passengers)}
+
+
+def resolve_order_refs(desk: FlightDesk, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Replace "$order:<passenger>:<flight>" placeholders by that active order's generated id."""
+    resolved = {}
+    for key, value in arguments.items():
+        if isinstance(value, str) and value.startswith(ORDER_REF):
+            passenger_id, flight_id = value[len(ORDER_REF):].split(":")
+            value = next(o.order_id for o in desk.orders.values()
+                         if o.passenger_id == passenger_id and o.flight_id == flight_id and o.status == "active")
+        resolved[key] = value
+    return resolved
+
+
+class FlightsInstance(EnvInstance):
+    def __init__(self, env: FlightsEnvironment, task: FlightTask, query: str | None, max_steps: int) -> None:
+        self.env, self.task, self.max_steps = env, task, max_steps
+        self.query = query or task.query
+        self.query_replaced = query is not None
+        self.desk = env.fresh_desk(task)
+        self.steps = 0
+        self.done = False
+
+    def reset(self) -> list[ChatMessage]:
+        self.desk = self.env.fresh_desk(self.task)
+        self.steps, self.done = 0, False
+        return [ChatMessage(role="system", content=self.env.system_prompt), ChatMessage(role="user", content=self.query)]
+
+    def step(self, action: ChatMessage) -> StepResult:
+        if self.done:
+            return StepResult(observation=ChatMessage(role="user", content="The conversation is over."), done=True,
+                              info={"error": "episode_finished"})
+        self.steps += 1
+        try:
+            calls = parse_actions(action)
+        except ActionParseError as exc:
+            return self._limit(StepResult(observation=ChatMessage(
+                role="tool", content=f"Error: could not parse your tool call: {exc}"), info={"error": "parse_error"}))
+        if not calls:
+            self.done = True
+            score = self.evaluate().score
+            return StepResult(observation=ChatMessage(role="user", content="Thank you, that is all."),
+                              reward=score, done=True, info={"finished": "agent_reply"})
+        results = [self._run(call) for call in calls]
+        if len(calls) == 1:
+            content = results[0]
+        else:
+            content = "\n".join(f"[{i}] {call.to_python()} -> {text}"
+                                for i, (call, text) in enumerate(zip(calls, results, strict=True), 1))
+        call_id = calls[0].call_id if len(calls) == 1 else None
+        observation = ChatMessage(role="tool", content=content, tool_call_id=call_id,
+                                  name=calls[0].name if len(calls) == 1 else None)
+        return self._limit(StepResult(observation=observation, info={"calls": [c.name for c in calls]}))
+
+    def _run(self, call: ParsedCall) -> str:
+        try:
+            return json.dumps(self.desk.call(call.name, call.arguments))
+        except ToolError as exc:
+            return f"Error: {exc}"
+
+    def _limit(self, result: StepResult) -> StepResult:
+        if self.steps >= self.max_steps and not result.done:
+            self.done = True
+            result.done = True
+            result.reward = self.evaluate().score
+            result.info["finished"] = "max_steps"
+        return result
+
+    def evaluate(self, params: dict[str, Any] | None = None) -> EvalResult:
+        expected = self.env.expected_state(self.task)
+        actual = self.desk.comparable()
+        info: dict[str, Any] = {"kind": self.task.kind}
+        if self.query_replaced:
+            info["note"] = "the query was replaced; this grades the original task"
+        if actual == expected:
+            return EvalResult(score=1.0, info=info)
+        expected_orders = {tuple(o.values()) for o in expected["orders"]}
+        actual_orders = {tuple(o.values()) for o in actual["orders"]}
+        info["missing_orders"] = sorted(expected_orders - actual_orders)
+        info["unexpected_orders"] = sorted(actual_orders - expected_orders)
+        return EvalResult(score=0.0, info=info)
+
+    def state(self) -> dict[str, Any]:
+        return {"task_id": self.task.task_id, **self.desk.snapshot()}
+
+    def state_hash(self) -> str:
+        canonical = json.dumps(self.desk.comparable(), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
