@@ -19,6 +19,7 @@ BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "gym": "env_service.environments.gym:GymEnvironment",
     "bfcl": "env_service.environments.bfcl:BfclEnvironment",
     "remote": "env_service.environments.remote:RemoteEnvironment",
+    "signal": "env_service.environments.signal:SignalEnvironment",
 }
 
 
