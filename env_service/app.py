@@ -117,7 +117,8 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
 
     @app.get("/v1/instances/{instance_id}", tags=["instances"])
     async def describe_instance(instance_id: str) -> ORJSONResponse:
-        return ORJSONResponse(manager.record(instance_id).describe(time.monotonic()))
+        description = manager.record(instance_id).describe(time.monotonic())
+        return ORJSONResponse({**description, "host": manager.backend.where(instance_id)})
 
     @app.post("/v1/instances/{instance_id}/step", tags=["instances"])
     async def step(instance_id: str, body: StepRequest) -> ORJSONResponse:

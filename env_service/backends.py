@@ -58,6 +58,10 @@ class Backend(ABC):
         """Instances lost since the last check (id -> reason); hosts that died are replaced."""
         return {}
 
+    def where(self, instance_id: str) -> dict[str, Any] | None:
+        """Where an instance runs (for operators and tests); None when the backend has one place."""
+        return None
+
     def stats(self) -> dict[str, Any]:
         return {"backend": self.name}
 

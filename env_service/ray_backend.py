@@ -58,6 +58,7 @@ class RayBackend(Backend):
         self._lost: OrderedDict[str, str] = OrderedDict()
         self._pending_lost: dict[str, str] = {}
         self._started_ray = False
+        self._pids: list[int | None] = []
         self.replacements = 0
 
     async def start(self) -> None:
@@ -68,7 +69,7 @@ class RayBackend(Backend):
             self._started_ray = True
         self._actors = [self._spawn() for _ in range(self.settings.actors)]
         self._loads = [0] * len(self._actors)
-        await asyncio.gather(*(actor.pid.remote() for actor in self._actors))
+        self._pids = list(await asyncio.gather(*(actor.pid.remote() for actor in self._actors)))
         logger.info("ray backend: {} actors ready", len(self._actors))
 
     def _spawn(self) -> Any:
@@ -160,6 +161,7 @@ class RayBackend(Backend):
             self._remember_lost(iid, reason)
             self._pending_lost[iid] = reason
         self._actors[slot] = self._spawn()
+        self._pids[slot] = None  # learnt at the next health check
         self._loads[slot] = 0
         self.replacements += 1
         logger.warning("ray actor {} died ({}); {} instances lost; replaced", slot, reason, len(lost))
@@ -173,24 +175,27 @@ class RayBackend(Backend):
         """Ping every actor; replace the dead ones. Returns the instances lost since the last check."""
         actors = list(self._actors)
         results = await asyncio.gather(*(self._ping(actor) for actor in actors))
-        for slot, (actor, alive) in enumerate(zip(actors, results, strict=True)):
-            if not alive:
+        for slot, (actor, pid) in enumerate(zip(actors, results, strict=True)):
+            if pid is None:
                 self._on_actor_death(slot, actor, "its Ray actor died")
+            elif pid > 0 and self._actors[slot] is actor:
+                self._pids[slot] = pid
         lost, self._pending_lost = self._pending_lost, {}
         return lost
 
-    async def _ping(self, actor: Any) -> bool:
+    async def _ping(self, actor: Any) -> int | None:
+        """The actor's pid; None when it is dead; 0 when it is alive but too busy to answer."""
         try:
-            await asyncio.wait_for(actor.pid.remote(), timeout=self.settings.health_check_s)
-            return True
+            return await asyncio.wait_for(actor.pid.remote(), timeout=self.settings.health_check_s)
         except RayActorError:
-            return False
+            return None
         except asyncio.TimeoutError:
-            return True  # busy (e.g. a hanging call), not dead
+            return 0
 
-    async def actor_pids(self) -> list[int]:
-        return list(await asyncio.gather(*(actor.pid.remote() for actor in self._actors)))
+    def where(self, instance_id: str) -> dict[str, Any] | None:
+        slot = self._placement.get(instance_id)
+        return None if slot is None else {"actor": slot, "pid": self._pids[slot]}
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.name, "actors": len(self._actors), "loads": list(self._loads),
-                "replacements": self.replacements}
+                "actor_pids": list(self._pids), "replacements": self.replacements}
