@@ -1,0 +1,93 @@
+"""Near-duplicate and contamination checks for new tasks.
+
+A new task is a duplicate when it has the same reference operation sequence (signature), the
+same goal (same seed task and same reference end state), the same normalized text, or a MiniLM
+cosine at or above the threshold *with the same literal values*. The literal rule matters: two
+template queries "book flight FL12 for P3" and "book flight FL40 for P3" are ~0.97 cosine yet
+different tasks; a paraphrase of one task keeps its ids, numbers and dates. The same rule,
+with its own threshold, drops tasks that copy a held-out evaluation task (contamination).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_PUNCT = re.compile(r"[^\w\s]")
+_SPACE = re.compile(r"\s+")
+# Tokens that carry a task's specifics: anything with a digit (ids, dates, prices), codes in capitals
+# (SFO, JFK), and quoted strings.
+_LITERAL = re.compile(r"'[^']{1,80}'|\"[^\"]{1,80}\"|\b[\w\-:./]*\d[\w\-:./]*\b|\b[A-Z]{2,}\b")
+
+
+def normalize_text(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text or "").lower()
+    return _SPACE.sub(" ", _PUNCT.sub(" ", text)).strip()
+
+
+def literal_values(text: str) -> frozenset[str]:
+    return frozenset(m.strip("'\"").lower() for m in _LITERAL.findall(text or ""))
+
+
+@dataclass
+class DedupIndex:
+    """What new tasks of one environment are compared with; grows as tasks are accepted."""
+
+    threshold: float = 0.95
+    contamination_threshold: float = 0.9
+    signatures: set[str] = field(default_factory=set)
+    goals: set[str] = field(default_factory=set)
+    texts: set[str] = field(default_factory=set)
+    queries: list[str] = field(default_factory=list)
+    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 384), dtype=np.float32))
+    heldout_texts: set[str] = field(default_factory=set)
+    heldout_queries: list[str] = field(default_factory=list)
+    heldout_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 384), dtype=np.float32))
+
+    def duplicate_reason(self, query: str, signature: str, goal_key: str | None,
+                         vector: np.ndarray | None) -> str | None:
+        """Why this task must be dropped, or None to keep it."""
+        if signature in self.signatures:
+            return "same_reference"
+        if goal_key and goal_key in self.goals:
+            return "same_goal"
+        text = normalize_text(query)
+        if text in self.heldout_texts:
+            return "contaminated"
+        if text in self.texts:
+            return "same_text"
+        if vector is not None:
+            literals = literal_values(query)
+            if _near(vector, literals, self.heldout_vectors, self.heldout_queries, self.contamination_threshold):
+                return "contaminated"
+            if _near(vector, literals, self.vectors, self.queries, self.threshold):
+                return "near_duplicate"
+        return None
+
+    def add(self, query: str, signature: str, goal_key: str | None, vector: np.ndarray | None) -> None:
+        self.signatures.add(signature)
+        if goal_key:
+            self.goals.add(goal_key)
+        self.texts.add(normalize_text(query))
+        if vector is not None:
+            self.queries.append(query)
+            self.vectors = np.vstack([self.vectors, vector[None, :].astype(np.float32)])
+
+    def set_heldout(self, queries: list[str], vectors: np.ndarray) -> None:
+        self.heldout_texts = {normalize_text(q) for q in queries}
+        self.heldout_queries = list(queries)
+        self.heldout_vectors = vectors.astype(np.float32) if len(queries) else np.zeros((0, 384), np.float32)
+
+
+def _near(vector: np.ndarray, literals: frozenset[str], matrix: np.ndarray, queries: list[str],
+          threshold: float) -> bool:
+    if not len(queries):
+        return False
+    similarities = matrix @ vector
+    for i in np.nonzero(similarities >= threshold)[0]:
+        if literal_values(queries[int(i)]) == literals:
+            return True
+    return False

@@ -1,0 +1,249 @@
+"""Explicit two-phase exploration in real environment instances.
+
+Breadth phase: N_b steps at a high temperature, steered towards operations and entities of the
+profile not visited yet. Depth phase: N_d steps at a lower temperature, conditioned on the last k
+observations (their values and what they make possible). After every step the state snapshot
+is taken, so each state actually reached can later become a goal (hindsight synthesis).
+
+Two explorers share this loop: `RandomExplorer` (no LLM: samples well-formed calls from the
+tool docs, the profile and values seen in observations) and `LLMExplorer` (a chat role).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from common.llm import LLMClient
+from task_manager.envs import EnvAccess
+from task_manager.models import Call, Exploration, ExploreStep
+from task_manager.profile import EnvProfile, tool_function, tool_name
+from task_manager.values import ValuePool
+
+
+@dataclass
+class ExploreConfig:
+    breadth_steps: int = 6
+    depth_steps: int = 10
+    window: int = 3  # k: observations the depth phase conditions on
+    breadth_temperature: float = 1.0
+    depth_temperature: float = 0.4
+
+
+@dataclass
+class ExplorerView:
+    """What an explorer may look at when choosing its next action."""
+
+    profile: EnvProfile
+    tools: list[dict[str, Any]]
+    initial_messages: list[dict[str, Any]]
+    steps: list[ExploreStep]
+    phase: str
+    temperature: float
+    window: int
+    pool: ValuePool = field(default_factory=ValuePool)
+
+    def recent(self) -> list[ExploreStep]:
+        return self.steps[-self.window:] if self.window else []
+
+
+class Explorer(Protocol):
+    name: str
+
+    async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
+        """The next assistant message, and the calls it makes when the explorer knows them."""
+
+
+def softmax_choice(rng: random.Random, options: list[Any], scores: list[float], temperature: float) -> Any:
+    t = max(temperature, 1e-3)
+    top = max(scores)
+    weights = [math.exp((s - top) / t) for s in scores]
+    return rng.choices(options, weights=weights, k=1)[0]
+
+
+class RandomExplorer:
+    """Samples well-formed calls: every required argument filled, with a value of the right type."""
+
+    name = "random"
+
+    def __init__(self, rng: random.Random, optional_probability: float = 0.5) -> None:
+        self.rng = rng
+        self.optional_probability = optional_probability
+
+    async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
+        refused = {c.key() for s in view.steps if s.failed for c in s.calls}
+        call = self.sample(view)
+        for _ in range(5):  # a call the environment already refused teaches nothing new
+            if call.key() not in refused:
+                break
+            call = self.sample(view)
+        return call.render(), [call]
+
+    def sample(self, view: ExplorerView) -> Call:
+        functions = [tool_function(doc) for doc in view.tools if tool_name(doc)]
+        if not functions:
+            raise ValueError("the environment documents no tools; the random explorer needs tool docs")
+        depth = view.phase == "depth"
+        since = view.steps[-view.window].index if depth and len(view.steps) >= view.window > 0 else (0 if depth else None)
+        visits: dict[str, int] = {}
+        changed: dict[str, int] = {}
+        for step in view.steps:
+            for call in step.calls:
+                visits[call.name] = visits.get(call.name, 0) + 1
+                if step.state_changed:
+                    changed[call.name] = changed.get(call.name, 0) + 1
+        profiled = set(view.profile.operations())
+        scores = []
+        for fn in functions:
+            name = fn["name"]
+            fillable = self._fillable(fn, view.pool, since if depth else None)
+            if depth:
+                # Go deeper: operations the recent observations make possible, and ones that never changed state yet.
+                score = 1.0 * fillable + (0.5 if not changed.get(name) else 0.0) - 0.2 * visits.get(name, 0)
+            else:
+                # Go wide: operations of the profile not visited yet.
+                score = -1.0 * visits.get(name, 0) + (0.5 if name in profiled else 0.0) + 0.3 * fillable
+            scores.append(score)
+        fn = softmax_choice(self.rng, functions, scores, view.temperature)
+        return Call(name=fn["name"], arguments=self._arguments(fn, view.pool, since if depth else None))
+
+    @staticmethod
+    def _fillable(fn: dict[str, Any], pool: ValuePool, since: int | None) -> float:
+        params = (fn.get("parameters") or {}).get("properties") or {}
+        required = (fn.get("parameters") or {}).get("required") or []
+        if not required:
+            return 0.5
+        known = sum(1 for arg in required if arg in pool.by_key and
+                    (since is None or pool.candidates(arg, params.get(arg, {}).get("description", ""), since)))
+        return known / len(required)
+
+    def _arguments(self, fn: dict[str, Any], pool: ValuePool, since: int | None) -> dict[str, Any]:
+        parameters = fn.get("parameters") or {}
+        properties: dict[str, Any] = parameters.get("properties") or {}
+        required = set(parameters.get("required") or [])
+        chosen = [arg for arg in properties if arg in required or self.rng.random() < self.optional_probability]
+        if not chosen and properties:
+            chosen = [self.rng.choice(list(properties))]  # a call with no argument at all teaches nothing
+        return {arg: self._value(arg, properties[arg] or {}, pool, since) for arg in chosen}
+
+    def _value(self, arg: str, schema: dict[str, Any], pool: ValuePool, since: int | None) -> Any:
+        kind = schema.get("type", "string")
+        if "enum" in schema and schema["enum"]:
+            return self.rng.choice(list(schema["enum"]))
+        if kind == "boolean":
+            return self.rng.random() < 0.5
+        description = str(schema.get("description", ""))
+        candidates: list[Any] = []
+        if since is not None and self.rng.random() < 0.8:
+            candidates = pool.candidates(arg, description, since)
+        if not candidates:
+            candidates = pool.candidates(arg, description)
+        if kind in ("integer", "number"):
+            numeric = [c for c in candidates if isinstance(c, (int, float)) and not isinstance(c, bool)]
+            lo, hi = schema.get("minimum", 0), schema.get("maximum", 10)
+            value = self.rng.choice(numeric) if numeric else self.rng.uniform(lo, hi)
+            return int(value) if kind == "integer" else float(value)
+        if kind == "array":
+            item = self._value(arg, schema.get("items") or {}, pool, since)
+            return [item]
+        if kind == "object":
+            return {}
+        strings = [str(c) for c in candidates if not isinstance(c, bool)]
+        salient = [c for c in strings if c in pool.salient]
+        if salient and self.rng.random() < 0.6:
+            strings = salient  # the request's own values go together (its route, its passenger)
+        return self.rng.choice(strings) if strings else f"{arg}_1"
+
+
+class LLMExplorer:
+    """An LLM role explores: the profile and tools in the system prompt, the phase decides the instructions."""
+
+    name = "llm"
+
+    def __init__(self, llm: LLMClient, max_tokens: int = 128) -> None:
+        self.llm, self.max_tokens = llm, max_tokens
+
+    async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
+        result = await self.llm.chat(self.messages(view), temperature=view.temperature, max_tokens=self.max_tokens)
+        return result.text.strip() or "(no action)", []
+
+    @staticmethod
+    def messages(view: ExplorerView) -> list[dict[str, Any]]:
+        tools = "\n".join(f"- {tool_function(d)['name']}({', '.join((tool_function(d).get('parameters') or {}).get('properties', {}))})"
+                          f": {tool_function(d).get('description', '')}" for d in view.tools if tool_name(d))
+        tried = sorted({c.name for s in view.steps for c in s.calls} |
+                       {t for s in view.steps for t in _names_in(s.action, view.tools)})
+        if view.phase == "breadth":
+            phase = ("PHASE 1, breadth: try operations and entities you have not tried yet, to learn what exists. "
+                     f"Already tried: {', '.join(tried) or 'nothing'}.")
+        else:
+            phase = ("PHASE 2, depth: build on the last observations: use the ids and values they returned to go "
+                     "further (change things, follow up on results).")
+        system = (f"You are exploring an environment to discover what can be done in it.\n{view.profile.instruction()}\n"
+                  f"## Tools\n{tools}\n{phase}\nReply with exactly one tool call such as "
+                  '<tool_call>{"name": "tool", "arguments": {"arg": "value"}}</tool_call> and nothing else.')
+        context = next((m.get("content", "") for m in view.initial_messages if m.get("role") == "user"), "")
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                          {"role": "user", "content": f"Situation: {context}\nStart exploring."}]
+        for step in view.recent() if view.phase == "depth" else view.steps[-2 * max(view.window, 1):]:
+            messages.append({"role": "assistant", "content": step.action})
+            messages.append({"role": "user", "content": f"Observation: {step.observation[:1500]}"})
+        return messages
+
+
+def _names_in(text: str, tools: list[dict[str, Any]]) -> list[str]:
+    return [tool_name(d) for d in tools if tool_name(d) and tool_name(d) in text]
+
+
+async def explore_episode(access: EnvAccess, explorer: Explorer, profile: EnvProfile, env_type: str,
+                          seed_task_id: str, config: ExploreConfig) -> Exploration:
+    """Run one exploration episode in a fresh instance of `seed_task_id`."""
+    tools = await access.tool_docs(env_type, seed_task_id)
+    pool = ValuePool()
+    for doc in tools:
+        for schema in ((tool_function(doc).get("parameters") or {}).get("properties") or {}).values():
+            pool.harvest(str(schema.get("description", "")), -1)
+    async with access.instance(env_type, seed_task_id) as instance:
+        for message in instance.messages:
+            if message.get("role") == "user":
+                pool.harvest_request(str(message.get("content") or ""))
+            else:
+                pool.harvest(str(message.get("content") or ""), -1)
+        initial = await instance.snapshot()
+        exploration = Exploration(env_type=env_type, seed_task_id=seed_task_id, explorer=explorer.name,
+                                  initial_messages=instance.messages, initial_state=initial)
+        previous = access.comparable(initial)
+        phases = ["breadth"] * config.breadth_steps + ["depth"] * config.depth_steps
+        for index, phase in enumerate(phases):
+            temperature = config.breadth_temperature if phase == "breadth" else config.depth_temperature
+            view = ExplorerView(profile, tools, instance.messages, exploration.steps, phase, temperature,
+                                config.window, pool)
+            action, calls = await explorer.act(view)
+            outcome = await instance.step(action)
+            snapshot = await instance.snapshot()
+            current = access.comparable(snapshot)
+            changed = snapshot is not None and current != previous
+            exploration.steps.append(ExploreStep(index=index, phase=phase, action=action, calls=calls,  # type: ignore[arg-type]
+                                                 observation=outcome.observation, failed=outcome.failed,
+                                                 state=snapshot, state_changed=changed))
+            pool.harvest(outcome.observation, index)
+            previous = current
+            if outcome.done:
+                break
+    return exploration
+
+
+def exploration_text(exploration: Exploration, max_chars: int = 600) -> str:
+    """Action/observation pairs for a synthesizer prompt; the seed task's own messages are never included."""
+    parts = []
+    for step in exploration.steps:
+        parts.append(f">>> STEP {step.index} <<<\n<|ACTION|>\n{step.action}\n<|END|>\n"
+                     f"<|OBSERVATION|>\n{step.observation[:max_chars]}\n<|END|>")
+    return "\n".join(parts)
+
+
+def dump_calls(calls: list[Call]) -> str:
+    return json.dumps([c.model_dump() for c in calls])

@@ -1,0 +1,125 @@
+"""Environment profiles: entities, their attributes and operations, and task preferences.
+
+The JSON shape is AgentEvolver's (`cookbook/env_profiles/<env>.json`)::
+
+    {"name": "...", "background": "...",
+     "entities": [{"name": "...", "description": "...", "attrs": {"attr": "description"},
+                   "opts": [{"name": "...", "description": "..."}]}],
+     "task_preference": {"num_entities": 2, "num_opts": 3, "relation_difficulty": 2},
+     "rubrics": [...]}
+
+An operation may also carry `"template"`: a sentence with `{argument}` slots that the hindsight
+synthesizer uses to write queries (e.g. "book flight {flight_id} for passenger {passenger_id}").
+A profile is read from such a file, or derived from the environment service's profile and tool
+docs (tools without an entity are gathered under one entity named after the environment).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from common.config import ConfigError
+
+
+class _Lenient(BaseModel):
+    # Profiles are hand-written JSON from other projects: keep unknown keys rather than reject them.
+    model_config = ConfigDict(extra="allow")
+
+
+class Operation(_Lenient):
+    name: str
+    description: str = ""
+    template: str | None = None
+
+
+class Entity(_Lenient):
+    name: str
+    description: str = ""
+    attrs: dict[str, str] = Field(default_factory=dict)
+    opts: list[Operation] = Field(default_factory=list)
+
+
+class TaskPreference(_Lenient):
+    num_entities: int = Field(default=1, ge=1)
+    num_opts: int = Field(default=2, ge=1)
+    relation_difficulty: int = Field(default=2, ge=1, le=3)
+
+
+class EnvProfile(_Lenient):
+    name: str
+    background: str = ""
+    entities: list[Entity] = Field(default_factory=list)
+    task_preference: TaskPreference = Field(default_factory=TaskPreference)
+    rubrics: list[Any] = Field(default_factory=list)
+
+    def operations(self) -> dict[str, Operation]:
+        return {op.name: op for entity in self.entities for op in entity.opts}
+
+    def entity_of(self, operation: str) -> Entity | None:
+        return next((e for e in self.entities if any(op.name == operation for op in e.opts)), None)
+
+    def instruction(self) -> str:
+        """The profile as text for an LLM explorer: what exists and what can be done to it."""
+        lines = [f"# Environment: {self.name}"]
+        if self.background:
+            lines.append(self.background)
+        lines.append("## Entities")
+        for entity in self.entities:
+            lines.append(f"- {entity.name}: {entity.description}")
+            for attr, description in entity.attrs.items():
+                lines.append(f"  - attribute {attr}: {description}")
+            for op in entity.opts:
+                lines.append(f"  - operation {op.name}: {op.description}")
+        return "\n".join(lines)
+
+    def preference_instruction(self) -> str:
+        pref = self.task_preference
+        difficulty = {1: "simple, independent", 2: "moderately related", 3: "tightly dependent"}[pref.relation_difficulty]
+        return (f"Each task should involve about {pref.num_entities} entities and {pref.num_opts} operations, "
+                f"with {difficulty} steps (later steps use what earlier steps returned).")
+
+
+def load_profile_file(path: str | Path) -> EnvProfile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"task_manager.profiles: profile file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"task_manager.profiles: {path} is not valid JSON: {exc}") from None
+    try:
+        return EnvProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"task_manager.profiles: {path} is not an environment profile "
+                          f"(AgentEvolver's shape: name, background, entities, task_preference): {exc}") from None
+
+
+def tool_name(doc: dict[str, Any]) -> str:
+    return str((doc.get("function") or doc).get("name", ""))
+
+
+def tool_function(doc: dict[str, Any]) -> dict[str, Any]:
+    """The function part of an OpenAI tool schema (`{"type": "function", "function": {...}}` or bare)."""
+    return doc.get("function") or doc
+
+
+def profile_from_env(env_type: str, env_profile: dict[str, Any] | None, tool_docs: list[dict[str, Any]]) -> EnvProfile:
+    """The environment's own profile, completed with an operation for every documented tool."""
+    data = dict(env_profile or {})
+    data.setdefault("name", env_type)
+    try:
+        profile = EnvProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"the environment service's profile of {env_type!r} has the wrong shape: {exc}") from None
+    known = profile.operations()
+    missing = [doc for doc in tool_docs if tool_name(doc) and tool_name(doc) not in known]
+    if missing:
+        profile.entities.append(Entity(
+            name=env_type, description=f"the tools of {env_type}",
+            opts=[Operation(name=tool_name(d), description=str(tool_function(d).get("description", "")))
+                  for d in missing]))
+    return profile

@@ -1,0 +1,321 @@
+"""Task synthesizers: turn an exploration into proposed tasks `{query, confidence, reference actions}`.
+
+- `HindsightSynthesizer` (no LLM, the default): every state the exploration actually reached
+  becomes a goal. Its reference is the shortest sub-sequence of the exploration's successful
+  actions found to reach that state again in a fresh instance (state-changing actions first,
+  then the read actions they turn out to depend on, such as the search a booking needs). The
+  query is written from the profile's operations and the reference's arguments.
+- `LLMSynthesizer`: an LLM reads the exploration (the seed task's own query masked) and the
+  task preferences and writes `<task>{"query", "confidence", "action_sequence"}</task>` blocks.
+  Each block becomes its own new `Proposal` object: AgentEvolver mutated one shared task per
+  exploration, so every parsed task ended up with the last block's query and reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from common.llm import LLMClient
+from task_manager.envs import EnvAccess
+from task_manager.explore import exploration_text
+from task_manager.models import Call, Exploration, ExploreStep, Proposal, canonical_hash
+from task_manager.profile import EnvProfile
+from task_manager.replay import replay
+
+GENERATED = "<generated>"
+
+
+@dataclass
+class SynthesisStats:
+    proposed: int = 0  # tasks the synthesizer put forward (goals tried / <task> blocks written)
+    parsed: int = 0  # proposals that came out well-formed
+
+
+def signature(proposal: Proposal) -> str:
+    """The reference's operation sequence, with generated ids abstracted: equal for the same task."""
+    generated = set(proposal.generated)
+    if proposal.calls is not None:
+        ops = [[c.name, {k: (GENERATED if str(v) in generated else v) for k, v in sorted(c.arguments.items())}]
+               for c in proposal.calls]
+    else:
+        ops = [re.sub(r"\s+", " ", _mask(a, generated)).strip() for a in proposal.actions]
+    return canonical_hash([proposal.env_type, ops], size=24)
+
+
+def _mask(text: str, generated: set[str]) -> str:
+    for value in sorted(generated, key=len, reverse=True):
+        text = text.replace(value, GENERATED)
+    return text
+
+
+# ---------------------------------------------------------------- hindsight
+
+
+class HindsightSynthesizer:
+    name = "hindsight"
+
+    def __init__(self, access: EnvAccess, profile: EnvProfile, max_goals: int = 4, max_repairs: int = 4) -> None:
+        self.access, self.profile = access, profile
+        self.max_goals, self.max_repairs = max_goals, max_repairs
+
+    async def propose(self, exploration: Exploration) -> tuple[list[Proposal], SynthesisStats]:
+        stats = SynthesisStats()
+        if exploration.initial_state is None:
+            return [], stats  # no verifiable state: nothing to take as a goal
+        goals = [s for s in exploration.steps if s.state_changed and not s.failed]
+        # Deepest goals first: they need the most calls; keep the earlier ones while there is room.
+        chosen = sorted(goals, key=lambda s: -s.index)[: self.max_goals]
+        proposals = []
+        for goal_step in sorted(chosen, key=lambda s: s.index):
+            stats.proposed += 1
+            proposal = await self._minimal(exploration, goal_step)
+            if proposal is not None:
+                stats.parsed += 1
+                proposals.append(proposal)
+        return proposals, stats
+
+    async def _minimal(self, exploration: Exploration, goal_step: ExploreStep) -> Proposal | None:
+        successful = [s for s in exploration.steps[: goal_step.index + 1] if not s.failed]
+        goal = self.access.comparable(goal_step.state)
+        chosen = {s.index for s in successful if s.state_changed}
+        for _ in range(self.max_repairs + 1):
+            sequence = [s for s in successful if s.index in chosen]
+            result = await self._replay(exploration, sequence)
+            if result.ok and self.access.comparable(result.end_state) == goal:
+                return self._proposal(exploration, sequence, goal, result.generated)
+            if result.ok or result.failed_at is None:
+                break
+            needed = self._dependency(successful, chosen, sequence[result.failed_at], result.error)
+            if needed is None:
+                break
+            chosen.add(needed.index)
+        # Fall back to every successful action up to the goal: that is how the state was reached.
+        result = await self._replay(exploration, successful)
+        if result.ok and self.access.comparable(result.end_state) == goal:
+            return self._proposal(exploration, successful, goal, result.generated)
+        return None
+
+    async def _replay(self, exploration: Exploration, sequence: list[ExploreStep]):
+        return await replay(self.access, exploration.env_type, exploration.seed_task_id,
+                            [s.action for s in sequence], recorded_initial_state=exploration.initial_state,
+                            recorded_observations=[s.observation for s in sequence])
+
+    @staticmethod
+    def _dependency(successful: list[ExploreStep], chosen: set[int], failing: ExploreStep,
+                    error: str) -> ExploreStep | None:
+        """The read action a failing action most likely depends on.
+
+        Scored by what the refusal names ("search SFO -> JFK on 2025-06-04 first" names the search
+        and its arguments) and by whether the step's observation holds one of the failing call's
+        argument values; ties go to the latest step.
+        """
+        earlier = [s for s in successful if s.index < failing.index and s.index not in chosen]
+        if not earlier:
+            return None
+        error_words = _words(error)
+        values = [str(v) for c in failing.calls for v in c.arguments.values() if str(v)]
+
+        def score(step: ExploreStep) -> tuple[float, int]:
+            named = len(error_words & _words(step.action))
+            mentions = any(v in step.observation for v in values)
+            return (2.0 * named + (1.0 if mentions else 0.0), step.index)
+
+        return max(earlier, key=score)
+
+    def _proposal(self, exploration: Exploration, sequence: list[ExploreStep], goal: Any,
+                  generated: set[str]) -> Proposal:
+        calls = [c for s in sequence for c in s.calls] if all(s.calls for s in sequence) else None
+        query = write_query(self.profile, sequence, generated, exploration.initial_state)
+        return Proposal(query=query, confidence=1.0, actions=[s.action for s in sequence], calls=calls,
+                        observations=[s.observation for s in sequence],
+                        recorded_initial_state=exploration.initial_state, goal_state=goal,
+                        generated=sorted(generated), synthesizer=self.name, env_type=exploration.env_type,
+                        seed_task_id=exploration.seed_task_id, exploration_id=exploration.exploration_id)
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in re.findall(r"[A-Za-z0-9\-]{3,}", (text or "").replace("_", " "))} - {"error", "the"}
+
+
+def write_query(profile: EnvProfile, sequence: list[ExploreStep], generated: set[str], initial_state: Any) -> str:
+    """A request naming what the state-changing actions did, from the profile's operations.
+
+    Read actions are left for the agent to find; a generated id is described by the record it
+    came from ("the order with passenger_id P1003 and flight_id UA123-0603"), since a fresh
+    instance generates a different one.
+    """
+    operations = profile.operations()
+    records = [initial_state] + [_json(s.observation) for s in sequence]
+    sentences = []
+    for step in sequence:
+        if not step.state_changed:
+            continue
+        for call in step.calls or []:
+            values = {k: (_describe(k, v, records, generated) if str(v) in generated else v)
+                      for k, v in call.arguments.items()}
+            op = operations.get(call.name)
+            if op is not None and op.template:
+                try:
+                    sentences.append(op.template.format(**values))
+                    continue
+                except (KeyError, IndexError, ValueError):
+                    pass
+            what = _first_clause(op.description if op else "") or f"use {call.name}"
+            args = ", ".join(f"{k} {v}" for k, v in values.items())
+            sentences.append(f"{what} ({args})" if args else what)
+        if not step.calls:
+            sentences.append(f"do what this request does: {step.action.strip()[:200]}")
+    if not sentences:
+        return ""
+    text = sentences[0][0].upper() + sentences[0][1:]
+    for sentence in sentences[1:]:
+        text += f". Then {sentence[0].lower()}{sentence[1:]}"
+    return text + "."
+
+
+def _first_clause(description: str) -> str:
+    clause = re.split(r"[.;]\s", description.strip() + " ", maxsplit=1)[0].strip().rstrip(".")
+    return clause[:1].lower() + clause[1:] if clause else ""
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        return None
+
+
+def _describe(key: str, value: Any, records: list[Any], generated: set[str]) -> str:
+    """Name a generated value by the other fields of the record it appears in."""
+    for record in records:
+        found = _record_with(record, key, value)
+        if found is not None:
+            fields = [(k, v) for k, v in found.items() if k != key and isinstance(v, (str, int))
+                      and str(v) not in generated and k.endswith("_id")]
+            if fields:
+                noun = key.removesuffix("_id").replace("_", " ") or key
+                return f"the {noun} with " + " and ".join(f"{k} {v}" for k, v in fields[:2])
+    return f"the {key} returned earlier"
+
+
+def _record_with(data: Any, key: str, value: Any) -> dict | None:
+    if isinstance(data, dict):
+        if data.get(key) == value:
+            return data
+        data = list(data.values())
+    if isinstance(data, list):
+        for item in data:
+            found = _record_with(item, key, value)
+            if found is not None:
+                return found
+    return None
+
+
+# ---------------------------------------------------------------- LLM
+
+
+SYNTHESIS_SYSTEM = """# ROLE
+You turn an agent's recorded tool interactions into realistic, verifiable user tasks.
+
+For each task output exactly one block:
+<task>
+{"query": "a specific user request with concrete ids, names, dates", "confidence": 0.0-1.0,
+ "action_sequence": ["tool_call(arg='value')", "another_call(arg='value')"]}
+</task>
+
+Rules: each task uses several different calls; action_sequence is the exact list of calls that
+solves the task, one call per item, using only values seen in the record; leave out exploration
+or failed steps; write different tasks, not rephrasings of one."""
+
+
+def synthesis_messages(exploration: Exploration, profile: EnvProfile, old_queries: list[str],
+                       max_chars: int = 400) -> list[dict[str, str]]:
+    """The prompt: the exploration's action/observation pairs only; the seed task's query is masked."""
+    old = "\n".join(f"- {q}" for q in old_queries[-10:]) or "(none yet)"
+    user = (f"{profile.instruction()}\n\n# Seed task\nSystem and user messages: [MASKED]\n\n"
+            f"# Record\n{exploration_text(exploration, max_chars)}\n\n"
+            f"# Already written (do not repeat)\n{old}\n\n# Task requirements\n{profile.preference_instruction()}\n\n"
+            "Write the tasks now.")
+    return [{"role": "system", "content": SYNTHESIS_SYSTEM}, {"role": "user", "content": user}]
+
+
+_TASK_BLOCK = re.compile(r"<task>(.*?)(?:</task>|$)", re.DOTALL)
+_STEP_HEADER = re.compile(r"^\s*#\s*step\s*\d+\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_task_blocks(text: str) -> tuple[int, list[dict[str, Any]]]:
+    """(number of <task> blocks, the well-formed ones as {query, confidence, actions})."""
+    blocks = [b for b in _TASK_BLOCK.findall(text or "") if b.strip()]
+    parsed = []
+    for block in blocks:
+        try:
+            data = json.loads(_strip_fence(block))
+        except (ValueError, TypeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        query = data.get("query")
+        actions = split_actions(data.get("action_sequence"))
+        try:
+            confidence = float(data.get("confidence", 0.5))
+        except (TypeError, ValueError):
+            continue
+        if isinstance(query, str) and query.strip() and actions:
+            parsed.append({"query": query.strip(), "confidence": min(max(confidence, 0.0), 1.0), "actions": actions})
+    return len(blocks), parsed
+
+
+def _strip_fence(block: str) -> str:
+    block = block.strip()
+    if block.startswith("```"):
+        block = block.strip("`")
+        block = block[block.find("{"):] if "{" in block else block
+    return block
+
+
+def split_actions(sequence: Any) -> list[str]:
+    """An action_sequence as assistant messages: a list (strings or call objects) or one text."""
+    if isinstance(sequence, list):
+        out = []
+        for item in sequence:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                out.append(Call(name=item["name"], arguments=dict(item.get("arguments") or {})).render())
+            elif isinstance(item, str) and item.strip():
+                out.append(item.strip())
+        return out
+    if isinstance(sequence, str) and sequence.strip():
+        segments = [s.strip() for s in _STEP_HEADER.split(sequence) if s.strip()]
+        if len(segments) == 1:
+            lines = [line.strip() for line in segments[0].splitlines() if line.strip()]
+            if all("(" in line or "<tool_call>" in line for line in lines):
+                return lines
+        return segments
+    return []
+
+
+class LLMSynthesizer:
+    name = "llm"
+
+    def __init__(self, llm: LLMClient, profile: EnvProfile, max_tokens: int = 512, temperature: float = 0.7,
+                 min_confidence: float = 0.0) -> None:
+        self.llm, self.profile = llm, profile
+        self.max_tokens, self.temperature, self.min_confidence = max_tokens, temperature, min_confidence
+
+    async def propose(self, exploration: Exploration, old_queries: list[str] | None = None
+                      ) -> tuple[list[Proposal], SynthesisStats]:
+        messages = synthesis_messages(exploration, self.profile, old_queries or [])
+        result = await self.llm.chat(messages, temperature=self.temperature, max_tokens=self.max_tokens)
+        blocks, parsed = parse_task_blocks(result.text)
+        stats = SynthesisStats(proposed=blocks, parsed=len(parsed))
+        proposals = [
+            # A new object per block (never a shared one mutated in a loop).
+            Proposal(query=item["query"], confidence=item["confidence"], actions=list(item["actions"]),
+                     recorded_initial_state=exploration.initial_state, synthesizer=self.name,
+                     env_type=exploration.env_type, seed_task_id=exploration.seed_task_id,
+                     exploration_id=exploration.exploration_id)
+            for item in parsed if item["confidence"] >= self.min_confidence
+        ]
+        return proposals, stats
