@@ -1,0 +1,57 @@
+"""`python -m llm_server --port PORT --model smollm2|tiny|<HF dir>`: serve one model, OpenAI-compatible."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from loguru import logger
+
+from common.service import run_app, service_cli
+from llm_server.settings import LLMServerSettings
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="smollm2 (default), tiny, or a local HF model directory")
+    parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
+    parser.add_argument("--max-batch", type=int, default=None, help="sequences decoded together at most (16)")
+    parser.add_argument("--batch-window-ms", type=float, default=None,
+                        help="how long an idle server waits to batch arriving requests (10)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--default-max-tokens", type=int, default=None)
+    parser.add_argument("--max-request-tokens", type=int, default=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings, _ = service_cli("llm_server", LLMServerSettings, "llm_server",
+                              "OpenAI-compatible model server (transformers, CPU) with token ids and logprobs",
+                              add_arguments=_arguments, argv=argv)
+    assert isinstance(settings, LLMServerSettings)
+    import torch
+
+    from common.models import ModelLoadError, load_model
+    from llm_server.app import ServedModel, build_app
+    from llm_server.engine import Engine
+
+    threads = settings.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    try:
+        model, tokenizer = load_model(settings.model, dtype=getattr(torch, settings.dtype))
+        engine = Engine(model, tokenizer, max_batch=settings.max_batch,
+                        batch_window_s=settings.batch_window_ms / 1000, threads=threads)
+    except (ModelLoadError, ValueError) as exc:
+        sys.exit(f"llm_server: {exc}")
+    name = settings.served_model_name or settings.model
+    logger.info("llm_server: serving {!r} ({} parameters, context {}, max batch {}, {} threads)", name,
+                f"{model.num_parameters():,}", engine.context_length, settings.max_batch, threads)
+    app = build_app(ServedModel(engine, tokenizer, name, settings))
+    try:
+        run_app(app, settings.host, settings.port, settings.log_level)
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""The OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions, plus
+/v1/weights (trainer weight sync) and /v1/stats (batching counters, also in /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from common.service import ServiceError, create_app
+from llm_server.engine import Completion, Engine, GenerationResult, SamplingParams
+from llm_server.protocol import (
+    ROLES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    WeightUpdateRequest,
+    WeightUpdateResponse,
+    _SamplingFields,
+)
+from llm_server.settings import LLMServerSettings
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+class ServedModel:
+    """What the routes need: the engine, its tokenizer, the public name and the limits."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, name: str, settings: LLMServerSettings) -> None:
+        self.engine, self.tokenizer, self.name, self.settings = engine, tokenizer, name, settings
+        self.context_length = engine.context_length
+        self.vocab_size = len(tokenizer)
+        self.created = int(time.time())
+
+
+def build_app(served: ServedModel) -> FastAPI:
+    app = create_app("llm_server", description="OpenAI-compatible transformers model server (CPU), with token ids",
+                      max_body_bytes=served.settings.max_body_bytes)
+    app.state.served = served
+    app.state.metrics_registry.register(_EngineCollector(served.engine))
+
+    @app.get("/v1/models", tags=["openai"])
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": served.name, "object": "model", "created": served.created, "owned_by": "evolver",
+            "max_model_len": served.context_length, "policy_version": served.engine.policy_version}]}
+
+    @app.post("/v1/chat/completions", tags=["openai"])
+    async def chat_completions(request: ChatCompletionRequest) -> dict:
+        _check_common(served, request)
+        prompt_ids = _chat_prompt_ids(served, request)
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        top = (request.top_logprobs or 0) if request.logprobs else 0
+        result = await _generate(served, request, prompt_ids, max_tokens, top)
+        parse_tools = bool(request.tools) and request.tool_choice != "none"
+        choices = [_chat_choice(served, i, c, request.logprobs, parse_tools) for i, c in enumerate(result.completions)]
+        return _envelope("chat.completion", "chatcmpl", served, result, choices)
+
+    @app.post("/v1/completions", tags=["openai"])
+    async def completions(request: CompletionRequest) -> dict:
+        _check_common(served, request)
+        if request.echo:
+            raise ServiceError(400, "unsupported_parameter", "echo=true is not supported")
+        if request.best_of not in (None, request.n):
+            raise ServiceError(400, "unsupported_parameter", "best_of is not supported (use n)")
+        prompt_ids = _completion_prompt_ids(served, request)
+        top = request.logprobs or 0
+        result = await _generate(served, request, prompt_ids, request.max_tokens, top)
+        choices = [_completion_choice(served, i, c, request.logprobs is not None)
+                   for i, c in enumerate(result.completions)]
+        return _envelope("text_completion", "cmpl", served, result, choices)
+
+    @app.post("/v1/weights", tags=["trainer"], response_model=WeightUpdateResponse)
+    async def update_weights(request: WeightUpdateRequest) -> WeightUpdateResponse:
+        tensors = await asyncio.to_thread(_read_state_dict, Path(request.path).expanduser())
+        try:
+            await asyncio.to_thread(served.engine.check_state_dict, tensors)
+        except ValueError as exc:
+            raise ServiceError(400, "weights_mismatch", f"{request.path}: {exc}") from None
+        version = await asyncio.wrap_future(served.engine.update_weights(tensors, request.policy_version))
+        return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path=request.path)
+
+    @app.get("/v1/weights", tags=["trainer"])
+    async def weights_version() -> dict:
+        return {"policy_version": served.engine.policy_version}
+
+    @app.get("/v1/stats", tags=["service"])
+    async def stats() -> dict:
+        engine = served.engine
+        s = engine.stats
+        return {
+            "model": served.name, "policy_version": engine.policy_version, "context_length": served.context_length,
+            "max_batch": engine.max_batch, "active_rows": engine.active_rows, "queued_requests": engine.queued,
+            "requests": s.requests, "rows": s.rows, "prefill_batches": s.prefill_batches,
+            "decode_steps": s.decode_steps, "forward_batches": s.forward_batches, "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens, "max_rows_in_batch": s.max_rows_in_batch,
+            "weight_updates": s.weight_updates, "failed_batches": s.failed_batches,
+        }
+
+    return app
+
+
+# ---- request checks and prompts ---------------------------------------------------------------
+def _check_common(served: ServedModel, request: _SamplingFields) -> None:
+    if request.model != served.name:
+        raise ServiceError(404, "model_not_found",
+                           f"model {request.model!r} is not served here; this server serves {served.name!r}",
+                           {"served": [served.name]})
+    problems = request.unsupported()
+    if problems:
+        raise ServiceError(400, "unsupported_parameter", "not supported: " + "; ".join(problems))
+    if request.n > served.engine.max_batch:
+        raise ServiceError(400, "n_too_large", f"n={request.n} exceeds the server's max batch of "
+                                               f"{served.engine.max_batch} rows (--max-batch)")
+
+
+def _chat_prompt_ids(served: ServedModel, request: ChatCompletionRequest) -> list[int]:
+    for i, message in enumerate(request.messages):
+        role = message.get("role")
+        if role not in ROLES:
+            raise ServiceError(400, "invalid_message", f"messages[{i}].role must be one of {sorted(ROLES)}, "
+                                                       f"got {role!r}")
+    messages = [_normalise_message(m) for m in request.messages]
+    try:
+        text = served.tokenizer.apply_chat_template(
+            messages, tools=request.tools or None, tokenize=False,
+            add_generation_prompt=request.add_generation_prompt and not request.continue_final_message,
+            continue_final_message=request.continue_final_message)
+    except Exception as exc:  # jinja errors: the messages do not fit the template
+        raise ServiceError(400, "invalid_messages", f"the chat template cannot render these messages: {exc}") from None
+    return served.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _normalise_message(message: dict[str, Any]) -> dict[str, Any]:
+    """`developer` is OpenAI's newer name for `system`; the templates know only `system`."""
+    out = dict(message)
+    if out.get("role") == "developer":
+        out["role"] = "system"
+    if out.get("content") is None:
+        out["content"] = ""
+    return out
+
+
+def _completion_prompt_ids(served: ServedModel, request: CompletionRequest) -> list[int]:
+    prompt: Any = request.prompt
+    if request.prompt_token_ids is not None:
+        if prompt not in (None, "", []):
+            raise ServiceError(400, "invalid_prompt", "give either prompt or prompt_token_ids, not both")
+        prompt = request.prompt_token_ids
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise ServiceError(400, "invalid_prompt", f"one prompt per request (got {len(prompt)}); "
+                                                      "send concurrent requests instead: they are batched")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = served.tokenizer.encode(prompt, add_special_tokens=False)
+    elif isinstance(prompt, list):
+        ids = prompt
+        bad = [t for t in ids if not 0 <= t < served.vocab_size]
+        if bad:
+            raise ServiceError(400, "invalid_prompt", f"prompt token ids must be in [0, {served.vocab_size}); "
+                                                      f"got {bad[:5]}")
+    else:
+        ids = []
+    if not ids:
+        raise ServiceError(400, "invalid_prompt", "the prompt is empty: give prompt (text or token ids) or "
+                                                  "prompt_token_ids")
+    return ids
+
+
+async def _generate(served: ServedModel, request: _SamplingFields, prompt_ids: list[int], max_tokens: int | None,
+                    top_logprobs: int) -> GenerationResult:
+    context = served.context_length
+    room = context - len(prompt_ids)
+    if room <= 0:
+        raise ServiceError(400, "context_length_exceeded",
+                           f"the prompt is {len(prompt_ids)} tokens, {1 - room} more than fit: the model's context "
+                           f"is {context} tokens and at least 1 must be left to generate",
+                           {"prompt_tokens": len(prompt_ids), "context_length": context})
+    if max_tokens is None:
+        max_tokens = min(served.settings.default_max_tokens, room)
+    elif max_tokens > room:
+        raise ServiceError(400, "context_length_exceeded",
+                           f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the model's context "
+                           f"of {context} tokens by {max_tokens - room}; lower max_tokens to at most {room}",
+                           {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "context_length": context})
+    if request.n * max_tokens > served.settings.max_request_tokens:
+        raise ServiceError(400, "request_too_large",
+                           f"n * max_tokens = {request.n * max_tokens} exceeds this server's limit of "
+                           f"{served.settings.max_request_tokens} tokens per request; lower n or max_tokens")
+    params = SamplingParams(max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
+                            stop=request.stop_strings(), seed=request.seed, top_logprobs=top_logprobs, n=request.n)
+    return await asyncio.wrap_future(served.engine.submit(prompt_ids, params))
+
+
+# ---- responses ----------------------------------------------------------------------------------
+def _envelope(kind: str, prefix: str, served: ServedModel, result: GenerationResult, choices: list[dict]) -> dict:
+    completion_tokens = sum(len(c.token_ids) for c in result.completions)
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": served.name,
+        "choices": choices,
+        "usage": {"prompt_tokens": len(result.prompt_token_ids), "completion_tokens": completion_tokens,
+                  "total_tokens": len(result.prompt_token_ids) + completion_tokens},
+        "prompt_token_ids": result.prompt_token_ids,
+        "policy_version": result.policy_version,
+    }
+
+
+def _token_text(served: ServedModel, token_id: int) -> str:
+    return served.tokenizer.decode([token_id])
+
+
+def _chat_choice(served: ServedModel, index: int, completion: Completion, logprobs: bool, parse_tools: bool) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": completion.text}
+    finish_reason = completion.finish_reason
+    if parse_tools:
+        content, calls = parse_tool_calls(completion.text)
+        if calls:
+            message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+            finish_reason = "tool_calls"
+    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None,
+                              "token_ids": completion.token_ids, "token_logprobs": completion.token_logprobs}
+    if logprobs:
+        content_logprobs = []
+        for position, (token_id, logprob) in enumerate(zip(completion.token_ids, completion.token_logprobs,
+                                                           strict=True)):
+            text = _token_text(served, token_id)
+            alternatives = completion.top_logprobs[position] if completion.top_logprobs else []
+            content_logprobs.append({
+                "token": text, "logprob": logprob, "bytes": list(text.encode()),
+                "top_logprobs": [{"token": (t := _token_text(served, i)), "logprob": lp, "bytes": list(t.encode())}
+                                 for i, lp in alternatives]})
+        choice["logprobs"] = {"content": content_logprobs}
+    return choice
+
+
+def _completion_choice(served: ServedModel, index: int, completion: Completion, logprobs: bool) -> dict:
+    choice: dict[str, Any] = {"index": index, "text": completion.text, "finish_reason": completion.finish_reason,
+                              "logprobs": None, "token_ids": completion.token_ids,
+                              "token_logprobs": completion.token_logprobs}
+    if logprobs:
+        tokens = [_token_text(served, t) for t in completion.token_ids]
+        offsets, total = [], 0
+        for token in tokens:
+            offsets.append(total)
+            total += len(token)
+        choice["logprobs"] = {
+            "tokens": tokens, "token_logprobs": completion.token_logprobs, "text_offset": offsets,
+            "top_logprobs": [{_token_text(served, i): lp for i, lp in alts} for alts in completion.top_logprobs]
+            if completion.top_logprobs else None,
+        }
+    return choice
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+    """Hermes-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks -> OpenAI tool_calls.
+
+    Blocks that are not valid JSON with a string `name` stay in the content.
+    """
+    calls: list[dict] = []
+    kept: list[str] = []
+    last = 0
+    for match in TOOL_CALL.finditer(text):
+        try:
+            payload = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            continue
+        arguments = payload.get("arguments", {})
+        kept.append(text[last:match.start()])
+        last = match.end()
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": payload["name"],
+                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+    kept.append(text[last:])
+    return "".join(kept).strip(), calls
+
+
+# ---- weights --------------------------------------------------------------------------------
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors from an HF directory (all *.safetensors in it) or one .safetensors/.pt/.bin file."""
+    from safetensors.torch import load_file
+
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ServiceError(400, "weights_not_found", f"{path} holds no *.safetensors files")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ServiceError(400, "weights_not_found", f"{path} does not exist")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            if file.suffix == ".safetensors":
+                tensors.update(load_file(str(file), device="cpu"))
+            else:
+                loaded = torch.load(str(file), map_location="cpu", weights_only=True)
+                if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+                    raise ServiceError(400, "weights_invalid", f"{file} is not a state dict of tensors")
+                tensors.update(loaded)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise ServiceError(400, "weights_invalid", f"cannot read {file}: {type(exc).__name__}: {exc}") from None
+    return tensors
+
+
+class _EngineCollector:
+    """Engine counters, read at scrape time so /metrics and /v1/stats never disagree."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Any]:
+        s = self.engine.stats
+        for name, value, doc in (
+            ("llm_requests", s.requests, "generation requests admitted"),
+            ("llm_rows", s.rows, "sequences generated (n per request)"),
+            ("llm_prefill_batches", s.prefill_batches, "prefill forward passes"),
+            ("llm_decode_steps", s.decode_steps, "decode forward passes (one token for every running row)"),
+            ("llm_prompt_tokens", s.prompt_tokens, "prompt tokens prefilled"),
+            ("llm_generated_tokens", s.generated_tokens, "tokens generated"),
+            ("llm_weight_updates", s.weight_updates, "weight updates applied"),
+        ):
+            family = CounterMetricFamily(name, doc)
+            family.add_metric([], value)
+            yield family
+        for name, value, doc in (
+            ("llm_active_rows", self.engine.active_rows, "rows in the running batch"),
+            ("llm_queued_requests", self.engine.queued, "requests waiting to join the batch"),
+            ("llm_policy_version", self.engine.policy_version, "version of the served weights"),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge

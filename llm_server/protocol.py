@@ -1,0 +1,91 @@
+"""Request bodies of the OpenAI-compatible routes, plus the evolver extensions.
+
+Extensions (vLLM-style, so the trainer can train on exact tokens):
+- every completion response has top-level `prompt_token_ids` and `policy_version`, and each
+  choice has `token_ids` and `token_logprobs` (log_softmax of the raw logits at each sampled token);
+- `/v1/completions` accepts `prompt_token_ids` (or a list of ints as `prompt`): token in, token out.
+Unknown fields are ignored, as OpenAI-compatible servers do; parameters that would change the
+result but are not implemented (streaming, penalties, logit bias, echo) are refused with a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from common.config import StrictModel
+
+MAX_TOP_LOGPROBS = 20
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1)
+    seed: int | None = None
+    stream: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return tuple(s for s in stops if s)
+
+    def unsupported(self) -> list[str]:
+        """Names of parameters that were set to something this server does not implement."""
+        problems = []
+        if self.stream:
+            problems.append("stream=true (streaming is not supported; send stream=false)")
+        if self.presence_penalty:
+            problems.append("presence_penalty (only 0 is supported)")
+        if self.frequency_penalty:
+            problems.append("frequency_penalty (only 0 is supported)")
+        if self.logit_bias:
+            problems.append("logit_bias (not supported)")
+        return problems
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    # vLLM extensions: render the template without the assistant header, or continue the last turn.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] | None = None
+    prompt_token_ids: list[int] | None = None
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for /v1/completions
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+
+
+class WeightUpdateRequest(StrictModel):
+    path: str = Field(description="an HF/safetensors directory, or a .safetensors / .pt / .bin state-dict file")
+    policy_version: int | None = Field(default=None, ge=0,
+                                       description="the version to report from now on (default: current + 1)")
+
+
+class WeightUpdateResponse(BaseModel):
+    policy_version: int
+    loaded_tensors: int
+    path: str
+
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset(Role.__args__)  # type: ignore[attr-defined]

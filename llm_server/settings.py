@@ -1,0 +1,21 @@
+"""Settings of the `llm_server` section (flags > YAML > defaults)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from common.service import ServiceSettings
+
+
+class LLMServerSettings(ServiceSettings):
+    port: int = Field(default=8001, ge=0, le=65535)
+    model: str = Field(default="smollm2", description="`smollm2`, `tiny` or a local HF model directory")
+    served_model_name: str | None = Field(default=None, description="the name clients send (default: `model`)")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    max_batch: int = Field(default=16, ge=1, description="rows (sequences) decoded together at most")
+    batch_window_ms: float = Field(default=10.0, ge=0, description="how long an idle server waits for company")
+    threads: int | None = Field(default=None, ge=1, description="torch threads (default: all cores)")
+    default_max_tokens: int = Field(default=512, ge=1, description="max_tokens of a chat request that gives none")
+    max_request_tokens: int = Field(default=32768, ge=1, description="limit on n * max_tokens of one request")
