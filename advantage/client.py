@@ -1,0 +1,90 @@
+"""Typed client of the judge service, and the glue between trajectories and judgments.
+
+    async with JudgeClient("http://127.0.0.1:8005") as judge:
+        response = await judge.judge_trajectories(trajectories)   # list[Trajectory]
+    apply_judgments(trajectories, response)                      # sets trajectory.labels
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from advantage.judge.schemas import (
+    BatchUsage,
+    JudgeRequest,
+    JudgeResponse,
+    JudgeStats,
+    JudgeStep,
+    JudgeTrajectory,
+    LabelRates,
+    TrajectoryJudgment,
+)
+from common.http import ServiceClient
+from common.schemas import ChatMessage, Trajectory
+
+__all__ = [
+    "BatchUsage", "JudgeClient", "JudgeRequest", "JudgeResponse", "JudgeStats", "JudgeStep", "JudgeTrajectory",
+    "LabelRates", "TrajectoryJudgment", "apply_judgments", "render_action", "to_judge_trajectory",
+]
+
+
+def render_action(message: ChatMessage) -> str:
+    """The agent's turn as text: what it said and the tool calls it made."""
+    parts = [message.text()] if message.text() else []
+    for call in message.tool_calls or []:
+        parts.append(f"[tool call] {call.function.name}({call.function.arguments})")
+    return "\n".join(parts)
+
+
+def task_query(trajectory: Trajectory) -> str:
+    """The task description: the first user message of the rollout."""
+    for message in trajectory.messages:
+        if message.role == "user" and message.text():
+            return message.text()
+    return ""
+
+
+def to_judge_trajectory(trajectory: Trajectory, query: str | None = None) -> JudgeTrajectory:
+    if trajectory.outcome is None:
+        raise ValueError(f"trajectory {trajectory.trajectory_id} has no outcome; grade it before judging")
+    return JudgeTrajectory(
+        trajectory_id=trajectory.trajectory_id, task_id=trajectory.task_id,
+        query=query if query is not None else task_query(trajectory),
+        steps=[JudgeStep(action=render_action(step.action),
+                         observation=step.observation.text() if step.observation is not None else None)
+               for step in trajectory.steps],
+        outcome=trajectory.outcome,
+    )
+
+
+def apply_judgments(trajectories: Sequence[Trajectory], response: JudgeResponse) -> None:
+    """Set `labels` (and metadata judge_fallback / judge_filled_steps) on each trajectory, by id."""
+    by_id = {j.trajectory_id: j for j in response.judgments}
+    for trajectory in trajectories:
+        judgment = by_id.get(trajectory.trajectory_id)
+        if judgment is None:
+            raise KeyError(f"the judge returned no judgment for trajectory {trajectory.trajectory_id}")
+        trajectory.labels = list(judgment.labels)
+        trajectory.metadata["judge_fallback"] = judgment.fallback
+        trajectory.metadata["judge_filled_steps"] = list(judgment.filled_steps)
+
+
+class JudgeClient(ServiceClient):
+    def __init__(self, base_url: str, *, timeout: float = 900.0, **kwargs) -> None:
+        # Judging a batch waits on LLM generations: the default timeout is long.
+        super().__init__(base_url, timeout=timeout, **kwargs)
+
+    async def judge(self, trajectories: Sequence[JudgeTrajectory], *, timeout: float | None = None) -> JudgeResponse:
+        body = JudgeRequest(trajectories=list(trajectories)).model_dump(mode="json")
+        # Safe to retry: judging is a pure function of the content, and the service caches it.
+        return await self.post("/v1/judge", json=body, model=JudgeResponse, idempotent=True, timeout=timeout)
+
+    async def judge_trajectories(self, trajectories: Sequence[Trajectory], *,
+                                 queries: Mapping[str, str] | None = None,
+                                 timeout: float | None = None) -> JudgeResponse:
+        """Judge rollouts; `queries` (by trajectory id) overrides the task text taken from the messages."""
+        items = [to_judge_trajectory(t, (queries or {}).get(t.trajectory_id)) for t in trajectories]
+        return await self.judge(items, timeout=timeout)
+
+    async def stats(self) -> JudgeStats:
+        return await self.get("/v1/stats", model=JudgeStats)

@@ -1,0 +1,1 @@
+"""The LLM-judge service: `python -m advantage.judge --port PORT [--conf FILE]` (settings section `judge`)."""

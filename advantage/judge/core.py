@@ -1,0 +1,268 @@
+"""The judge: prompt the LLM per trajectory, parse, retry once, reconcile, fall back, cache, count, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+from prometheus_client import CollectorRegistry, Counter
+
+from advantage.judge.parsing import complete_labels, fallback_labels, parse_judgments, reconcile
+from advantage.judge.prompt import build_messages, is_success, retry_messages, truncate
+from advantage.judge.schemas import (
+    BatchUsage,
+    JudgeResponse,
+    JudgeStats,
+    JudgeTrajectory,
+    TrajectoryJudgment,
+)
+from advantage.judge.settings import JudgeSettings
+from common.llm import LLMClient, LLMError
+
+
+class _Metrics:
+    """Prometheus counters on the service's registry (served at /metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.trajectories = Counter("evolver_judge_trajectories", "Trajectories judged, by how",
+                                    ["result"], registry=registry)  # llm | fallback | cache
+        self.labels = Counter("evolver_judge_labels", "Step labels returned", ["label", "outcome"],
+                              registry=registry)
+        self.filled = Counter("evolver_judge_filled_steps", "Step labels filled instead of parsed", registry=registry)
+        self.calls = Counter("evolver_judge_llm_calls", "Judge LLM calls, by result", ["result"],
+                             registry=registry)  # parsed | partial | unparsable | error
+        self.tokens = Counter("evolver_judge_llm_tokens", "Judge LLM tokens", ["kind"], registry=registry)
+
+
+@dataclass
+class _Outcome:
+    """One judged trajectory plus what only the audit log keeps."""
+
+    judgment: TrajectoryJudgment
+    raw_outputs: list[str] = field(default_factory=list)
+    llm_calls: int = 0
+    unparsable_calls: int = 0
+    llm_errors: int = 0
+
+
+class Judge:
+    def __init__(self, settings: JudgeSettings, llm: LLMClient, registry: CollectorRegistry | None = None) -> None:
+        self.settings, self.llm = settings, llm
+        self.metrics = _Metrics(registry or CollectorRegistry())
+        self._limit = asyncio.Semaphore(settings.max_concurrency)
+        self._cache: OrderedDict[str, TrajectoryJudgment] = OrderedDict()
+        self._inflight: dict[str, asyncio.Future[_Outcome]] = {}
+        self._stats = JudgeStats()
+        self._audit_path = Path(settings.audit_log) if settings.audit_log else None
+        if self._audit_path:
+            self._audit_path.parent.mkdir(parents=True, exist_ok=True)
+        self._audit_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        await self.llm.aclose()
+
+    # ------------------------------------------------------------ batch
+
+    async def judge_batch(self, items: list[JudgeTrajectory], request_id: str = "-") -> JudgeResponse:
+        outcomes = await asyncio.gather(*(self._judge_safely(item) for item in items))
+        usage = BatchUsage()
+        for out in outcomes:
+            usage.llm_calls += out.llm_calls
+            usage.prompt_tokens += out.judgment.prompt_tokens
+            usage.completion_tokens += out.judgment.completion_tokens
+            usage.cache_hits += int(out.judgment.cached)
+        steps = sum(len(item.steps) for item in items)
+        parsed = sum(out.judgment.parsed_labels for out in outcomes)
+        for item, out in zip(items, outcomes, strict=True):
+            self._count(item, out)
+        await self._audit(items, outcomes, request_id)
+        fallbacks = sum(out.judgment.fallback for out in outcomes)
+        logger.info("judged {} trajectories ({} steps): {} fallback, {} cached, {} LLM calls, {}+{} tokens",
+                    len(items), steps, fallbacks, usage.cache_hits, usage.llm_calls, usage.prompt_tokens,
+                    usage.completion_tokens)
+        return JudgeResponse(judgments=[out.judgment for out in outcomes], usage=usage, fallback_count=fallbacks,
+                             raw_parse_rate=parsed / steps if steps else 0.0)
+
+    async def _judge_safely(self, item: JudgeTrajectory) -> _Outcome:
+        """Never lets one trajectory fail the batch: anything unexpected becomes a flagged fallback."""
+        try:
+            return await self._judge_deduplicated(item)
+        except Exception as exc:  # a bug or an odd input must not sink the other trajectories
+            logger.opt(exception=exc).error("judging trajectory {} failed; falling back", item.trajectory_id)
+            success = is_success(item.outcome, self.settings.success_threshold)
+            why = f"internal error: {type(exc).__name__}: {exc}"
+            return _Outcome(self._fallback(item, success, why, attempts=0, tokens=(0, 0)))
+
+    # ------------------------------------------------------------ one trajectory
+
+    def _messages(self, item: JudgeTrajectory) -> list[dict]:
+        s = self.settings
+        return build_messages(item, max_step_chars=s.max_step_chars, max_query_chars=s.max_query_chars,
+                              success_threshold=s.success_threshold)
+
+    def _call_params(self, steps: int) -> dict:
+        s, role = self.settings, self.llm.config
+        max_tokens = min(s.max_output_tokens, 32 + s.max_tokens_per_step * steps)
+        if role.max_tokens is not None:
+            max_tokens = min(max_tokens, role.max_tokens)
+        temperature = role.temperature if role.temperature is not None else s.temperature
+        return {"max_tokens": max_tokens, "temperature": temperature}
+
+    def _cache_key(self, messages: list[dict], params: dict) -> str:
+        payload = json.dumps([self.llm.config.model, messages, params, self.settings.retries], sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    async def _judge_deduplicated(self, item: JudgeTrajectory) -> _Outcome:
+        """Serve from the cache, join an identical judgment in flight, or judge and cache it."""
+        messages = self._messages(item)
+        params = self._call_params(len(item.steps))
+        key = self._cache_key(messages, params)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return _Outcome(self._as_cached(cached, item.trajectory_id))
+        pending = self._inflight.get(key)
+        if pending is not None:  # an identical trajectory (common within a GRPO group) is being judged
+            first = await asyncio.shield(pending)
+            return _Outcome(self._as_cached(first.judgment, item.trajectory_id))
+        future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            out = await self._judge_with_llm(item, messages, params)
+            if out.llm_calls > out.llm_errors and self.settings.cache_size:  # the LLM answered: deterministic
+                self._cache[key] = out.judgment
+                while len(self._cache) > self.settings.cache_size:
+                    self._cache.popitem(last=False)
+            future.set_result(out)
+            return out
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters re-raise it, nobody else needs to
+            raise
+        finally:
+            self._inflight.pop(key, None)
+
+    @staticmethod
+    def _as_cached(judgment: TrajectoryJudgment, trajectory_id: str) -> TrajectoryJudgment:
+        return judgment.model_copy(update={"trajectory_id": trajectory_id, "cached": True, "attempts": 0,
+                                           "prompt_tokens": 0, "completion_tokens": 0})
+
+    async def _judge_with_llm(self, item: JudgeTrajectory, messages: list[dict], params: dict) -> _Outcome:
+        steps = len(item.steps)
+        success = is_success(item.outcome, self.settings.success_threshold)
+        best = None
+        outputs: list[str] = []
+        errors: list[str] = []
+        prompt_tokens = completion_tokens = unparsable = 0
+        conversation = messages
+        async with self._limit:
+            for _ in range(1 + self.settings.retries):
+                try:
+                    result = await self.llm.chat(conversation, **params)
+                except LLMError as exc:
+                    errors.append(str(exc))
+                    self.metrics.calls.labels("error").inc()
+                    logger.warning("judge LLM call for {} failed: {}", item.trajectory_id, exc)
+                    continue
+                if not result.cached:
+                    prompt_tokens += result.prompt_tokens
+                    completion_tokens += result.completion_tokens
+                text = result.text
+                outputs.append(text)
+                found = reconcile(parse_judgments(text), steps)
+                kind = "parsed" if found.parsed == steps else ("partial" if found.parsed else "unparsable")
+                self.metrics.calls.labels(kind).inc()
+                unparsable += int(found.parsed == 0)
+                if best is None or found.parsed > best.parsed:
+                    best = found
+                if found.parsed == steps:
+                    break
+                conversation = retry_messages(messages, text, found.parsed, steps)
+        self.metrics.tokens.labels("prompt").inc(prompt_tokens)
+        self.metrics.tokens.labels("completion").inc(completion_tokens)
+        calls = len(outputs) + len(errors)
+        if best is not None and best.parsed > 0:
+            labels, filled, notes = complete_labels(best, steps, success)
+            judgment = TrajectoryJudgment(
+                trajectory_id=item.trajectory_id, labels=labels, parsed_labels=best.parsed, filled_steps=filled,
+                reconciliation=notes, attempts=calls, prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens)
+        else:
+            why = (f"LLM output unparsable after {len(outputs)} attempt(s)" if outputs
+                   else f"LLM unavailable: {errors[-1] if errors else 'no attempt made'}")
+            judgment = self._fallback(item, success, why, attempts=calls, tokens=(prompt_tokens, completion_tokens))
+        return _Outcome(judgment, outputs, llm_calls=calls, unparsable_calls=unparsable, llm_errors=len(errors))
+
+    def _fallback(self, item: JudgeTrajectory, success: bool, why: str, *, attempts: int,
+                  tokens: tuple[int, int]) -> TrajectoryJudgment:
+        steps = len(item.steps)
+        fill = "GOOD" if success else "BAD"
+        return TrajectoryJudgment(
+            trajectory_id=item.trajectory_id, labels=fallback_labels(steps, success, why), fallback=True,
+            parsed_labels=0, filled_steps=list(range(steps)), attempts=attempts, error=why,
+            reconciliation=[f"fallback: all {steps} steps labelled {fill}, the outcome's sign "
+                            f"({'success' if success else 'failure'})"],
+            prompt_tokens=tokens[0], completion_tokens=tokens[1])
+
+    # ------------------------------------------------------------ accounting
+
+    def _count(self, item: JudgeTrajectory, out: _Outcome) -> None:
+        j, stats = out.judgment, self._stats
+        success = is_success(item.outcome, self.settings.success_threshold)
+        outcome = "success" if success else "failure"
+        self.metrics.trajectories.labels("cache" if j.cached else ("fallback" if j.fallback else "llm")).inc()
+        self.metrics.filled.inc(len(j.filled_steps))
+        stats.trajectories += 1
+        stats.steps += len(j.labels)
+        stats.parsed_labels += j.parsed_labels
+        stats.filled_steps += len(j.filled_steps)
+        stats.cache_hits += int(j.cached)
+        stats.llm_calls += out.llm_calls
+        stats.unparsable_calls += out.unparsable_calls
+        stats.llm_errors += out.llm_errors
+        stats.prompt_tokens += j.prompt_tokens
+        stats.completion_tokens += j.completion_tokens
+        for label in j.labels:
+            self.metrics.labels.labels(label.label, outcome).inc()
+        if j.fallback:
+            stats.fallbacks += 1
+            return
+        rates = stats.successful if success else stats.failed
+        rates.trajectories += 1
+        rates.steps += len(j.labels)
+        rates.good += sum(label.label == "GOOD" for label in j.labels)
+        rates.bad += sum(label.label == "BAD" for label in j.labels)
+
+    def stats(self) -> JudgeStats:
+        s = self._stats.model_copy(deep=True)
+        s.fallback_rate = s.fallbacks / s.trajectories if s.trajectories else 0.0
+        s.raw_parse_rate = s.parsed_labels / s.steps if s.steps else 0.0
+        for rates in (s.successful, s.failed):
+            rates.good_rate = rates.good / rates.steps if rates.steps else 0.0
+        return s
+
+    async def _audit(self, items: list[JudgeTrajectory], outcomes: list[_Outcome], request_id: str) -> None:
+        if self._audit_path is None:
+            return
+        limit = self.settings.audit_output_chars
+        now = time.time()
+        lines = []
+        for item, out in zip(items, outcomes, strict=True):
+            record = {
+                "time": now, "request_id": request_id, "model": self.llm.config.model,
+                "trajectory_id": item.trajectory_id, "task_id": item.task_id, "outcome": item.outcome,
+                "success": is_success(item.outcome, self.settings.success_threshold), "steps": len(item.steps),
+                "query": truncate(item.query, 500),
+                **out.judgment.model_dump(mode="json", exclude={"trajectory_id"}),
+                "raw_outputs": [truncate(text, limit) for text in out.raw_outputs],
+            }
+            lines.append(json.dumps(record, ensure_ascii=False))
+        async with self._audit_lock:
+            with self._audit_path.open("a", encoding="utf-8") as handle:
+                handle.write("\n".join(lines) + "\n")

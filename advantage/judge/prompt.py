@@ -1,0 +1,74 @@
+"""The judge prompt: AgentEvolver's attribution rules, steps rendered with per-step truncation."""
+
+from __future__ import annotations
+
+from advantage.judge.schemas import JudgeTrajectory
+
+SYSTEM_PROMPT = """You evaluate the PROCESS of an AI agent: for every numbered step of its trajectory, decide whether that step contributed to the final outcome of the task.
+
+You receive three sections:
+1. TASK: what the user asked for.
+2. TRAJECTORY: the agent's steps, numbered from 0. Each step has the ACTION the agent took and, when there was one, the OBSERVATION the environment returned.
+3. OUTCOME: whether the task ended in SUCCESS or FAILURE.
+
+RULES
+When the OUTCOME is SUCCESS:
+- GOOD: the step moved the task toward the successful result or enabled a later step that did (set up a needed state, gathered information that was then used, narrowed the way to the solution, or finished the task correctly).
+- BAD: the step was irrelevant, redundant without new effect, undone later without net benefit, or harmful.
+When the OUTCOME is FAILURE:
+- GOOD only if the step actively fixed an error or measurably brought the solution closer: it corrected an earlier mistake with a visible improvement, established something later steps relied on, or prevented things from getting worse.
+- BAD: the step made no progress, produced output nothing used, repeated a failed attempt, introduced an error, or finalized a wrong or incomplete result.
+
+GUARDRAILS
+- Judge each step on its own evidence (its action, its observation, and how later steps used it). The outcome is context; it does not decide the label by itself.
+- Do not give every step the same label unless each one meets that criterion on its own.
+- Submitting a wrong or incomplete final result is always BAD.
+- Judge the technical effect of a step, not its politeness, formatting or intent.
+
+OUTPUT FORMAT
+For every step i, from Step 0 to the last step, write exactly these two lines and nothing else:
+Step i Analysis: <one or two sentences, quoting the step as evidence>
+Step i Judgment: GOOD or BAD"""
+
+
+def truncate(text: str, limit: int) -> str:
+    """Keep the head and the tail (errors and results often sit at the end); say how much was cut."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n…[{len(text) - limit} characters cut]…\n"
+    keep = max(limit - len(marker), 0)
+    head = (keep * 2) // 3
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
+
+def is_success(outcome: float, threshold: float) -> bool:
+    return outcome > threshold
+
+
+def build_messages(trajectory: JudgeTrajectory, *, max_step_chars: int, max_query_chars: int,
+                   success_threshold: float) -> list[dict]:
+    steps = trajectory.steps
+    parts = ["### TASK", truncate(trajectory.query or "(no task description given)", max_query_chars), "",
+             f"### TRAJECTORY ({len(steps)} steps, numbered 0 to {len(steps) - 1})"]
+    for i, step in enumerate(steps):
+        block = [f">>> EVAL-STEP {i} <<<", "<|ACTION|>", truncate(step.action, max_step_chars), "<|END|>"]
+        if step.observation:
+            block += ["<|OBSERVATION|>", truncate(step.observation, max_step_chars), "<|END|>"]
+        parts.append("\n".join(block))
+    verdict = ("SUCCESS (the task was completed)" if is_success(trajectory.outcome, success_threshold)
+               else "FAILURE (the task was not completed)")
+    parts += ["", "---", f"### OUTCOME: {verdict}; reward {trajectory.outcome:+.4f}", "",
+              f"Now judge all {len(steps)} steps, Step 0 to Step {len(steps) - 1}, in the required format:",
+              "Step 0 Analysis: ...", "Step 0 Judgment: GOOD or BAD"]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n".join(parts)}]
+
+
+def retry_messages(messages: list[dict], previous_output: str, parsed: int, steps: int,
+                   max_chars: int = 4000) -> list[dict]:
+    """A follow-up turn asking for the format again (a plain resend at temperature 0 would repeat itself)."""
+    problem = ("no line of the form `Step i Judgment: GOOD` or `Step i Judgment: BAD`" if parsed == 0
+               else f"judgments for only {parsed} of the {steps} steps")
+    return [*messages, {"role": "assistant", "content": truncate(previous_output, max_chars)},
+            {"role": "user", "content": f"Your reply could not be used: it has {problem}. Reply again for all "
+                                        f"{steps} steps (Step 0 to Step {steps - 1}), two lines per step:\n"
+                                        "Step i Analysis: <one sentence>\nStep i Judgment: GOOD or BAD"}]
