@@ -115,7 +115,7 @@ class ConformanceKit:
             await self._run(transport)
             self.report.checks["timeouts"] = CheckResult(
                 "timeouts", not transport.slow_calls,
-                "; ".join(transport.slow_calls[:3]) if transport.slow_calls else f"every call answered within {self.timeout_s:g}s")
+                _summarize(transport.slow_calls) if transport.slow_calls else f"every call answered within {self.timeout_s:g}s")
         return self.report
 
     async def _run(self, transport: Transport) -> None:
@@ -175,7 +175,7 @@ class ConformanceKit:
             await self._release(api, instance_id)
             gone = api.is_not_found(await api.step_raw(instance_id, {"role": "assistant", "content": "hello"}))
             if gone:
-                raise Violation(f"{p}.release", f"a released instance still answers a step: {gone}")
+                raise Violation(f"{p}.release", f"a step on a released instance must answer not-found: {gone}")
             again = await api.release(instance_id)
             if again.status >= 500 or _claims_released(again):
                 raise Violation(f"{p}.release", f"releasing twice must be harmless and say it was not live, "
@@ -292,6 +292,11 @@ class ConformanceKit:
         for instance_id in [i for i in self.created if i not in self.released]:
             with contextlib.suppress(Violation):
                 await api.release(instance_id)
+
+
+def _summarize(slow_calls: list[str]) -> str:
+    distinct = list(dict.fromkeys(slow_calls))
+    return f"{len(slow_calls)} call(s) over the limit: " + "; ".join(distinct[:3])
 
 
 def _claims_released(answer: Answer) -> bool:
