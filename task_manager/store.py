@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     synthetic INTEGER NOT NULL,
     signature TEXT NOT NULL,
     goal_key TEXT,
+    end_state TEXT,
     synthesizer TEXT,
     confidence REAL,
     job_id TEXT,
@@ -121,10 +122,11 @@ class TaskStore:
         task = stored.task
         db.execute(
             "INSERT INTO tasks (task_id, env_type, seed_task_id, query, split, synthetic, signature, goal_key,"
-            " synthesizer, confidence, job_id, exploration_id, reference, metadata, embedding, created_at)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " end_state, synthesizer, confidence, job_id, exploration_id, reference, metadata, embedding, created_at)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (task.task_id, task.env_type, task.seed_task_id, task.query, task.split, int(task.synthetic),
-             stored.signature, goal_key, stored.synthesizer, stored.confidence, stored.job_id,
+             stored.signature, goal_key, stored.reference.end_state_hash if stored.reference else None,
+             stored.synthesizer, stored.confidence, stored.job_id,
              stored.exploration_id, stored.reference.model_dump_json() if stored.reference else None,
              json.dumps(task.metadata), _blob(embedding), stored.created_at))
 
@@ -159,9 +161,10 @@ class TaskStore:
     def dedup_index(self, env_type: str, threshold: float, contamination_threshold: float) -> DedupIndex:
         """Every stored task of `env_type` and its held-out evaluation tasks, ready to compare new ones with."""
         index = DedupIndex(threshold=threshold, contamination_threshold=contamination_threshold)
-        rows = self._query("SELECT signature, goal_key, query, embedding FROM tasks WHERE env_type = ?", (env_type,))
+        rows = self._query("SELECT signature, goal_key, end_state, query, embedding FROM tasks WHERE env_type = ?",
+                           (env_type,))
         for row in rows:
-            index.add(row["query"] or "", row["signature"], row["goal_key"], _array(row["embedding"]))
+            index.add(row["query"] or "", row["signature"], row["goal_key"], _array(row["embedding"]), row["end_state"])
         heldout = [(q, v) for _, q, v in self.heldout(env_type) if v is not None]
         if heldout:
             index.set_heldout([q for q, _ in heldout], np.stack([v for _, v in heldout]))

@@ -1,0 +1,1 @@
+"""Self-questioning: explore environments, synthesize verified tasks, grade them, serve curricula."""

@@ -1,0 +1,97 @@
+"""Request and response bodies of the task manager's /v1 API (shared by the app and `client.py`).
+
+Nothing here can carry a reference solution: tasks travel as `common.schemas.Task`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from common.schemas import Task, Trajectory, WireModel
+
+JobKind = Literal["synthesize", "explore"]
+
+
+class JobRequest(WireModel):
+    kind: JobKind = "synthesize"  # synthesize: explore, propose, verify, dedup, store; explore: store explorations
+    env: str = Field(min_length=1)
+    episodes: int = Field(default=20, ge=1)
+    explorer: Literal["auto", "random", "llm"] | None = None
+    synthesizer: Literal["auto", "hindsight", "llm"] | None = None
+    seed: int = 0  # episode e of a job explores with a generator seeded by (seed, e)
+    seed_tasks: list[str] | None = None  # seed task ids (default: the environment's train split)
+    breadth_steps: int | None = Field(default=None, ge=0, le=200)
+    depth_steps: int | None = Field(default=None, ge=0, le=200)
+    window: int | None = Field(default=None, ge=1, le=50)
+
+
+class JobInfo(WireModel):
+    job_id: str
+    kind: JobKind
+    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    params: dict[str, Any]
+    cursor: int = 0  # episodes committed: a restart resumes here
+    progress: dict[str, Any]
+    error: str | None = None
+    created_at: float
+    updated_at: float
+
+
+class JobList(WireModel):
+    jobs: list[JobInfo]
+
+
+class TaskPage(WireModel):
+    tasks: list[Task]
+    total: int
+
+
+class TaskDetail(WireModel):
+    task: Task
+    pass_rate: float | None = None  # recent pass rate from trainer feedback
+    rollouts: int = 0
+
+
+class BatchRequest(WireModel):
+    batch_size: int = Field(ge=1, le=4096)
+    env: str | None = None  # default: every configured environment
+    synthetic_ratio: float | None = Field(default=None, ge=0, le=1)  # default: mixture.synthetic_ratio
+    seed: int | None = None
+
+
+class BatchResponse(WireModel):
+    tasks: list[Task]
+    original: int
+    synthetic: int
+    in_band: int  # tasks whose recent pass rate is inside the curriculum band
+    curriculum: bool
+
+
+class GradeRequest(WireModel):
+    task_id: str = Field(min_length=1)
+    # The rollout's final state snapshot (env service GET /v1/instances/{id}/state: the whole response
+    # or its `state`), and/or its trajectory (for the LLM judge where there is no state).
+    state: Any = None
+    trajectory: Trajectory | None = None
+
+
+class GradeResponse(WireModel):
+    task_id: str
+    reward: float = Field(ge=0.0, le=1.0)
+    method: Literal["state_match", "llm_judge"]
+
+
+class FeedbackItem(WireModel):
+    task_id: str = Field(min_length=1)
+    env_type: str | None = None  # needed only when an original task id exists in several environments
+    outcomes: list[float] = Field(min_length=1, max_length=10_000)  # rewards in [0, 1] of recent rollouts
+
+
+class FeedbackRequest(WireModel):
+    results: list[FeedbackItem] = Field(min_length=1, max_length=100_000)
+
+
+class FeedbackResponse(WireModel):
+    updated: int

@@ -1,0 +1,108 @@
+"""The task manager's HTTP API (/v1) over `TaskManager`.
+
+| route | what |
+|---|---|
+| `POST /v1/jobs` | start an explore or synthesize job (202, returns the job with its progress) |
+| `GET /v1/jobs`, `GET /v1/jobs/{id}`, `POST /v1/jobs/{id}/cancel` | jobs and their progress |
+| `GET /v1/tasks?env=&synthetic=&limit=&offset=` | tasks as `common.schemas.Task` (never a reference) |
+| `GET /v1/tasks/{id}?env=` | one task and its recent pass rate |
+| `POST /v1/batches` | a training batch: original + synthetic by ratio, curriculum-weighted |
+| `POST /v1/grade` | reward in [0, 1] of a synthetic task from a final state (or a trajectory: LLM judge) |
+| `POST /v1/feedback` | recent rollout outcomes per task (curriculum) |
+| `GET /v1/stats` | counts, funnel, pass-rate summary |
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Query
+
+from common.service import create_app
+from task_manager.api import (
+    BatchRequest,
+    BatchResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    GradeRequest,
+    GradeResponse,
+    JobInfo,
+    JobList,
+    JobRequest,
+    TaskDetail,
+    TaskPage,
+)
+from task_manager.service import TaskManager
+from task_manager.settings import TaskManagerSettings
+
+
+def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> FastAPI:
+    if env_client is None:
+        from env_service.client import EnvClient
+
+        env_client = EnvClient(settings.env_url, timeout=60.0)
+    manager = TaskManager(settings, env_client)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        import asyncio
+
+        starter = asyncio.create_task(manager.start())
+        try:
+            yield
+        finally:
+            starter.cancel()
+            await manager.close()
+            await env_client.aclose()
+
+    app = create_app("task_manager", description="Self-questioning: explore, synthesize verified tasks, grade, "
+                     "curriculum", ready=lambda: manager.ready, max_body_bytes=settings.max_body_bytes,
+                     lifespan=lifespan)
+    app.state.manager = manager
+
+    @app.post("/v1/jobs", status_code=202, response_model=JobInfo, tags=["jobs"])
+    async def submit_job(body: JobRequest) -> Any:
+        return manager.submit(body)
+
+    @app.get("/v1/jobs", response_model=JobList, tags=["jobs"])
+    async def list_jobs() -> Any:
+        return {"jobs": manager.store.jobs()}
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobInfo, tags=["jobs"])
+    async def get_job(job_id: str) -> Any:
+        return manager.job(job_id)
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, tags=["jobs"])
+    async def cancel_job(job_id: str) -> Any:
+        return manager.cancel(job_id)
+
+    @app.get("/v1/tasks", response_model=TaskPage, tags=["tasks"])
+    async def list_tasks(env: str | None = None, synthetic: bool | None = None,
+                         limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)) -> Any:
+        tasks = manager.all_tasks(env, synthetic)
+        return {"tasks": tasks[offset: offset + limit], "total": len(tasks)}
+
+    @app.get("/v1/tasks/{task_id}", response_model=TaskDetail, tags=["tasks"])
+    async def get_task(task_id: str, env: str | None = None) -> Any:
+        task, rate = manager.get_task(task_id, env)
+        return {"task": task, "pass_rate": rate[0] if rate else None, "rollouts": rate[1] if rate else 0}
+
+    @app.post("/v1/batches", response_model=BatchResponse, tags=["training"])
+    async def sample_batch(body: BatchRequest) -> Any:
+        return manager.sample(body)
+
+    @app.post("/v1/grade", response_model=GradeResponse, tags=["training"])
+    async def grade(body: GradeRequest) -> Any:
+        result = await manager.grade(body)
+        return {"task_id": body.task_id, "reward": result.reward, "method": result.method}
+
+    @app.post("/v1/feedback", response_model=FeedbackResponse, tags=["training"])
+    async def feedback(body: FeedbackRequest) -> Any:
+        return {"updated": manager.feedback(body)}
+
+    @app.get("/v1/stats", tags=["service"])
+    async def stats() -> Any:
+        return manager.stats()
+
+    return app

@@ -1,0 +1,219 @@
+"""Explore/synthesize jobs: resumable, with progress, one committed episode at a time.
+
+Episodes of a job are numbered; episode e explores with a generator seeded by (job seed, e), so a
+redone episode explores the same way. Episodes run `concurrency` at a time (exploration, proposal
+and verification are independent), then commit in order: dedup against everything stored, and
+one transaction writes the exploration, the kept tasks and the job's cursor. A restart resumes
+every unfinished job at its cursor. A test-only fault hook (EVOLVER_TM_FAULT, off by default)
+kills the process at a chosen commit to prove it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from common.schemas import Task
+from task_manager.api import JobRequest
+from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, explore_episode
+from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
+from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
+from task_manager.verify import verify
+
+if TYPE_CHECKING:
+    from task_manager.service import TaskManager
+
+FAULT_ENV = "EVOLVER_TM_FAULT"  # "kill_before_commit:<episode>" or "kill_after_commit:<episode>"
+
+
+def new_progress(episodes: int) -> dict[str, Any]:
+    return {"episodes_total": episodes, "episodes_done": 0, "episode_errors": 0, "steps": 0, "states_reached": 0,
+            "proposed": 0, "parsed": 0, "verified": 0, "kept": 0, "rejected": {}, "dropped": {}}
+
+
+@dataclass
+class EpisodeResult:
+    episode: int
+    exploration: Exploration | None = None
+    stats: SynthesisStats = field(default_factory=SynthesisStats)
+    verified: list[tuple[Proposal, Reference]] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
+    error: str | None = None
+
+
+def _fault(stage: str, episode: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if spec == f"{stage}:{episode}":
+        logger.warning("fault injection: {} at episode {}: killing this process", stage, episode)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class JobRunner:
+    def __init__(self, manager: TaskManager) -> None:
+        self.manager = manager
+        self.tasks: dict[str, asyncio.Task] = {}
+        self._cancelled: set[str] = set()
+
+    def start(self, job_id: str) -> None:
+        if job_id in self.tasks and not self.tasks[job_id].done():
+            return
+        self.tasks[job_id] = asyncio.create_task(self._guarded(job_id), name=f"job-{job_id}")
+
+    def cancel(self, job_id: str) -> None:
+        self._cancelled.add(job_id)
+
+    async def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    async def _guarded(self, job_id: str) -> None:
+        store = self.manager.store
+        try:
+            await self.run(job_id)
+        except asyncio.CancelledError:
+            raise  # shutdown: the job stays "running" and resumes on the next start
+        except Exception as exc:
+            logger.exception("job {} failed", job_id)
+            store.set_job(job_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def run(self, job_id: str) -> None:
+        manager, store = self.manager, self.manager.store
+        job = store.job(job_id)
+        if job is None:
+            return
+        request = JobRequest.model_validate(job["params"])
+        progress, cursor = job["progress"], job["cursor"]
+        store.set_job(job_id, status="running")
+        seeds = request.seed_tasks or await manager.access.task_ids(request.env, "train")
+        if not seeds:
+            raise ValueError(f"environment {request.env!r} has no train tasks to explore from; pass seed_tasks")
+        config = manager.explore_config(request)
+        profile = await manager.profile(request.env)
+        explorer_kind, synthesizer_kind = manager.roles(request)
+        index = await manager.dedup_index(request.env) if request.kind == "synthesize" else None
+        logger.info("job {}: {} on {} from episode {} of {} (explorer {}, synthesizer {})", job_id, request.kind,
+                    request.env, cursor, request.episodes, explorer_kind,
+                    synthesizer_kind if request.kind == "synthesize" else "-")
+        concurrency = manager.settings.explore.concurrency
+        failures_in_a_row = 0
+        while cursor < request.episodes:
+            if job_id in self._cancelled:
+                store.set_job(job_id, status="cancelled")
+                return
+            chunk = range(cursor, min(cursor + concurrency, request.episodes))
+            results = await asyncio.gather(*(self._episode(job_id, request, e, seeds, config, profile,
+                                                           explorer_kind, synthesizer_kind) for e in chunk))
+            for result in results:
+                failures_in_a_row = failures_in_a_row + 1 if result.error else 0
+                await self._commit(job_id, request, result, progress, index)
+                cursor = result.episode + 1
+            if failures_in_a_row >= 3:
+                raise RuntimeError(f"{failures_in_a_row} episodes in a row failed; last: {results[-1].error}")
+        store.set_job(job_id, status="done")
+        logger.info("job {} done: {} episodes, proposed {}, verified {}, kept {}", job_id, progress["episodes_done"],
+                    progress["proposed"], progress["verified"], progress["kept"])
+
+    async def _episode(self, job_id: str, request: JobRequest, episode: int, seeds: list[str], config: ExploreConfig,
+                       profile: Any, explorer_kind: str, synthesizer_kind: str) -> EpisodeResult:
+        manager = self.manager
+        result = EpisodeResult(episode)
+        rng = random.Random(f"{request.seed}:{episode}")
+        seed_task = seeds[episode % len(seeds)]
+        try:
+            explorer = (LLMExplorer(manager.llm("explorer"), manager.settings.explore.max_tokens)
+                        if explorer_kind == "llm" else RandomExplorer(rng))
+            exploration = await explore_episode(manager.access, explorer, profile, request.env, seed_task, config)
+            exploration.job_id, exploration.episode = job_id, episode
+            exploration.exploration_id = f"expl-{canonical_hash([job_id, episode])}"
+            result.exploration = exploration
+            if request.kind != "synthesize":
+                return result
+            if synthesizer_kind == "llm":
+                synthesis = manager.settings.synthesis
+                synthesizer = LLMSynthesizer(manager.llm("synthesizer"), profile, synthesis.max_tokens,
+                                             synthesis.temperature, synthesis.min_confidence)
+                proposals, result.stats = await synthesizer.propose(exploration, manager.recent_queries(request.env))
+            else:
+                hindsight = HindsightSynthesizer(manager.access, profile, manager.settings.synthesis.max_goals,
+                                                 manager.settings.synthesis.max_repairs)
+                proposals, result.stats = await hindsight.propose(exploration)
+            for proposal in proposals:
+                reference, reason = await verify(manager.access, proposal)
+                if reference is None:
+                    result.rejected[reason] += 1
+                else:
+                    result.verified.append((proposal, reference))
+        except Exception as exc:  # one bad episode must not end the job; it is counted and logged
+            logger.warning("job {} episode {} failed: {}: {}", job_id, episode, type(exc).__name__, exc)
+            result.error = f"{type(exc).__name__}: {exc}"
+        return result
+
+    async def _commit(self, job_id: str, request: JobRequest, result: EpisodeResult, progress: dict[str, Any],
+                      index: Any) -> None:
+        manager, store = self.manager, self.manager.store
+        candidates = []
+        for proposal, reference in result.verified:
+            sig = signature(proposal)
+            goal_key = canonical_hash([proposal.seed_task_id, reference.end_state]) \
+                if reference.end_state is not None else None
+            candidates.append((proposal, reference, sig, goal_key))
+        vectors = await manager.embed([p.query for p, *_ in candidates]) if candidates else []
+        _fault("kill_before_commit", result.episode)
+        kept: list[Task] = []
+        dropped: Counter = Counter()
+        with store.transaction() as db:
+            for (proposal, reference, sig, goal_key), vector in zip(candidates, vectors or [None] * len(candidates),
+                                                                  strict=True):
+                reason = index.duplicate_reason(proposal.query, sig, goal_key, vector, reference.end_state_hash) \
+                    if index is not None else None
+                if reason is not None:
+                    dropped[reason] += 1
+                    continue
+                task = Task(task_id=f"syn-{canonical_hash(sig)}", env_type=proposal.env_type, split="train",
+                            query=proposal.query, seed_task_id=proposal.seed_task_id, synthetic=True,
+                            metadata={"synthesizer": proposal.synthesizer})
+                stored = StoredTask(task=task, reference=reference, signature=sig, synthesizer=proposal.synthesizer,
+                                    confidence=proposal.confidence, job_id=job_id,
+                                    exploration_id=proposal.exploration_id)
+                try:
+                    store.insert_task(db, stored, goal_key, vector)
+                except sqlite3.IntegrityError:
+                    dropped["same_reference"] += 1
+                    continue
+                index.add(proposal.query, sig, goal_key, vector, reference.end_state_hash)
+                kept.append(task)
+            if result.exploration is not None:
+                store.insert_exploration(db, result.exploration)
+            _update(progress, result, kept, dropped)
+            store.update_job(db, job_id, cursor=result.episode + 1, progress=progress)
+        manager.tasks_changed(request.env)
+        _fault("kill_after_commit", result.episode)
+        if kept:
+            # INFO carries ids and counts only: queries are fine, references never reach a log line.
+            logger.info("job {} episode {}: kept {} task(s): {}", job_id, result.episode, len(kept),
+                        ", ".join(t.task_id for t in kept))
+
+
+def _update(progress: dict[str, Any], result: EpisodeResult, kept: list[Task], dropped: Counter) -> None:
+    progress["episodes_done"] += 1
+    if result.error:
+        progress["episode_errors"] += 1
+    if result.exploration is not None:
+        progress["steps"] += len(result.exploration.steps)
+        progress["states_reached"] += result.exploration.states_reached
+    progress["proposed"] += result.stats.proposed
+    progress["parsed"] += result.stats.parsed
+    progress["verified"] += len(result.verified)
+    progress["kept"] += len(kept)
+    for name, counter in (("rejected", result.rejected), ("dropped", dropped)):
+        for reason, count in counter.items():
+            progress[name][reason] = progress[name].get(reason, 0) + count

@@ -1,0 +1,298 @@
+"""The task manager's core: store, environment access, profiles, jobs, batches, grading, feedback.
+
+The HTTP layer (`app.py`) is a thin shell over this class. Everything that leaves through it is
+a `common.schemas.Task` or a number: references stay in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from loguru import logger
+
+from common.llm import LLMClient
+from common.schemas import Task, new_id
+from common.service import ServiceError
+from task_manager.api import BatchRequest, FeedbackRequest, GradeRequest, JobRequest
+from task_manager.curriculum import sample_batch, task_key
+from task_manager.dedup import DedupIndex
+from task_manager.envs import EnvAccess
+from task_manager.explore import ExploreConfig
+from task_manager.grading import Grade, GradingError, llm_judge, state_match
+from task_manager.jobs import JobRunner, new_progress
+from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
+from task_manager.settings import TaskManagerSettings
+from task_manager.store import TaskStore
+
+BUILTIN_PROFILES = Path(__file__).parent / "profiles"
+
+
+class TaskManager:
+    def __init__(self, settings: TaskManagerSettings, env_client: Any) -> None:
+        self.settings = settings
+        self.store = TaskStore(Path(settings.store_dir) / "tasks.sqlite")
+        self.access = EnvAccess(env_client, settings.error_pattern, tuple(settings.volatile_state_keys))
+        self.env_client = env_client
+        self.jobs = JobRunner(self)
+        self.originals: dict[str, list[Task]] = {}
+        self._profiles: dict[str, EnvProfile] = {}
+        self._indices: dict[str, DedupIndex] = {}
+        self._synthetic: dict[str, list[Task]] | None = None
+        self._llms: dict[str, LLMClient] = {}
+        self._embed_lock = asyncio.Lock()
+        self.ready = False
+        # Profiles named in config are read now: a wrong path fails at start, not in a job.
+        for env, path in settings.profiles.items():
+            self._profiles[env] = load_profile_file(path)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Load the environments' original tasks (retrying until the env service answers), resume jobs."""
+        delay = 0.5
+        while True:
+            try:
+                for env in self.settings.environments:
+                    ids = await self.access.task_ids(env, "train")
+                    self.originals[env] = [Task(task_id=i, env_type=env, split="train") for i in ids]
+                break
+            except Exception as exc:
+                logger.warning("environment service at {} not ready ({}); retrying", self.settings.env_url, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        self.ready = True
+        for job in self.store.jobs():
+            if job["status"] in ("queued", "running"):
+                logger.info("resuming job {} at episode {}", job["job_id"], job["cursor"])
+                self.jobs.start(job["job_id"])
+
+    async def close(self) -> None:
+        await self.jobs.close()
+        for llm in self._llms.values():
+            await llm.aclose()
+        self.store.close()
+
+    # ------------------------------------------------------------ building blocks for jobs
+
+    def llm(self, role: str) -> LLMClient:
+        if role not in self._llms:
+            config = getattr(self.settings.llm, role)
+            if config is None:
+                raise ServiceError(400, "llm_not_configured",
+                                   f"the {role} role needs an LLM: set task_manager.llm.{role} (base_url, model)")
+            self._llms[role] = LLMClient(role, config)
+        return self._llms[role]
+
+    def roles(self, request: JobRequest) -> tuple[str, str]:
+        explorer = request.explorer or self.settings.explore.explorer
+        synthesizer = request.synthesizer or self.settings.synthesis.synthesizer
+        if explorer == "auto":
+            explorer = "llm" if self.settings.llm.explorer else "random"
+        if synthesizer == "auto":
+            synthesizer = "llm" if self.settings.llm.synthesizer else "hindsight"
+        return explorer, synthesizer
+
+    def explore_config(self, request: JobRequest) -> ExploreConfig:
+        base = self.settings.explore
+        return ExploreConfig(
+            breadth_steps=request.breadth_steps if request.breadth_steps is not None else base.breadth_steps,
+            depth_steps=request.depth_steps if request.depth_steps is not None else base.depth_steps,
+            window=request.window if request.window is not None else base.window,
+            breadth_temperature=base.breadth_temperature, depth_temperature=base.depth_temperature)
+
+    async def profile(self, env: str) -> EnvProfile:
+        if env not in self._profiles:
+            builtin = BUILTIN_PROFILES / f"{env}.json"
+            if builtin.is_file():
+                self._profiles[env] = load_profile_file(builtin)
+            else:
+                self._profiles[env] = profile_from_env(env, await self.access.profile(env),
+                                                       await self.access.tool_docs(env))
+        return self._profiles[env]
+
+    async def embed(self, texts: list[str]) -> list[np.ndarray] | None:
+        if not self.settings.dedup.embeddings or not texts:
+            return None
+        from common.embeddings import shared_embedder
+
+        async with self._embed_lock:
+            matrix = await asyncio.to_thread(shared_embedder().encode, texts)
+        return list(matrix)
+
+    async def dedup_index(self, env: str) -> DedupIndex:
+        if env not in self._indices:
+            await self._load_heldout(env)
+            dedup = self.settings.dedup
+            self._indices[env] = await asyncio.to_thread(self.store.dedup_index, env, dedup.threshold,
+                                                         dedup.contamination_threshold)
+        return self._indices[env]
+
+    async def _load_heldout(self, env: str) -> None:
+        """Read the held-out evaluation queries once (kept in the store) for the contamination check."""
+        dedup = self.settings.dedup
+        if self.store.heldout(env) or not dedup.heldout_splits or dedup.max_heldout == 0:
+            return
+        items: list[tuple[str, str]] = []
+        for split in dedup.heldout_splits:
+            for task_id in (await self.access.task_ids(env, split))[: dedup.max_heldout]:
+                async with self.access.instance(env, task_id) as instance:
+                    query = next((str(m.get("content") or "") for m in instance.messages if m.get("role") == "user"), "")
+                if query:
+                    items.append((f"{split}/{task_id}", query))
+        vectors = await self.embed([q for _, q in items])
+        self.store.set_heldout(env, [(tid, q, vectors[i] if vectors else None) for i, (tid, q) in enumerate(items)])
+        logger.info("read {} held-out {} queries for the contamination check", len(items), env)
+
+    def recent_queries(self, env: str, limit: int = 10) -> list[str]:
+        return [t.query or "" for t in self.synthetic_tasks().get(env, [])[-limit:]]
+
+    def tasks_changed(self, env: str) -> None:
+        self._synthetic = None
+
+    def synthetic_tasks(self) -> dict[str, list[Task]]:
+        if self._synthetic is None:
+            grouped: dict[str, list[Task]] = {}
+            for stored in self.store.tasks(synthetic=True):
+                grouped.setdefault(stored.task.env_type, []).append(stored.task)
+            self._synthetic = grouped
+        return self._synthetic
+
+    # ------------------------------------------------------------ API operations
+
+    def submit(self, request: JobRequest) -> dict[str, Any]:
+        if request.env not in self.settings.environments:
+            raise ServiceError(404, "unknown_environment", f"environment {request.env!r} is not served by this task "
+                               f"manager; configured: {', '.join(self.settings.environments)} "
+                               "(task_manager.environments)")
+        if request.episodes > self.settings.max_episodes_per_job:
+            raise ServiceError(400, "too_many_episodes", f"episodes={request.episodes} exceeds "
+                               f"task_manager.max_episodes_per_job={self.settings.max_episodes_per_job}")
+        explorer, synthesizer = self.roles(request)
+        if explorer == "llm":
+            self.llm("explorer")
+        if request.kind == "synthesize" and synthesizer == "llm":
+            self.llm("synthesizer")
+        job_id = new_id("job")
+        self.store.create_job(job_id, request.kind, request.model_dump(), new_progress(request.episodes))
+        self.jobs.start(job_id)
+        return self.job(job_id)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        job = self.store.job(job_id)
+        if job is None:
+            raise ServiceError(404, "unknown_job", f"no job {job_id!r} (list them with GET /v1/jobs)")
+        return job
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        job = self.job(job_id)
+        if job["status"] in ("queued", "running"):
+            self.jobs.cancel(job_id)
+            if job_id not in self.jobs.tasks or self.jobs.tasks[job_id].done():
+                self.store.set_job(job_id, status="cancelled")
+        return self.job(job_id)
+
+    def all_tasks(self, env: str | None, synthetic: bool | None) -> list[Task]:
+        envs = [env] if env else self.settings.environments
+        out: list[Task] = []
+        for name in envs:
+            if synthetic in (None, False):
+                out.extend(self.originals.get(name, []))
+            if synthetic in (None, True):
+                out.extend(self.synthetic_tasks().get(name, []))
+        return out
+
+    def get_task(self, task_id: str, env: str | None = None) -> tuple[Task, tuple[float, int] | None]:
+        stored = self.store.get(task_id)
+        if stored is not None and (env is None or stored.task.env_type == env):
+            task = stored.task
+        else:
+            matches = [t for name, tasks in self.originals.items() if env in (None, name) for t in tasks
+                       if t.task_id == task_id]
+            if not matches:
+                raise ServiceError(404, "unknown_task", f"no task {task_id!r}"
+                                   + (f" in environment {env!r}" if env else "") + " (list them with GET /v1/tasks)")
+            if len(matches) > 1:
+                raise ServiceError(400, "ambiguous_task", f"task id {task_id!r} exists in several environments "
+                                   f"({', '.join(t.env_type for t in matches)}); pass env_type")
+            task = matches[0]
+        return task, self.store.pass_rates().get(task_key(task))
+
+    def sample(self, request: BatchRequest) -> dict[str, Any]:
+        if request.env is not None and request.env not in self.settings.environments:
+            raise ServiceError(404, "unknown_environment", f"environment {request.env!r} is not served; "
+                               f"configured: {', '.join(self.settings.environments)}")
+        mixture, curriculum = self.settings.mixture, self.settings.curriculum
+        ratio = mixture.synthetic_ratio if request.synthetic_ratio is None else request.synthetic_ratio
+        rng = random.Random(request.seed) if request.seed is not None else random.Random()
+        plan = sample_batch(self.all_tasks(request.env, False), self.all_tasks(request.env, True),
+                            self.store.pass_rates(), request.batch_size, ratio, mixture.use_original, curriculum, rng)
+        if not plan.tasks:
+            raise ServiceError(409, "no_tasks", "no tasks to sample: the environments have no train tasks and no "
+                               "synthetic task exists yet (submit a synthesize job)")
+        return {"tasks": plan.tasks, "original": plan.original, "synthetic": plan.synthetic, "in_band": plan.in_band,
+                "curriculum": curriculum.enabled}
+
+    async def grade(self, request: GradeRequest) -> Grade:
+        stored = self.store.get(request.task_id)
+        if stored is None:
+            if any(t.task_id == request.task_id for tasks in self.originals.values() for t in tasks):
+                raise ServiceError(409, "original_task", f"{request.task_id!r} is an original task: it is graded by "
+                                   "the environment's own evaluate (POST /v1/instances/{id}/evaluate)")
+            raise ServiceError(404, "unknown_task", f"no synthetic task {request.task_id!r}")
+        assert stored.reference is not None
+        if request.state is not None and stored.reference.end_state is not None:
+            return state_match(stored, request.state, tuple(self.settings.volatile_state_keys))
+        if request.trajectory is not None:
+            if self.settings.llm.judge is None:
+                raise ServiceError(400, "llm_not_configured", "grading this task from a trajectory needs an LLM "
+                                   "judge: set task_manager.llm.judge, or send the final state snapshot as `state`")
+            try:
+                return await llm_judge(self.llm("judge"), stored, request.trajectory)
+            except GradingError as exc:
+                raise ServiceError(502, "judge_failed", str(exc)) from None
+        needs = "`state` (the final state snapshot)" if stored.reference.end_state is not None else "`trajectory`"
+        raise ServiceError(400, "nothing_to_grade", f"send {needs} to grade task {request.task_id!r}")
+
+    def feedback(self, request: FeedbackRequest) -> int:
+        outcomes: dict[str, list[float]] = {}
+        for item in request.results:
+            bad = [v for v in item.outcomes if not 0.0 <= v <= 1.0]
+            if bad:
+                raise ServiceError(422, "validation_error", f"results[{item.task_id}].outcomes must be rewards in "
+                                   f"[0, 1], got {bad[:3]}")
+            task, _ = self.get_task(item.task_id, item.env_type)
+            outcomes.setdefault(task_key(task), []).extend(item.outcomes)
+        self.store.record_outcomes(outcomes, self.settings.curriculum.window)
+        return len(outcomes)
+
+    def stats(self) -> dict[str, Any]:
+        rates = self.store.pass_rates()
+        curriculum = self.settings.curriculum
+        envs = {}
+        for env in self.settings.environments:
+            synthetic = self.synthetic_tasks().get(env, [])
+            by_synth: dict[str, int] = {}
+            for task in synthetic:
+                name = task.metadata.get("synthesizer", "")
+                by_synth[name] = by_synth.get(name, 0) + 1
+            envs[env] = {"original": len(self.originals.get(env, [])), "synthetic": len(synthetic),
+                         "by_synthesizer": by_synth}
+        funnel = {k: 0 for k in ("episodes_done", "proposed", "parsed", "verified", "kept")}
+        jobs: dict[str, int] = {}
+        for job in self.store.jobs():
+            jobs[job["status"]] = jobs.get(job["status"], 0) + 1
+            for key in funnel:
+                funnel[key] += int(job["progress"].get(key, 0))
+        tracked = [r for r, n in rates.values() if n]
+        return {
+            "environments": envs, "jobs": jobs, "funnel": funnel, "explorations": self.store.exploration_count(),
+            "pass_rates": {"tracked": len(tracked),
+                           "in_band": sum(1 for r in tracked if curriculum.low <= r <= curriculum.high),
+                           "mean": (sum(tracked) / len(tracked)) if tracked else None},
+            "time": time.time(),
+        }
