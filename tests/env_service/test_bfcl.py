@@ -177,6 +177,10 @@ def test_too_many_steps_in_a_turn_force_terminates():
     assert results[-1].reward == 0.0 and results[-1].info["error_type"] == "multi_turn:force_terminated"
     assert instance.step(say("[pwd()]")).done  # a finished episode stays finished
     instance.close()
+    malformed = env.create("multi_turn_base_0")
+    malformed.reset()
+    assert [malformed.step(say("[pwd(]")).done for _ in range(3)] == [False, False, True]
+    malformed.close()
 
 
 def test_unfinished_episode_evaluates_as_force_terminated(env):

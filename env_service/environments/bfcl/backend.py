@@ -77,6 +77,8 @@ class EpisodeBackend:
         if self._closed:
             raise RuntimeError("this episode's backend is closed")
         results, self.instances = self._execute(calls)
+        if self._closed:  # closed mid-call (a timed-out step was discarded): the executor may have re-cached
+            _forget([self.model_name], self.task)
         return results
 
     def snapshot(self) -> dict[str, Any]:

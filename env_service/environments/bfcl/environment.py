@@ -7,7 +7,8 @@ Episode protocol (BFCL's own inference loop, one assistant message per step):
 - a message with no call ends the user turn; the observation is the next user turn (for a
   miss_func holdout turn: the newly available function docs, as BFCL words it); after the last
   turn the episode is done and the reward is the checker's verdict;
-- more than `max_steps_per_turn` call steps in one turn force-terminates the episode (BFCL's 20).
+- more than `max_steps_per_turn` steps in one turn (malformed ones included) force-terminates the
+  episode, as BFCL does after 20.
 """
 
 from __future__ import annotations
@@ -128,8 +129,9 @@ class BfclInstance(EnvInstance):
         try:
             calls = parse_actions(action)
         except ActionParseError as exc:
-            return self._observe(ChatMessage(role="tool", content=f"Could not parse your function call: {exc}"),
-                                 parse_error=True)
+            # Counted as a step, so a turn of nothing but malformed calls still ends.
+            return self._count_step(ChatMessage(role="tool", content=f"Could not parse your function call: {exc}"),
+                                    parse_error=True)
         if not calls:
             return self._end_turn()
         return self._run_calls(calls)
@@ -146,15 +148,18 @@ class BfclInstance(EnvInstance):
                     "result": next(results) if call.name in self.backend.callable_names
                     else self._unavailable(call.name)}
                    for call in calls]
-        self.steps_in_turn += 1
         content = outputs[0]["result"] if len(outputs) == 1 else json.dumps(outputs, ensure_ascii=False)
         call_id = calls[0].call_id if len(calls) == 1 else None
         message = ChatMessage(role="tool", content=content, tool_call_id=call_id)
+        return self._count_step(message, calls=len(calls), executed=len(runnable))
+
+    def _count_step(self, message: ChatMessage, **info: Any) -> StepResult:
+        self.steps_in_turn += 1
         if self.steps_in_turn > self.max_steps_per_turn:
             # BFCL force-quits a turn after this many steps and fails the whole entry.
             self.done = self.force_terminated = True
             return self._finish(message)
-        return self._observe(message, calls=len(calls), executed=len(runnable))
+        return self._observe(message, **info)
 
     def _unavailable(self, name: str) -> str:
         return (f"Error during execution: no function named {name!r} is available. "
