@@ -19,7 +19,13 @@ from task_manager.profile import load_profile_file, profile_from_env
 from task_manager.replay import IdRemapper
 from task_manager.settings import CurriculumSettings
 from task_manager.store import TaskStore
-from task_manager.synthesize import parse_task_blocks, signature, split_actions, synthesis_messages, write_query
+from task_manager.synthesize import (
+    parse_task_blocks,
+    signature,
+    split_actions,
+    synthesis_messages,
+    write_query,
+)
 from task_manager.values import ValuePool, shapes_in
 
 
