@@ -106,3 +106,19 @@ def test_remote_unknown_environment_surfaces_the_remote_message(upstream):
     with pytest.raises(HostError) as error:
         env.task_ids("train")
     assert error.value.status == 502 and "unknown environment 'nope'" in error.value.message
+
+
+def test_a_third_party_agentevolver_server_plugs_in():
+    """An AgentEvolver-style server that is not ours (free-text tool info, no state) works as `remote`."""
+    with run_service("tests.env_service.conformance_faulty_server", ["--fault", "none"]) as other:
+        env = RemoteEnvironment({"url": other.url, "protocol": "agentevolver", "env_type": "counter"})
+        assert env.task_ids("train") == ["c0", "c1", "c2"]
+        assert env.tool_docs("c0") == []  # its /get_info is free text, not tool schemas
+        instance = env.create("c1")
+        assert [m.content for m in instance.reset()] == ["Count to three.", "Start."]
+        results = [instance.step(ChatMessage(role="assistant", content="one")) for _ in range(3)]
+        assert [r.done for r in results] == [False, False, True]
+        assert results[-1].observation.content == "count=3"
+        assert instance.evaluate().score == 1.0 and instance.state() is None
+        instance.close()
+        assert httpx.get(f"{other.url}/v1/instances").json()["stats"]["live"] == 0

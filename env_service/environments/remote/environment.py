@@ -92,15 +92,19 @@ class RemoteEnvironment(Environment):
         protocol_class = V1Protocol if self.settings.protocol == "v1" else AgentEvolverProtocol
         self.protocol: RemoteProtocol = protocol_class(self.http, self.settings.env_type)
         self._task_ids: dict[str, list[str]] = {}
+        self._known: set[str] = set()
 
     def task_ids(self, split: Split) -> list[str]:
         # Splits are deterministic by contract, so one fetch per split is enough.
         if split not in self._task_ids:
             self._task_ids[split] = self.protocol.task_ids(split)
+            self._known.update(self._task_ids[split])
         return list(self._task_ids[split])
 
     def create(self, task_id: str, params: dict[str, Any] | None = None) -> RemoteInstance:
-        if not any(task_id in self.task_ids(split) for split in SPLITS):
+        for split in SPLITS:
+            self.task_ids(split)  # fetched once, then cached
+        if task_id not in self._known:
             raise KeyError(f"the remote {self.settings.env_type!r} at {self.settings.url} has no task {task_id!r}")
         return RemoteInstance(self.protocol, task_id, dict(params or {}))
 

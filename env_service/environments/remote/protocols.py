@@ -175,8 +175,8 @@ class AgentEvolverProtocol(RemoteProtocol):
 
     def tool_docs(self, task_id: str | None) -> list[dict[str, Any]]:
         text = self._post("/get_info", "get_info", task_id=task_id)
-        try:  # our server answers OpenAI tool schemas as JSON; AgentEvolver's answer free text
+        try:  # our server answers OpenAI tool schemas as JSON; AgentEvolver's envs answer free text
             tools = json.loads(text) if isinstance(text, str) else text
         except json.JSONDecodeError:
-            return [{"type": "text", "description": text}]
-        return tools if isinstance(tools, list) else [{"type": "text", "description": str(text)}]
+            return []  # free text is no tool schema; such an env describes its tools in its prompt
+        return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
