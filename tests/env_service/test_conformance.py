@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from env_service.conformance import run_conformance
-from tests.helpers import REPO, ServiceProcess, run_service
+from tests.helpers import REPO, ServiceProcess, free_port, run_service
 
 BUILT_IN = ("flights", "gym", "bfcl", "signal")
 FAST = {"episodes": 3, "concurrency": 4, "max_steps": 12, "timeout_s": 20.0}
@@ -86,3 +86,8 @@ def test_cli_exits_zero_with_a_short_report_when_the_server_conforms(our_server)
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("CONFORMS") and "FAIL" not in done.stdout
+
+
+async def test_an_unreachable_server_fails_healthz_and_apis():
+    report = await run_conformance(f"http://127.0.0.1:{free_port()}", "bfcl", **FAST)
+    assert not report.ok and {"healthz", "apis"} <= set(report.failed)
