@@ -265,7 +265,8 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
         check_limit(len(body.trajectories))
         views = [view_of_trajectory(t, threshold) for t in body.trajectories]
         mode = body.mode or settings.summary.mode
-        digest = body_digest(body.model_dump(mode="json", exclude={"request_id", "run_async"}))
+        # Only what the client sent: server-side defaults (fresh trajectory ids) must not change the digest.
+        digest = body_digest(body.model_dump(mode="json", exclude={"request_id", "run_async"}, exclude_unset=True))
         if body.run_async:
             return engine.start_summarize_job(ws, views, mode=mode, request_id=body.request_id, digest=digest)
         return await engine.summarize(ws, views, mode=mode, request_id=body.request_id, digest=digest)

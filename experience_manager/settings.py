@@ -15,7 +15,7 @@ from common.service import ServiceSettings
 CALIBRATED_MIN_SIMILARITY = 0.28
 CALIBRATED_LEXICAL_WEIGHT = 0.3
 CALIBRATED_DEDUP_SAME = 0.63
-CALIBRATED_DEDUP_MERGE = 0.53
+CALIBRATED_DEDUP_MERGE = 0.52
 
 
 class RetrievalSettings(StrictModel):
