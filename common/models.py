@@ -190,6 +190,7 @@ def _build_smollm2(directory: Path) -> None:
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|im_end|>"
     tokenizer.model_max_length = model.config.max_position_embeddings
+    tokenizer.clean_up_tokenization_spaces = False  # byte-level BPE: decoding must not touch spaces
     tokenizer.chat_template = chatml_template(SMOLLM2_SYSTEM)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model.generation_config.eos_token_id = im_end

@@ -89,3 +89,24 @@ class WeightUpdateResponse(BaseModel):
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset(Role.__args__)  # type: ignore[attr-defined]
+
+
+class TokenChoice(BaseModel):
+    """One choice as the trainer needs it: text plus the exact tokens and their logprobs."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    index: int
+    text: str
+    token_ids: list[int]
+    token_logprobs: list[float]
+    finish_reason: str | None = None
+
+
+class TokenCompletion(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    prompt_token_ids: list[int]
+    choices: list[TokenChoice]
+    policy_version: int
+    usage: dict[str, int] = Field(default_factory=dict)

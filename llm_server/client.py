@@ -1,0 +1,55 @@
+"""Typed async client of llm_server, for the trainer (token in, token out) and anything else.
+
+    async with LLMServerClient("http://127.0.0.1:8001") as llm:
+        out = await llm.complete_tokens("smollm2", prompt_token_ids, max_tokens=64, temperature=1.0, n=4)
+        out.choices[0].token_ids, out.choices[0].token_logprobs, out.policy_version
+        await llm.update_weights("/path/to/exported/hf_dir")     # -> new policy_version
+
+For chat through the OpenAI protocol use `common.llm.LLMClient` or the `openai` package against
+`<url>/v1`; this client adds the evolver extensions (token ids, weights, stats).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.http import ServiceClient
+from llm_server.protocol import TokenCompletion, WeightUpdateResponse
+
+
+class LLMServerClient(ServiceClient):
+    def __init__(self, base_url: str, **kwargs: Any) -> None:
+        kwargs.setdefault("timeout", 600.0)  # long generations on CPU
+        super().__init__(base_url.removesuffix("/v1"), **kwargs)
+
+    async def models(self) -> list[str]:
+        body = await self.get("/v1/models")
+        return [m["id"] for m in body["data"]]
+
+    async def complete_tokens(self, model: str, prompt_token_ids: list[int], **params: Any) -> TokenCompletion:
+        """Continue exactly these tokens; params are OpenAI's (max_tokens, temperature, top_p, stop, n, seed)."""
+        body = {"model": model, "prompt_token_ids": list(prompt_token_ids),
+                **{k: v for k, v in params.items() if v is not None}}
+        return await self.post("/v1/completions", json=body, model=TokenCompletion, idempotent=True)
+
+    async def complete_text(self, model: str, prompt: str, **params: Any) -> TokenCompletion:
+        body = {"model": model, "prompt": prompt, **{k: v for k, v in params.items() if v is not None}}
+        return await self.post("/v1/completions", json=body, model=TokenCompletion, idempotent=True)
+
+    async def chat(self, model: str, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+        """The raw chat.completion body (with prompt_token_ids, per-choice token_ids and token_logprobs)."""
+        body = {"model": model, "messages": messages, **{k: v for k, v in params.items() if v is not None}}
+        return await self.post("/v1/chat/completions", json=body, idempotent=True)
+
+    async def update_weights(self, path: str, policy_version: int | None = None) -> WeightUpdateResponse:
+        """Load weights from an HF dir or state-dict file once in-flight generations finish."""
+        body: dict[str, Any] = {"path": str(path)}
+        if policy_version is not None:
+            body["policy_version"] = policy_version
+        return await self.post("/v1/weights", json=body, model=WeightUpdateResponse, idempotent=True)
+
+    async def policy_version(self) -> int:
+        return int((await self.get("/v1/weights"))["policy_version"])
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.get("/v1/stats")

@@ -1,0 +1,162 @@
+"""`python -m llm_server --model tiny` over real HTTP: weight updates, the typed client, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from common.http import ServiceCallError
+from common.models import export_model, load_model
+from llm_server.client import LLMServerClient
+from tests.helpers import ServiceProcess
+
+PROMPT = [{"role": "user", "content": "go left"}]
+
+
+def _post(server: ServiceProcess, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+
+def _greedy(server: ServiceProcess) -> dict:
+    response = _post(server, "/v1/chat/completions",
+                     {"model": "tiny", "messages": PROMPT, "max_tokens": 8, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_weight_update_bumps_policy_version_and_changes_outputs(tiny_server: ServiceProcess,
+                                                                      tmp_path: Path) -> None:
+    model, tokenizer = load_model("tiny")
+    before = _greedy(tiny_server)
+    async with LLMServerClient(tiny_server.url) as llm:
+        start = await llm.policy_version()
+        assert before["policy_version"] == start
+        with torch.no_grad():
+            # Make "left" the greedy first token: its output row becomes twice the current winner's.
+            ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt",
+                                                return_dict=True)
+            logits = model(**ids).logits[0, -1]
+            assert logits.max() > 0
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids("left")] = 2 * model.lm_head.weight[logits.argmax()]
+        update = await llm.update_weights(str(export_model(model, tokenizer, tmp_path / "step1")))
+        assert update.policy_version == start + 1 and update.loaded_tensors > 0
+        after = _greedy(tiny_server)
+        assert after["policy_version"] == start + 1
+        assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+        assert after["choices"][0]["message"]["content"].startswith("left")
+
+        # A plain state-dict file and an explicit version number work too; back to the original weights.
+        original, _ = load_model("tiny")
+        save_file({k: v.contiguous() for k, v in original.state_dict().items() if k != "lm_head.weight"},
+                  str(tmp_path / "original.safetensors"))
+        update = await llm.update_weights(str(tmp_path / "original.safetensors"), policy_version=start + 5)
+        assert update.policy_version == start + 5
+        restored = await llm.complete_tokens("tiny", before["prompt_token_ids"], max_tokens=8, temperature=0)
+        assert restored.policy_version == start + 5
+        assert restored.choices[0].token_ids == before["choices"][0]["token_ids"]
+        stats = await llm.stats()
+        assert stats["weight_updates"] >= 2 and stats["policy_version"] == start + 5
+
+
+async def test_bad_weights_are_refused_and_nothing_changes(tiny_server: ServiceProcess, tmp_path: Path) -> None:
+    async with LLMServerClient(tiny_server.url) as llm:
+        version = await llm.policy_version()
+        with pytest.raises(ServiceCallError) as missing:
+            await llm.update_weights(str(tmp_path / "nope"))
+        assert missing.value.status == 400 and "does not exist" in missing.value.message
+        save_file({"model.norm.weight": torch.zeros(3)}, str(tmp_path / "bad.safetensors"))
+        with pytest.raises(ServiceCallError) as mismatch:
+            await llm.update_weights(str(tmp_path / "bad.safetensors"))
+        assert mismatch.value.code == "weights_mismatch"
+        assert "model.norm.weight: got (3,), model has (64,)" in mismatch.value.message
+        assert "missing keys" in mismatch.value.message
+        assert await llm.policy_version() == version
+
+
+def test_openai_client_and_chat_features(tiny_server: ServiceProcess) -> None:
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+    response = client.chat.completions.create(
+        model="tiny", max_tokens=5, temperature=0.8, seed=3, n=3, stop=["\n\n"],
+        messages=[{"role": "system", "content": "You move."}, *PROMPT,
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "c1", "type": "function", "function": {"name": "move", "arguments": "{}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+        tools=[{"type": "function", "function": {"name": "move", "parameters": {"type": "object"}}}])
+    assert len(response.choices) == 3 and [c.index for c in response.choices] == [0, 1, 2]
+    assert all(c.finish_reason in ("stop", "length", "tool_calls") for c in response.choices)
+    assert response.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in response.choices)
+    completion = client.completions.create(model="tiny", prompt="go left", max_tokens=4, temperature=0, logprobs=2)
+    choice = completion.choices[0]
+    assert len(choice.logprobs.tokens) == len(choice.model_extra["token_ids"]) == 4
+    assert all(len(alternatives) == 2 for alternatives in choice.logprobs.top_logprobs)
+    assert "".join(choice.logprobs.tokens) == choice.text
+
+
+@pytest.mark.parametrize(("body", "status", "code", "fragment"), [
+    ({"model": "gpt-4", "messages": PROMPT}, 404, "model_not_found", "serves 'tiny'"),
+    ({"model": "tiny", "messages": PROMPT, "max_tokens": 5000}, 400, "context_length_exceeded",
+     "exceed the model's context of 2048 tokens by"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "go " * 2100}]}, 400, "context_length_exceeded",
+     "more than fit: the model's context is 2048 tokens"),
+    ({"model": "tiny", "messages": PROMPT, "n": 4, "max_tokens": 100}, 400, "request_too_large",
+     "n * max_tokens = 400 exceeds this server's limit of 256"),
+    ({"model": "tiny", "messages": PROMPT, "n": 9}, 400, "n_too_large", "max batch of 8"),
+    ({"model": "tiny", "messages": PROMPT, "stream": True}, 400, "unsupported_parameter", "streaming"),
+    ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_message",
+     "messages[0].role"),
+    ({"model": "tiny", "messages": []}, 422, "validation_error", "messages"),
+    ({"model": "tiny", "messages": PROMPT, "temperature": -1}, 422, "validation_error", "temperature"),
+])
+def test_bad_chat_requests(tiny_server: ServiceProcess, body: dict, status: int, code: str, fragment: str) -> None:
+    response = _post(tiny_server, "/v1/chat/completions", body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and fragment in error["message"], error
+
+
+@pytest.mark.parametrize(("body", "code", "fragment"), [
+    ({"model": "tiny", "prompt_token_ids": [1, 99999]}, "invalid_prompt", "must be in [0, 1024)"),
+    ({"model": "tiny", "prompt": ""}, "invalid_prompt", "the prompt is empty"),
+    ({"model": "tiny", "prompt": ["a", "b"]}, "invalid_prompt", "one prompt per request"),
+    ({"model": "tiny", "prompt": "hi", "prompt_token_ids": [1]}, "invalid_prompt", "not both"),
+    ({"model": "tiny", "prompt": "hi", "echo": True}, "unsupported_parameter", "echo"),
+])
+def test_bad_completion_requests(tiny_server: ServiceProcess, body: dict, code: str, fragment: str) -> None:
+    response = _post(tiny_server, "/v1/completions", body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and fragment in error["message"], error
+
+
+def test_model_errors_through_the_openai_client(tiny_server: ServiceProcess) -> None:
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=PROMPT, max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=PROMPT, max_tokens=3000)
+
+
+def test_metrics_and_stats_agree(tiny_server: ServiceProcess) -> None:
+    _greedy(tiny_server)
+    stats = httpx.get(f"{tiny_server.url}/v1/stats").json()
+    metrics = httpx.get(f"{tiny_server.url}/metrics").text
+    assert f"llm_generated_tokens_total {float(stats['generated_tokens'])}" in metrics
+    assert f"llm_decode_steps_total {float(stats['decode_steps'])}" in metrics
+    assert stats["forward_batches"] == stats["prefill_batches"] + stats["decode_steps"]
+
+
+def test_unknown_model_spec_fails_at_start() -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    done = subprocess.run([sys.executable, "-m", "llm_server", "--port", "1", "--model", "/no/such/dir"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "not `smollm2`, `tiny` or an existing local HF directory" in done.stderr
