@@ -54,7 +54,7 @@ def test_masked_tokens_get_no_gradient_and_empty_mask_is_zero():
     expected = (-math.exp(0.1) + math.exp(0.2)) / 2
     assert math.isclose(loss.item(), expected, rel_tol=1e-9)
     zero, _ = policy_loss(logp, old, adv, torch.zeros_like(mask), None, CFG)
-    assert float(zero) == 0.0
+    assert zero.item() == 0.0
 
 
 def test_kl_and_entropy_terms():
