@@ -21,9 +21,10 @@ import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads lazily: resolving a bad spec should fail in milliseconds
+    import torch
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -87,8 +88,11 @@ def cache_root() -> Path:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "evolver") / "models"
 
 
-def load_model(spec: str, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """Load `(model, tokenizer)` for `smollm2`, `tiny` or a local HF directory, in eval mode on CPU."""
+def load_model(spec: str, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    """Load `(model, tokenizer)` for `smollm2`, `tiny` or a local HF directory, in eval mode on CPU.
+
+    `dtype` defaults to torch.float32.
+    """
     return load_from_directory(resolve_model_dir(spec), dtype)
 
 
@@ -107,9 +111,11 @@ def resolve_model_dir(spec: str) -> Path:
     return path
 
 
-def load_from_directory(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def load_from_directory(path: Path, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = dtype or torch.float32
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
@@ -173,6 +179,7 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
 
 
 def _build_smollm2(directory: Path) -> None:
+    import torch
     from loguru import logger
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -199,6 +206,7 @@ def _build_smollm2(directory: Path) -> None:
 
 
 def _build_tiny(directory: Path) -> None:
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tiny_tokenizer()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
-from loguru import logger
+# Before torch loads OpenMP: spinning worker threads make a shared, oversubscribed CPU crawl
+# (measured: SmolLM2 at 2 tok/s instead of 18 with 2 threads while other processes ran).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from common.service import run_app, service_cli
-from llm_server.settings import LLMServerSettings
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+from loguru import logger  # noqa: E402
+
+from common.service import run_app, service_cli  # noqa: E402
+from llm_server.settings import LLMServerSettings  # noqa: E402
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,16 +34,21 @@ def main(argv: list[str] | None = None) -> None:
                               "OpenAI-compatible model server (transformers, CPU) with token ids and logprobs",
                               add_arguments=_arguments, argv=argv)
     assert isinstance(settings, LLMServerSettings)
+    from common.models import ModelLoadError, load_from_directory, resolve_model_dir
+
+    try:
+        model_dir = resolve_model_dir(settings.model)  # a bad spec fails here, before torch loads
+    except ModelLoadError as exc:
+        sys.exit(f"llm_server: {exc}")
     import torch
 
-    from common.models import ModelLoadError, load_model
     from llm_server.app import ServedModel, build_app
     from llm_server.engine import Engine
 
     threads = settings.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     try:
-        model, tokenizer = load_model(settings.model, dtype=getattr(torch, settings.dtype))
+        model, tokenizer = load_from_directory(model_dir, dtype=getattr(torch, settings.dtype))
         engine = Engine(model, tokenizer, max_batch=settings.max_batch,
                         batch_window_s=settings.batch_window_ms / 1000, threads=threads)
     except (ModelLoadError, ValueError) as exc:

@@ -14,11 +14,13 @@ from common.models import load_model
 from llm_server.app import parse_tool_calls
 from llm_server.engine import Engine, SamplingParams
 
+TIMEOUT = 300  # seconds; generous for a loaded shared machine
+
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     model, tok = load_model("tiny")
-    eng = Engine(model, tok, max_batch=8, batch_window_s=0.05, threads=1)
+    eng = Engine(model, tok, max_batch=8, batch_window_s=0.05)  # threads: leave the test process as it is
     yield eng
     eng.close()
 
@@ -38,9 +40,9 @@ def _prompts(engine: Engine) -> list[list[int]]:
 def test_batched_generation_matches_one_at_a_time(engine: Engine) -> None:
     prompts = _prompts(engine)
     greedy = SamplingParams(max_tokens=6, temperature=0)
-    alone = [engine.submit(p, greedy).result(timeout=60) for p in prompts]
+    alone = [engine.submit(p, greedy).result(timeout=TIMEOUT) for p in prompts]
     before = engine.stats.prefill_batches
-    together = [f.result(timeout=60) for f in [engine.submit(p, greedy) for p in prompts]]
+    together = [f.result(timeout=TIMEOUT) for f in [engine.submit(p, greedy) for p in prompts]]
     assert engine.stats.prefill_batches - before < len(prompts)  # they shared a prefill
     for a, b in zip(alone, together, strict=True):
         assert a.prompt_token_ids == b.prompt_token_ids
@@ -51,13 +53,13 @@ def test_batched_generation_matches_one_at_a_time(engine: Engine) -> None:
 
 def test_rows_join_a_running_batch(engine: Engine) -> None:
     prompts = _prompts(engine)
-    long_run = engine.submit(prompts[1], SamplingParams(max_tokens=200, temperature=0))
+    long_run = engine.submit(prompts[1], SamplingParams(max_tokens=60, temperature=0))
     # Wait until the first row is decoding, then add a second request: it joins the running batch.
     _wait_until_decoding(engine, long_run)
-    joined = engine.submit(prompts[3], SamplingParams(max_tokens=5, temperature=0)).result(timeout=60)
-    first = long_run.result(timeout=60)
-    assert len(first.completions[0].token_ids) == 200 and len(joined.completions[0].token_ids) == 5
-    reference = engine.submit(prompts[3], SamplingParams(max_tokens=5, temperature=0)).result(timeout=60)
+    joined = engine.submit(prompts[3], SamplingParams(max_tokens=5, temperature=0)).result(timeout=TIMEOUT)
+    first = long_run.result(timeout=TIMEOUT)
+    assert len(first.completions[0].token_ids) == 60 and len(joined.completions[0].token_ids) == 5
+    reference = engine.submit(prompts[3], SamplingParams(max_tokens=5, temperature=0)).result(timeout=TIMEOUT)
     assert joined.completions[0].token_ids == reference.completions[0].token_ids
     assert engine.stats.max_rows_in_batch >= 2
 
@@ -65,21 +67,21 @@ def test_rows_join_a_running_batch(engine: Engine) -> None:
 def test_n_rows_seed_and_logprobs(engine: Engine) -> None:
     prompt = _prompts(engine)[0]
     params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=7, n=3, top_logprobs=3)
-    first = engine.submit(prompt, params).result(timeout=60)
-    again = engine.submit(prompt, params).result(timeout=60)
+    first = engine.submit(prompt, params).result(timeout=TIMEOUT)
+    again = engine.submit(prompt, params).result(timeout=TIMEOUT)
     assert [c.token_ids for c in first.completions] == [c.token_ids for c in again.completions]
     assert len({tuple(c.token_ids) for c in first.completions}) > 1  # n samples differ from each other
     for completion in first.completions:
         assert len(completion.token_logprobs) == len(completion.token_ids) == len(completion.top_logprobs)
         assert all(math.isfinite(lp) and lp <= 0 for lp in completion.token_logprobs)
         assert all(len(alts) == 3 for alts in completion.top_logprobs)
-    other_seed = engine.submit(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=8)).result(timeout=60)
+    other_seed = engine.submit(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=8)).result(timeout=TIMEOUT)
     assert other_seed.completions[0].token_ids != first.completions[0].token_ids
 
 
 def test_token_logprobs_are_log_softmax_of_raw_logits(engine: Engine) -> None:
     prompt = _prompts(engine)[2]
-    result = engine.submit(prompt, SamplingParams(max_tokens=3, temperature=0.7, seed=1)).result(timeout=60)
+    result = engine.submit(prompt, SamplingParams(max_tokens=3, temperature=0.7, seed=1)).result(timeout=TIMEOUT)
     ids = torch.tensor([prompt + result.completions[0].token_ids])
     with torch.no_grad():
         logprobs = torch.log_softmax(engine.model(ids).logits[0].float(), dim=-1)
@@ -90,11 +92,11 @@ def test_token_logprobs_are_log_softmax_of_raw_logits(engine: Engine) -> None:
 
 def test_stop_strings_cut_the_text(engine: Engine) -> None:
     prompt = _prompts(engine)[0]
-    free = engine.submit(prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=3)).result(timeout=60)
+    free = engine.submit(prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=3)).result(timeout=TIMEOUT)
     text = free.completions[0].text
     assert len(text) > 4, text
     stop = text[2:4]
-    cut = engine.submit(prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=3, stop=(stop,))).result(timeout=60)
+    cut = engine.submit(prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=3, stop=(stop,))).result(timeout=TIMEOUT)
     completion = cut.completions[0]
     assert completion.finish_reason == "stop" and completion.text == text[:text.find(stop)]
     assert completion.token_ids == free.completions[0].token_ids[:len(completion.token_ids)]
@@ -103,20 +105,20 @@ def test_stop_strings_cut_the_text(engine: Engine) -> None:
 def test_weight_update_waits_for_running_rows_and_bumps_version(engine: Engine) -> None:
     prompt = _prompts(engine)[0]
     greedy = SamplingParams(max_tokens=30, temperature=0)
-    before = engine.submit(prompt, greedy).result(timeout=60)
+    before = engine.submit(prompt, greedy).result(timeout=TIMEOUT)
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     running = engine.submit(prompt, greedy)
     _wait_until_decoding(engine, running)
     changed = {k: v * 1.5 if k.endswith("norm.weight") else v for k, v in state.items()}
     engine.check_state_dict(changed)
-    version = engine.update_weights(changed).result(timeout=60)
+    version = engine.update_weights(changed).result(timeout=TIMEOUT)
     # The running request finished on the old weights and says so.
-    assert running.result(timeout=60).completions[0].token_ids == before.completions[0].token_ids
+    assert running.result(timeout=TIMEOUT).completions[0].token_ids == before.completions[0].token_ids
     assert running.result().policy_version == version - 1
-    after = engine.submit(prompt, greedy).result(timeout=60)
+    after = engine.submit(prompt, greedy).result(timeout=TIMEOUT)
     assert after.policy_version == version
     assert after.completions[0].token_logprobs != before.completions[0].token_logprobs
-    engine.update_weights(state, version=0).result(timeout=60)  # restore for other tests
+    engine.update_weights(state, version=0).result(timeout=TIMEOUT)  # restore for other tests
     assert engine.policy_version == 0
 
 

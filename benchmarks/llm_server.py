@@ -1,0 +1,119 @@
+"""Throughput of `llm_server`: tokens/s for 1 and for N concurrent chat requests, plus batching counters.
+
+    python benchmarks/llm_server.py [--model smollm2] [--max-tokens 64] [--concurrency 8] [--url URL]
+
+Starts `python -m llm_server` on a free 127.0.0.1 port (unless --url is given), warms it up, then
+sends one request alone and N at once (greedy, `max_tokens` each; the prompts ask for long answers
+so most rows run to `max_tokens`) and prints one JSON line: tokens/s for each, the speed-up, and the server's
+own counters for the concurrent round (prefill batches, decode steps, rows per decode step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+QUESTIONS = [
+    "Describe the water cycle in detail.", "Explain how a bicycle works.", "Write a short story about a cat.",
+    "Describe the city of Paris.", "Explain photosynthesis step by step.", "Write a poem about the sea.",
+    "Describe how to bake bread.", "Explain why the sky is blue.", "Describe a day in the life of a farmer.",
+    "Explain how computers store numbers.", "Write a letter to a friend about a trip.", "Describe the moon.",
+    "Explain how rain forms.", "Describe a busy market.", "Explain how a plane flies.", "Describe winter.",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(model: str, max_batch: int) -> tuple[subprocess.Popen, str, Path]:
+    port = _free_port()
+    log = Path(tempfile.gettempdir()) / f"llm_server-bench-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "llm_server", "--port", str(port), "--model", model,
+                                 "--max-batch", str(max_batch)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llm_server exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return proc, url, log
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise SystemExit(f"llm_server not healthy after 300 s; log: {log}")
+
+
+async def _round(client: httpx.AsyncClient, model: str, questions: list[str], max_tokens: int) -> tuple[int, float]:
+    async def one(question: str) -> int:
+        response = await client.post("/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+            "temperature": 0})
+        response.raise_for_status()
+        return response.json()["usage"]["completion_tokens"]
+
+    start = time.perf_counter()
+    tokens = await asyncio.gather(*[one(q) for q in questions])
+    return sum(tokens), time.perf_counter() - start
+
+
+async def _measure(url: str, model: str, max_tokens: int, concurrency: int) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=1200) as client:
+        await _round(client, model, QUESTIONS[:1], 4)  # warm-up: first-call allocations
+        single_tokens, single_s = await _round(client, model, QUESTIONS[:1], max_tokens)
+        before = (await client.get("/v1/stats")).json()
+        batch_tokens, batch_s = await _round(client, model, (QUESTIONS * 4)[:concurrency], max_tokens)
+        after = (await client.get("/v1/stats")).json()
+    delta = {k: after[k] - before[k] for k in ("requests", "prefill_batches", "decode_steps", "generated_tokens")}
+    single_rate, batch_rate = single_tokens / single_s, batch_tokens / batch_s
+    return {
+        "benchmark": "llm_server", "model": model, "max_tokens": max_tokens, "cpus": os.cpu_count(),
+        "single": {"tokens": single_tokens, "seconds": round(single_s, 2), "tokens_per_s": round(single_rate, 2)},
+        f"concurrent_{concurrency}": {"tokens": batch_tokens, "seconds": round(batch_s, 2),
+                                      "tokens_per_s": round(batch_rate, 2)},
+        "speedup": round(batch_rate / single_rate, 2),
+        "batching": {**delta, "rows_per_decode_step": round(delta["generated_tokens"] / max(1, delta["decode_steps"]), 2)},
+        "max_rows_in_batch": after["max_rows_in_batch"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--url", default=None, help="measure a running server instead of starting one")
+    args = parser.parse_args()
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url, _ = _start_server(args.model, max(8, args.concurrency))
+    try:
+        result = asyncio.run(_measure(url.removesuffix("/v1"), args.model, args.max_tokens, args.concurrency))
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
