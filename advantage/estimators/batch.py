@@ -46,6 +46,19 @@ class AdvantageBatch:
     step_rewards: Sequence[Sequence[float] | None] | None = None
     num_steps: Sequence[int] | None = None
 
+    @classmethod
+    def from_token_rewards(cls, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                           index: Sequence[Hashable] | np.ndarray, step_ids: torch.Tensor | None = None,
+                           **per_row: Sequence | None) -> AdvantageBatch:
+        """A batch in veRL's terms: outcome = the row sum of the token rewards, groups = `index` (uids).
+
+        Without `step_ids` every token is in no step (enough for `grpo`); `per_row` passes
+        step_labels / anchor_keys / step_rewards / num_steps through.
+        """
+        ids = step_ids if step_ids is not None else torch.full_like(response_mask, -1, dtype=torch.long)
+        return cls(response_mask=response_mask, step_ids=ids, outcome=token_level_rewards.sum(dim=-1),
+                   group_index=index, **per_row)
+
     @property
     def size(self) -> int:
         return int(self.response_mask.shape[0])

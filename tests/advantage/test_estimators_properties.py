@@ -123,8 +123,7 @@ def test_verl_convention_matches_verl_grpo():
         mask = torch.tensor(rng.integers(0, 2, size=(b, t)), dtype=torch.float32)
         rewards = torch.zeros(b, t)
         rewards[:, -1] = outcome  # veRL sums the token rewards into the score
-        batch = AdvantageBatch(response_mask=mask, step_ids=torch.full((b, t), -1), outcome=outcome,
-                               group_index=uid)
+        batch = AdvantageBatch.from_token_rewards(rewards, mask, uid)
         for by_std in (True, False):
             want, _ = core_algos.compute_grpo_outcome_advantage(
                 token_level_rewards=rewards, response_mask=mask, index=uid, norm_adv_by_std_in_grpo=by_std)
