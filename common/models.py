@@ -164,6 +164,7 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(target.parent, name)
     tmp = target.parent / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         build(tmp)
@@ -176,6 +177,20 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _remove_abandoned_builds(parent: Path, name: str) -> None:
+    """Delete half-built entries (~0.5 GB for smollm2) left by processes that died while building."""
+    for leftover in parent.glob(f".{name}.tmp-*"):
+        pid = leftover.name.rsplit("-", 2)[-2]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(leftover, ignore_errors=True)
+        except PermissionError:  # alive, owned by someone else
+            pass
 
 
 def _build_smollm2(directory: Path) -> None:

@@ -1,0 +1,22 @@
+"""The bundled OpenAI-compatible model server: `python -m llm_server --port PORT --model smollm2|tiny|<HF dir>`.
+
+Routes (all JSON; errors are `{"error": {"code", "message", "details"}}`):
+- `GET /v1/models`: the one served model (`id` is `--served-model-name`, default `--model`).
+- `POST /v1/chat/completions`: OpenAI chat; messages rendered with the model's chat template
+  (assistant `tool_calls` and `tool` messages included; with `tools`, Hermes `<tool_call>` blocks
+  in the output come back as `tool_calls`). temperature (0 = greedy), top_p, max_tokens /
+  max_completion_tokens, stop, n, seed, logprobs + top_logprobs, plus vLLM's stop_token_ids,
+  add_generation_prompt and continue_final_message.
+- `POST /v1/completions`: OpenAI completions on one prompt: text, a list of token ids, or
+  `prompt_token_ids` (token in, token out); logprobs (int) gives OpenAI's logprobs object.
+- Every completion response: top-level `prompt_token_ids` and `policy_version`; per choice
+  `token_ids` (EOS / stop token included when it ended the row) and `token_logprobs`
+  (log_softmax of the raw logits at each sampled token, whatever the temperature / top_p).
+- `POST /tokenize` / `POST /detokenize`: vLLM's shapes, same template as chat.
+- `POST /v1/weights {"path", "policy_version"?}`: load an HF directory or state-dict file once the
+  running rows finish; `GET /v1/weights`: the current `policy_version`.
+- `GET /v1/stats` (and `/metrics`): requests, rows, prefill_batches, decode_steps, forward_batches,
+  prompt_tokens, generated_tokens, max_rows_in_batch, weight_updates, active_rows, queued_requests.
+
+Typed client: `llm_server.client.LLMServerClient`.
+"""

@@ -22,6 +22,8 @@ from llm_server.protocol import (
     ROLES,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     WeightUpdateRequest,
     WeightUpdateResponse,
     _SamplingFields,
@@ -78,6 +80,24 @@ def build_app(served: ServedModel) -> FastAPI:
                    for i, c in enumerate(result.completions)]
         return _envelope("text_completion", "cmpl", served, result, choices)
 
+    @app.post("/tokenize", tags=["vllm"])
+    async def tokenize(request: TokenizeRequest) -> dict:
+        _check_model(served, request.model)
+        if (request.prompt is None) == (request.messages is None):
+            raise ServiceError(400, "invalid_request", "give exactly one of prompt or messages")
+        if request.messages is not None:
+            tokens = _render_chat(served, request.messages, request.tools, request.add_generation_prompt,
+                                  request.continue_final_message)
+        else:
+            tokens = served.tokenizer.encode(request.prompt, add_special_tokens=False)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": served.context_length}
+
+    @app.post("/detokenize", tags=["vllm"])
+    async def detokenize(request: DetokenizeRequest) -> dict:
+        _check_model(served, request.model)
+        _check_token_ids(served, request.tokens, "tokens")
+        return {"prompt": served.tokenizer.decode(request.tokens)}
+
     @app.post("/v1/weights", tags=["trainer"], response_model=WeightUpdateResponse)
     async def update_weights(request: WeightUpdateRequest) -> WeightUpdateResponse:
         tensors = await asyncio.to_thread(_read_state_dict, Path(request.path).expanduser())
@@ -109,11 +129,21 @@ def build_app(served: ServedModel) -> FastAPI:
 
 
 # ---- request checks and prompts ---------------------------------------------------------------
-def _check_common(served: ServedModel, request: _SamplingFields) -> None:
-    if request.model != served.name:
+def _check_model(served: ServedModel, model: str) -> None:
+    if model != served.name:
         raise ServiceError(404, "model_not_found",
-                           f"model {request.model!r} is not served here; this server serves {served.name!r}",
+                           f"model {model!r} is not served here; this server serves {served.name!r}",
                            {"served": [served.name]})
+
+
+def _check_token_ids(served: ServedModel, ids: list[int], field: str) -> None:
+    bad = [t for t in ids if not 0 <= t < served.vocab_size]
+    if bad:
+        raise ServiceError(400, "invalid_prompt", f"{field} must be in [0, {served.vocab_size}); got {bad[:5]}")
+
+
+def _check_common(served: ServedModel, request: _SamplingFields) -> None:
+    _check_model(served, request.model)
     problems = request.unsupported()
     if problems:
         raise ServiceError(400, "unsupported_parameter", "not supported: " + "; ".join(problems))
@@ -123,17 +153,24 @@ def _check_common(served: ServedModel, request: _SamplingFields) -> None:
 
 
 def _chat_prompt_ids(served: ServedModel, request: ChatCompletionRequest) -> list[int]:
-    for i, message in enumerate(request.messages):
-        role = message.get("role")
+    return _render_chat(served, request.messages, request.tools, request.add_generation_prompt,
+                        request.continue_final_message)
+
+
+def _render_chat(served: ServedModel, raw_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 add_generation_prompt: bool, continue_final_message: bool) -> list[int]:
+    """Token ids of the messages rendered with the served chat template (the exact prompt a chat call uses)."""
+    for i, message in enumerate(raw_messages):
+        role = message.get("role") if isinstance(message, dict) else None
         if role not in ROLES:
             raise ServiceError(400, "invalid_message", f"messages[{i}].role must be one of {sorted(ROLES)}, "
                                                        f"got {role!r}")
-    messages = [_normalise_message(m) for m in request.messages]
+    messages = [_normalise_message(m) for m in raw_messages]
     try:
         text = served.tokenizer.apply_chat_template(
-            messages, tools=request.tools or None, tokenize=False,
-            add_generation_prompt=request.add_generation_prompt and not request.continue_final_message,
-            continue_final_message=request.continue_final_message)
+            messages, tools=tools or None, tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message)
     except Exception as exc:  # jinja errors: the messages do not fit the template
         raise ServiceError(400, "invalid_messages", f"the chat template cannot render these messages: {exc}") from None
     return served.tokenizer.encode(text, add_special_tokens=False)
@@ -164,10 +201,7 @@ def _completion_prompt_ids(served: ServedModel, request: CompletionRequest) -> l
         ids = served.tokenizer.encode(prompt, add_special_tokens=False)
     elif isinstance(prompt, list):
         ids = prompt
-        bad = [t for t in ids if not 0 <= t < served.vocab_size]
-        if bad:
-            raise ServiceError(400, "invalid_prompt", f"prompt token ids must be in [0, {served.vocab_size}); "
-                                                      f"got {bad[:5]}")
+        _check_token_ids(served, ids, "prompt token ids")
     else:
         ids = []
     if not ids:
@@ -196,8 +230,12 @@ async def _generate(served: ServedModel, request: _SamplingFields, prompt_ids: l
         raise ServiceError(400, "request_too_large",
                            f"n * max_tokens = {request.n * max_tokens} exceeds this server's limit of "
                            f"{served.settings.max_request_tokens} tokens per request; lower n or max_tokens")
+    stop_ids = tuple(request.stop_token_ids or ())
+    if any(not 0 <= t < served.vocab_size for t in stop_ids):
+        raise ServiceError(400, "invalid_stop_token_ids", f"stop_token_ids must be in [0, {served.vocab_size})")
     params = SamplingParams(max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
-                            stop=request.stop_strings(), seed=request.seed, top_logprobs=top_logprobs, n=request.n)
+                            stop=request.stop_strings(), stop_token_ids=stop_ids, seed=request.seed,
+                            top_logprobs=top_logprobs, n=request.n)
     return await asyncio.wrap_future(served.engine.submit(prompt_ids, params))
 
 

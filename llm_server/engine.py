@@ -30,6 +30,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # extra tokens that end a row (kept in token_ids, like EOS)
     seed: int | None = None
     top_logprobs: int = 0  # alternatives reported per position; 0 = none
     n: int = 1
@@ -332,7 +333,7 @@ class Engine:
     def _finished(self, row: _Row) -> bool:
         params = row.job.params
         reason = None
-        if row.token_ids[-1] in self.eos_ids:
+        if row.token_ids[-1] in self.eos_ids or row.token_ids[-1] in params.stop_token_ids:
             reason = "stop"
         elif params.stop:
             row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)

@@ -27,6 +27,7 @@ class _SamplingFields(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM extension
     n: int = Field(default=1, ge=1)
     seed: int | None = None
     stream: bool = False
@@ -73,6 +74,26 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a text prompt, or chat messages rendered with the served chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    tokens: list[int]
 
 
 class WeightUpdateRequest(StrictModel):

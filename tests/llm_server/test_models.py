@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,20 @@ def test_tiny_builds_deterministically_in_fresh_caches(tmp_path: Path, monkeypat
     # Built once: a second resolve reuses the directory and leaves no temporary directories behind.
     assert resolve_model_dir("tiny") == dirs[1]
     assert [p.name for p in dirs[1].parent.iterdir()] == [dirs[1].name]
+
+
+def test_builds_abandoned_by_dead_processes_are_cleaned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    dead_pid = subprocess.Popen(["true"]).pid
+    os.waitpid(dead_pid, 0)
+    monkeypatch.setenv("EVOLVER_CACHE_DIR", str(tmp_path))
+    leftover = tmp_path / "models" / f".tiny-llama-v1.tmp-{dead_pid}-0123abcd"
+    mine = tmp_path / "models" / f".tiny-llama-v1.tmp-{os.getpid()}-0123abcd"  # a live builder's
+    leftover.mkdir(parents=True)
+    mine.mkdir()
+    resolve_model_dir("tiny")
+    assert not leftover.exists() and mine.exists()
 
 
 def test_tiny_tokenizer_is_small_and_sensible(tiny) -> None:

@@ -97,6 +97,23 @@ def test_openai_client_and_chat_features(tiny_server: ServiceProcess) -> None:
     assert "".join(choice.logprobs.tokens) == choice.text
 
 
+def test_tokenize_matches_chat_prompt_and_stop_token_ids(tiny_server: ServiceProcess) -> None:
+    chat = _greedy(tiny_server)
+    tokenized = _post(tiny_server, "/tokenize", {"model": "tiny", "messages": PROMPT}).json()
+    assert tokenized["tokens"] == chat["prompt_token_ids"] and tokenized["max_model_len"] == 2048
+    text = _post(tiny_server, "/detokenize", {"model": "tiny", "tokens": tokenized["tokens"]}).json()["prompt"]
+    assert text == "<|im_start|>user\ngo left<|im_end|>\n<|im_start|>assistant\n"
+    assert _post(tiny_server, "/tokenize", {"model": "tiny", "prompt": "go left"}).json()["count"] == 2
+    # A stop token id ends the row where it is sampled, and stays in token_ids (as EOS does).
+    generated = chat["choices"][0]["token_ids"]
+    stopped = _post(tiny_server, "/v1/completions", {"model": "tiny", "prompt_token_ids": chat["prompt_token_ids"],
+                                                     "max_tokens": 8, "temperature": 0,
+                                                     "stop_token_ids": [generated[2]]}).json()
+    first_stop = generated.index(generated[2]) + 1
+    assert stopped["choices"][0]["token_ids"] == generated[:first_stop]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize(("body", "status", "code", "fragment"), [
     ({"model": "gpt-4", "messages": PROMPT}, 404, "model_not_found", "serves 'tiny'"),
     ({"model": "tiny", "messages": PROMPT, "max_tokens": 5000}, 400, "context_length_exceeded",
