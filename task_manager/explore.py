@@ -167,8 +167,17 @@ class LLMExplorer:
         self.llm, self.max_tokens = llm, max_tokens
 
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
-        result = await self.llm.chat(self.messages(view), temperature=view.temperature, max_tokens=self.max_tokens)
-        return result.text.strip() or "(no action)", []
+        messages = self.messages(view)
+        text = ""
+        for _ in range(2):
+            result = await self.llm.chat(messages, temperature=view.temperature, max_tokens=self.max_tokens)
+            text = result.text.strip()
+            # A reply naming no tool would end a tool environment's episode: ask once more.
+            if _names_in(text, view.tools):
+                break
+            messages = [*messages, {"role": "assistant", "content": text},
+                        {"role": "user", "content": "That calls no tool. Reply with one tool call only."}]
+        return text or "(no action)", []
 
     @staticmethod
     def messages(view: ExplorerView) -> list[dict[str, Any]]:

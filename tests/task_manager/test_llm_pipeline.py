@@ -1,0 +1,50 @@
+"""The whole pipeline with an LLM, over real HTTP: `llm_server` serving SmolLM2 explores and synthesizes.
+
+A 135M model proposes few usable tasks; the test checks that every stage ran and reported its
+counts (proposed >= parsed >= verified >= kept), not that the model is good. Kept short: two
+episodes of three steps, small max_tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from task_manager.client import TaskClient
+from tests.helpers import ServiceProcess, run_service
+from tests.task_manager.conftest import write_conf
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_explores_and_synthesizes(flights_env: ServiceProcess, tmp_path: Path) -> None:
+    with run_service("llm_server", ["--model", "smollm2"], timeout=300) as llm:
+        role = {"base_url": f"{llm.url}/v1", "model": "smollm2", "timeout": 300}
+        conf = write_conf(tmp_path / "tm.yaml", flights_env.url, tmp_path / "store",
+                          llm={"explorer": role, "synthesizer": role},
+                          # One episode at a time: concurrent requests to llm_server were seen to stall.
+                          explore={"breadth_steps": 1, "depth_steps": 2, "max_tokens": 40, "concurrency": 1},
+                          synthesis={"max_tokens": 160}, dedup={"heldout_splits": []})
+        with run_service("task_manager", ["--conf", str(conf)]) as tm:
+            async def run() -> dict:
+                async with TaskClient(tm.url) as client:
+                    job = await client.submit_job("flights", episodes=2)
+                    assert job.params["explorer"] is None  # "auto" resolves to the configured LLM role
+                    done = await client.wait_job(job.job_id, timeout=400)
+                    return done.model_dump()
+
+            job = asyncio.run(run())
+            log = tm.log()
+    progress = job["progress"]
+    print(json.dumps({"smollm2_job": progress}))
+    assert job["status"] == "done", job
+    assert "explorer llm, synthesizer llm" in log
+    assert progress["episodes_done"] == 2 and progress["episode_errors"] == 0
+    # Each step is an LLM action sent to a real instance; a reply without a tool call ends the episode early.
+    assert 2 <= progress["steps"] <= 6
+    assert progress["proposed"] >= progress["parsed"] >= progress["verified"] >= progress["kept"] >= 0
+    rejected = sum(progress["rejected"].values())
+    assert progress["verified"] + rejected == progress["parsed"]
