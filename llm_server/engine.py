@@ -106,8 +106,10 @@ class EngineClosed(RuntimeError):
 
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16, batch_window_s: float = 0.01,
-                 threads: int | None = None, policy_version: int = 0) -> None:
+                 threads: int | None = None, policy_version: int = 0, prefill_token_budget: int = 8192) -> None:
         self.model, self.tokenizer = model, tokenizer
+        # Padded tokens per prefill forward: CPU attention materialises [rows, heads, T, T] scores.
+        self.prefill_token_budget = prefill_token_budget
         self.max_batch, self.batch_window_s, self.threads = max_batch, batch_window_s, threads
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -181,9 +183,8 @@ class Engine:
                     self._collect()
                     if self._update is not None and not self._rows:
                         self._apply_update()
-                    admitted = self._admit()
-                    if admitted:
-                        self._prefill(admitted)
+                    for group in _prefill_groups(self._admit(), self.prefill_token_budget):
+                        self._prefill(group)
                     if self._rows:
                         self._decode_step()
                 except Exception as exc:  # a failed batch fails its requests, never the server
@@ -392,6 +393,23 @@ class Engine:
                     break
                 if item is not None:
                     _resolve(item.future, EngineClosed("the engine is shut down"))
+
+
+def _prefill_groups(jobs: list[_Job], budget: int) -> list[list[_Job]]:
+    """Split jobs into prefill groups of similar length whose padded size stays within `budget` tokens."""
+    groups: list[list[_Job]] = []
+    current: list[_Job] = []
+    width = 0
+    for job in sorted(jobs, key=lambda j: len(j.prompt_ids)):
+        grown = max(width, len(job.prompt_ids))
+        if current and grown * (len(current) + 1) > budget:
+            groups.append(current)
+            current, grown = [], len(job.prompt_ids)
+        current.append(job)
+        width = grown
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _resolve(future: concurrent.futures.Future, outcome: Any) -> None:

@@ -144,3 +144,15 @@ def test_parse_tool_calls() -> None:
     assert calls[0]["function"]["arguments"] == '{"city": "Paris"}' and calls[1]["function"]["arguments"] == '{"id": 3}'
     assert content == "Let me look.\n<tool_call>{not json}</tool_call>"
     assert parse_tool_calls("plain answer") == ("plain answer", [])
+
+
+def test_prefill_groups_respect_the_token_budget() -> None:
+    import concurrent.futures as cf
+
+    from llm_server.engine import _Job, _prefill_groups
+
+    jobs = [_Job([1] * n, SamplingParams(max_tokens=1), cf.Future()) for n in (50, 10, 30, 12, 200)]
+    groups = _prefill_groups(jobs, budget=64)
+    assert [[len(j.prompt_ids) for j in g] for g in groups] == [[10, 12], [30], [50], [200]]
+    assert all(max(len(j.prompt_ids) for j in g) * len(g) <= 64 or len(g) == 1 for g in groups)
+    assert sum(len(g) for g in groups) == len(jobs)
