@@ -1,12 +1,12 @@
 """`signal`: the smallest environment whose reward depends on what an earlier observation said.
 
 Episode: the user asks the agent to look; whatever the agent says first, the environment answers
-with the task's signal word (one of `options`); the agent's second turn is read as its answer and
+with the task's signal word (one of `options`, the observation's last word); the agent's second turn is read as its answer and
 scores 1 when it names the signal. A policy that ignores the cue scores exactly 1/len(options) in
 expectation (signals are balanced over a split), which makes "chance" a known number.
 
-`fallback: first_char` makes every answer count: an answer naming no option is read as option
-`ord(first character) % len(options)`. That keeps a random-initialised model at chance instead of
+`fallback: first_char` makes every answer count: an answer naming no option is read by its first
+character, as the option starting with that letter, else option `ord(char) % len(options)`. That keeps a random-initialised model at chance instead of
 at zero, so reinforcement learning has a signal to climb from; with `fallback: none` (the default)
 such an answer is invalid and scores 0.
 """
@@ -57,7 +57,7 @@ class SignalInstance(EnvInstance):
     def step(self, action: ChatMessage) -> StepResult:
         self.turn += 1
         if self.turn == 1:
-            return StepResult(observation=ChatMessage(role="user", content=f"The signal is {self.signal}. Answer now."))
+            return StepResult(observation=ChatMessage(role="user", content=f"Answer now. The signal is {self.signal}"))
         if self.turn == 2:
             self.answer, self.valid = self._read_answer(action.text())
             correct = self.answer == self.signal
@@ -74,7 +74,9 @@ class SignalInstance(EnvInstance):
             return min(named)[1], True
         stripped = text.strip()
         if self.config.fallback == "first_char" and stripped:
-            return self.config.options[ord(stripped[0]) % len(self.config.options)], False
+            first = stripped[0].lower()
+            by_letter = next((o for o in self.config.options if o.startswith(first)), None)
+            return by_letter or self.config.options[ord(first) % len(self.config.options)], False
         return None, False
 
     def evaluate(self, params: dict[str, Any] | None = None) -> EvalResult:
