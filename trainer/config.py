@@ -1,0 +1,88 @@
+"""The `trainer` section of a run's YAML, validated at start (unknown keys fail with their path)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from advantage.estimators import AdvantageConfig
+from common.config import StrictModel
+from trainer.loss import PolicyLossConfig
+from trainer.rollout import RolloutConfig
+from trainer.update import OptimConfig
+
+
+class PolicyConfig(StrictModel):
+    kind: Literal["in_process", "endpoint"] = "in_process"
+    url: str | None = Field(default=None, description="endpoint base URL (llm_server or vLLM)")
+    served_model: str = Field(default="policy", description="the `model` field sent to the endpoint")
+    api_key_env: str | None = Field(default=None, description="environment variable holding the endpoint's key")
+    max_batch: int = Field(default=32, ge=1, description="in-process: rows generated together")
+    threads: int | None = Field(default=None, ge=1, description="in-process: torch threads of the engine")
+
+    @model_validator(mode="after")
+    def _endpoint_has_url(self) -> PolicyConfig:
+        if self.kind == "endpoint" and not self.url:
+            raise ValueError("policy.kind=endpoint needs policy.url (the server's base URL)")
+        return self
+
+
+class ServicesConfig(StrictModel):
+    env_url: str = Field(description="the environment service base URL")
+    timeout_s: float = Field(default=120.0, gt=0)
+
+
+class EvalConfig(StrictModel):
+    every: int = Field(default=0, ge=0, description="evaluate every N steps (0: only before and after)")
+    before: bool = True
+    after: bool = True
+    split: Literal["train", "validation", "test"] = "validation"
+    tasks: int = Field(default=64, ge=1, description="held-out tasks (the first N of the split)")
+    k: int = Field(default=1, ge=1)
+    greedy: bool = True
+
+
+class CheckpointConfig(StrictModel):
+    every: int = Field(default=0, ge=0, description="save every N steps (0: never)")
+    keep: int = Field(default=2, ge=1, description="checkpoints kept on disk")
+
+
+class RayConfig(StrictModel):
+    enabled: bool = True
+    address: str | None = Field(default=None, description="an existing cluster; None starts a local one")
+    dashboard: bool = True
+    dashboard_port: int = Field(default=8265, ge=0, le=65535)
+    num_cpus: float = Field(default=1.0, ge=0, description="CPUs the trainer actor reserves")
+
+
+class TrainerConfig(StrictModel):
+    model: str = Field(default="smollm2", description="smollm2, tiny, or a local HF directory")
+    device: str = Field(default="auto", description="auto (cuda when present), cpu, cuda, cuda:1 ...")
+    seed: int = 0
+    steps: int = Field(default=10, ge=1)
+    tasks_per_step: int = Field(default=4, ge=1, description="task groups per training step")
+    train_split: Literal["train", "validation", "test"] = "train"
+    output_dir: str = "runs/trainer"
+    resume: bool = Field(default=False, description="continue from the last checkpoint in output_dir")
+    export_dir: str | None = Field(default=None, description="write the final policy here as an HF directory")
+    torch_threads: int | None = Field(default=None, ge=1)
+    progress: bool = True
+    tensorboard: bool = True
+    plot: bool = True
+    rollout: RolloutConfig
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    services: ServicesConfig
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _estimator_inputs(self) -> TrainerConfig:
+        if self.advantage.estimator == "adca_grpo":
+            raise ValueError("advantage.estimator=adca_grpo needs step labels from the judge service, whose "
+                             "client (advantage/client.py) is not wired into the trainer yet; use grpo or gigpo")
+        return self

@@ -1,0 +1,297 @@
+"""The local GRPO trainer: rollouts against the env service, advantages, PPO updates, weight sync.
+
+One training step: the next `tasks_per_step` tasks from the data cursor -> n rollouts each through
+the policy (complete groups only) -> token advantages from `advantage/` -> `PolicyUpdater.update`
+(old log-probs on the stripped context, epochs x minibatches) -> the new weights go to the policy
+(the in-process engine or the served endpoint via `/v1/weights`), bumping the policy version.
+Evaluation (avg@k, best@k, invalid-action rate) runs before training, every `eval.every` steps
+and at the end; checkpoints every `checkpoint.every` steps; metrics to JSONL and TensorBoard.
+`TrainerActor` runs the same loop inside a Ray actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from loguru import logger
+
+from advantage.estimators import batch_from_trajectories, estimate
+from common.models import export_model, load_model
+from common.schemas import Task
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from trainer.config import TrainerConfig
+from trainer.metrics import MetricsLog
+from trainer.peers import EnvPeer
+from trainer.policy import EndpointPolicy, InProcessPolicy, Policy
+from trainer.rollout import GroupStats, Rollout, collect_groups, evaluate_policy
+from trainer.update import PolicyUpdater, TrainSample
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class TaskCursor:
+    """Walks the training task ids epoch by epoch, each epoch in a seeded shuffled order."""
+
+    def __init__(self, task_ids: list[str], seed: int) -> None:
+        if not task_ids:
+            raise ValueError("the training split has no tasks")
+        self.task_ids, self.seed = list(task_ids), seed
+        self.epoch, self.index = 0, 0
+
+    def _order(self) -> list[str]:
+        order = list(self.task_ids)
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next_batch(self, k: int) -> list[str]:
+        out: list[str] = []
+        while len(out) < k:
+            order = self._order()
+            take = order[self.index:self.index + (k - len(out))]
+            out += take
+            self.index += len(take)
+            if self.index >= len(order):
+                self.epoch, self.index = self.epoch + 1, 0
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_step: int
+                     ) -> tuple[list[TrainSample], dict[str, float]]:
+    """Token advantages per trajectory from the configured estimator, split back onto its segments."""
+    trajectories = [r.trajectory for r in rollouts]
+    batch = batch_from_trajectories(trajectories)
+    result = estimate(config.advantage.estimator, batch, config.advantage.estimator_config(),
+                      training_step=training_step)
+    samples: list[TrainSample] = []
+    for row, rollout in enumerate(rollouts):
+        advantages = result.advantages[row].tolist()
+        offset = 0
+        for seg in rollout.segments:
+            n = len(seg.response_ids)
+            samples.append(TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask,
+                                       advantages[offset:offset + n], rollout.trajectory.used_experience))
+            offset += n
+    metrics = {f"advantage/{k.removeprefix('adv/')}": v for k, v in result.metrics.items()}
+    return samples, metrics
+
+
+class LocalTrainer:
+    def __init__(self, config: TrainerConfig) -> None:
+        self.config = config
+        self.out = Path(config.output_dir)
+        self.step = 0
+        self.policy: Policy | None = None
+        self.env: EnvPeer | None = None
+        self.group_stats = GroupStats()
+
+    # ------------------------------------------------------------------ setup
+
+    async def setup(self) -> None:
+        cfg = self.config
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        self.model, self.tokenizer = load_model(cfg.model)
+        ref = None
+        if cfg.loss.kl_coef > 0:
+            ref, _ = load_model(cfg.model)
+            for p in ref.parameters():
+                p.requires_grad_(False)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.updater = PolicyUpdater(self.model, cfg.optim, cfg.loss, pad_id=pad_id, total_updates=cfg.steps,
+                                     device=self.device, ref_model=ref, seed=cfg.seed)
+        self.env = EnvPeer(cfg.services.env_url, timeout=cfg.services.timeout_s)
+        train_ids = await self.env.task_ids(cfg.rollout.env, cfg.train_split)
+        self.cursor = TaskCursor(train_ids, cfg.seed)
+        held_out = await self.env.task_ids(cfg.rollout.env, cfg.eval.split)
+        self.eval_tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.eval.split)
+                           for t in held_out[:cfg.eval.tasks]]
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.resume:
+            self._restore()
+        if cfg.policy.kind == "endpoint":
+            assert cfg.policy.url is not None
+            self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
+                                         weights_dir=self.out / "weights")
+            if self.step > 0:  # the server may hold older weights than the checkpoint
+                await self.policy.load_weights(self.model)
+        else:
+            self.policy = InProcessPolicy(self.model, self.tokenizer, max_batch=cfg.policy.max_batch,
+                                          threads=cfg.policy.threads, policy_version=self.step)
+        self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
+        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    def _restore(self) -> None:
+        path = latest_checkpoint(self.out / "checkpoints")
+        if path is None:
+            logger.info("resume: no checkpoint in {}, starting fresh", self.out / "checkpoints")
+            return
+        state = load_checkpoint(path)
+        self.model.load_state_dict(state["model"])
+        self.updater.load_state_dict(state["updater"])
+        self.cursor.load(state["cursor"])
+        self.group_stats = GroupStats(**state.get("group_stats", {}))
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        logger.info("resumed from {} at step {} (cursor epoch {} index {})", path.name, self.step,
+                    self.cursor.epoch, self.cursor.index)
+
+    def save(self) -> Path:
+        payload = {"model": self.model.state_dict(), "updater": self.updater.state_dict(),
+                   "cursor": self.cursor.state(), "group_stats": vars(self.group_stats),
+                   "config": self.config.model_dump()}
+        path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)
+        logger.info("checkpoint {}", path)
+        return path
+
+    # ------------------------------------------------------------------ steps
+
+    async def evaluate(self) -> dict[str, float]:
+        cfg = self.config
+        assert self.policy is not None and self.env is not None
+        started = time.monotonic()
+        summary = await evaluate_policy(self.eval_tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
+                                        k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17)
+        metrics = summary.metrics("eval")
+        metrics["time/eval_s"] = time.monotonic() - started
+        return metrics
+
+    async def train_step(self) -> dict[str, float]:
+        cfg = self.config
+        assert self.policy is not None and self.env is not None
+        step = self.step
+        task_ids = self.cursor.next_batch(cfg.tasks_per_step)
+        tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split) for t in task_ids]
+        dropped_before = self.group_stats.dropped_groups
+        t0 = time.monotonic()
+        groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
+                                      seed=cfg.seed * 100_003 + step, stats=self.group_stats)
+        t1 = time.monotonic()
+        rollouts = [r for g in groups for r in g]
+        metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
+                                     "rollout/dropped_groups": float(self.group_stats.dropped_groups - dropped_before),
+                                     "rollout/groups": float(len(groups))}
+        metrics.update(self._rollout_metrics(rollouts, t1 - t0))
+        if rollouts:
+            samples, adv_metrics = training_samples(rollouts, cfg, step)
+            metrics.update(adv_metrics)
+            metrics.update(await asyncio.to_thread(self.updater.update, samples))
+        t2 = time.monotonic()
+        version = await self.policy.load_weights(self.model)
+        t3 = time.monotonic()
+        metrics.update({"time/update_s": t2 - t1, "time/weight_sync_s": t3 - t2, "time/step_s": t3 - t0,
+                        "policy/version": float(version)})
+        with (self.out / "batches.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step + 1, "task_ids": task_ids, "cursor": self.cursor.state()}) + "\n")
+        self.step += 1
+        return metrics
+
+    def _rollout_metrics(self, rollouts: list[Rollout], seconds: float) -> dict[str, float]:
+        if not rollouts:
+            return {}
+        rewards = [float(r.trajectory.outcome or 0.0) for r in rollouts]
+        steps = sum(len(r.trajectory.steps) for r in rollouts)
+        tokens = sum(r.generated_tokens for r in rollouts)
+        current = self.policy.policy_version if self.policy is not None else 0
+        return {
+            "rollout/reward_mean": float(np.mean(rewards)), "rollout/reward_std": float(np.std(rewards)),
+            "rollout/success_rate": float(np.mean([x >= 1.0 for x in rewards])),
+            "rollout/truncated_frac": float(np.mean([r.trajectory.truncated for r in rollouts])),
+            "rollout/invalid_action_rate": sum(r.invalid_steps for r in rollouts) / max(steps, 1),
+            "rollout/turns_mean": steps / len(rollouts),
+            "rollout/generated_tokens": float(tokens), "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
+            "rollout/experience_frac": float(np.mean([r.trajectory.used_experience for r in rollouts])),
+            "rollout/version_lag_max": float(max(current - r.trajectory.policy_version for r in rollouts)),
+        }
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> dict[str, Any]:
+        cfg = self.config
+        await self.setup()
+        try:
+            history: list[dict[str, float]] = []
+            if cfg.eval.before and self.step == 0:
+                before = await self.evaluate()
+                self.metrics.log(0, before)
+                history.append({"step": 0, **before})
+                logger.info("eval before training: {}", _short(before))
+            progress = _progress(cfg.progress, cfg.steps, self.step)
+            while self.step < cfg.steps:
+                metrics = await self.train_step()
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
+                    metrics.update(await self.evaluate())
+                if self.step == cfg.steps and cfg.eval.after:
+                    metrics.update(await self.evaluate())
+                self.metrics.log(self.step, metrics)
+                history.append({"step": self.step, **metrics})
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                    self.save()
+                progress(self.step, metrics)
+            if cfg.export_dir:
+                export_model(self.model, self.tokenizer, cfg.export_dir)
+            plot = self.metrics.plot() if cfg.plot else None
+            return {"steps": self.step, "history": history, "plot": str(plot) if plot else None,
+                    "dropped_groups": self.group_stats.dropped_groups}
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self.policy is not None:
+            await self.policy.aclose()
+        if self.env is not None:
+            await self.env.aclose()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+
+
+def _short(metrics: dict[str, float]) -> str:
+    keys = [k for k in metrics if k.startswith(("eval/", "rollout/reward_mean", "update/pg_loss"))]
+    return ", ".join(f"{k}={metrics[k]:.3f}" for k in keys)
+
+
+def _progress(enabled: bool, total: int, start: int):
+    """A tqdm bar over steps (the trainer may run inside a Ray actor, whose stdout Ray forwards)."""
+    if not enabled:
+        return lambda step, metrics: logger.info("step {}/{}: {}", step, total, _short(metrics))
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
+
+    def update(step: int, metrics: dict[str, float]) -> None:
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics.get('rollout/reward_mean', float('nan')):.3f}")
+        if step >= total:
+            bar.close()
+
+    return update
+
+
+class TrainerActorImpl:
+    """The trainer as a Ray actor: visible on the dashboard, its logs forwarded by Ray."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = TrainerConfig.model_validate(config)
+
+    def run(self) -> dict[str, Any]:
+        return asyncio.run(LocalTrainer(self.config).run())

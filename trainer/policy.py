@@ -1,0 +1,181 @@
+"""The policy the rollouts sample from: in-process (HF model + the continuous-batching engine) or an
+OpenAI-compatible completions endpoint that returns token ids (llm_server, vLLM).
+
+Both take prompt token ids and give back the generated token ids, their log-probs and the policy
+version that produced them, so a rollout never re-tokenizes generated text. `generate` is the one
+callable the agent loop needs (a veRL AgentLoop wraps its own server manager in the same shape).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import torch
+
+# The engine is moving to common/generation.py; this is the only place that knows where it lives.
+try:
+    from common.generation import Engine, SamplingParams  # type: ignore[import-not-found]
+except ImportError:  # until the move lands
+    from llm_server.engine import Engine, SamplingParams
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each generated token under the generating policy (raw logits)
+    text: str  # decoded by the generator (special tokens skipped); never re-encoded
+    finish_reason: str  # "stop" or "length"
+    policy_version: int
+
+
+GenerateFn = Callable[[list[int], Sampling], Awaitable[Generation]]
+
+
+class Policy(Protocol):
+    policy_version: int
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation: ...
+
+    async def load_weights(self, model: torch.nn.Module) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+class InProcessPolicy:
+    """A private copy of the model behind the batching engine: concurrent rollouts share forward passes.
+
+    The trainer's model is never generated from directly: `load_weights` copies its tensors into the
+    engine between generations (the engine drains running rows first), so every sample has exactly
+    one policy version.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch: int = 32, threads: int | None = None,
+                 policy_version: int = 0) -> None:
+        import copy
+
+        serving = copy.deepcopy(model).eval()
+        for p in serving.parameters():
+            p.requires_grad_(False)
+        self.engine = Engine(serving, tokenizer, max_batch=max_batch, threads=threads, policy_version=policy_version)
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        params = SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                                top_p=sampling.top_p, seed=sampling.seed)
+        result = await asyncio.wrap_future(self.engine.submit(prompt_ids, params))
+        choice = result.completions[0]
+        return Generation(list(choice.token_ids), list(choice.token_logprobs), choice.text, choice.finish_reason,
+                          result.policy_version)
+
+    async def load_weights(self, model: torch.nn.Module) -> int:
+        tensors = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        return int(await asyncio.wrap_future(self.engine.update_weights(tensors)))
+
+    @property
+    def stats(self) -> Any:
+        return self.engine.stats
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.engine.close)
+
+
+class EndpointError(RuntimeError):
+    pass
+
+
+class EndpointPolicy:
+    """An OpenAI-compatible `/v1/completions` server that takes and returns token ids.
+
+    llm_server reads `prompt_token_ids` and answers per choice `token_ids`, `token_logprobs` and a
+    top-level `policy_version`. vLLM takes the ids as `prompt` and, with `return_tokens_as_token_ids`,
+    names each token `token_id:<id>` in `logprobs.tokens`; both shapes are read.
+    """
+
+    def __init__(self, base_url: str, model: str, *, timeout: float = 300.0, api_key_env: str | None = None,
+                 weights_dir: str | os.PathLike | None = None) -> None:
+        headers = {}
+        if api_key_env and os.environ.get(api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                         limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
+        self.policy_version = 0
+        self.weights_dir = Path(weights_dir) if weights_dir else Path(tempfile.mkdtemp(prefix="evolver-weights-"))
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompt_ids, "prompt_token_ids": prompt_ids,
+            "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "logprobs": 1, "return_tokens_as_token_ids": True, "skip_special_tokens": True,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        response = await self._client.post("/v1/completions", json=body)
+        if response.status_code != 200:
+            raise EndpointError(f"{self.base_url}/v1/completions -> {response.status_code}: {response.text[:300]}")
+        data = response.json()
+        choice = data["choices"][0]
+        ids, logprobs = _read_tokens(choice)
+        version = int(data.get("policy_version", choice.get("policy_version", self.policy_version)))
+        self.policy_version = max(self.policy_version, version)
+        return Generation(ids, logprobs, choice.get("text", ""), choice.get("finish_reason") or "stop", version)
+
+    async def load_weights(self, model: torch.nn.Module) -> int:
+        """Write the weights to a file and ask the server to load them (`POST /v1/weights`)."""
+        from safetensors.torch import save_file
+
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        path = self.weights_dir / "policy.safetensors"
+        tmp = path.with_suffix(".tmp")
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        # Tied weights share storage; safetensors refuses aliases, and the server re-ties them.
+        seen: dict[int, str] = {}
+        for name in list(state):
+            ptr = state[name].data_ptr()
+            if ptr in seen:
+                del state[name]
+            else:
+                seen[ptr] = name
+        await asyncio.to_thread(save_file, state, str(tmp))
+        os.replace(tmp, path)
+        response = await self._client.post("/v1/weights", json={"path": str(path)}, timeout=600)
+        if response.status_code != 200:
+            raise EndpointError(f"{self.base_url}/v1/weights -> {response.status_code}: {response.text[:300]}")
+        self.policy_version = int(response.json().get("policy_version", self.policy_version + 1))
+        return self.policy_version
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _read_tokens(choice: dict[str, Any]) -> tuple[list[int], list[float]]:
+    if "token_ids" in choice and choice["token_ids"] is not None:
+        ids = [int(t) for t in choice["token_ids"]]
+        logprobs = choice.get("token_logprobs")
+        if logprobs is None and isinstance(choice.get("logprobs"), dict):
+            logprobs = choice["logprobs"].get("token_logprobs")
+        return ids, [float(x) for x in (logprobs or [0.0] * len(ids))]
+    lp = choice.get("logprobs") or {}
+    tokens = lp.get("tokens")
+    if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens], [float(x) for x in lp.get("token_logprobs", [])]
+    raise EndpointError("the endpoint returned no token ids: it must support token-in/token-out "
+                        "(llm_server, or vLLM with return_tokens_as_token_ids); a chat-only API can only evaluate")

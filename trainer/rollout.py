@@ -1,0 +1,275 @@
+"""The agent loop: env create -> (generate -> step)* -> evaluate -> release, with exact tokens.
+
+`run_episode` drives one episode through a context template, given only a `generate(prompt_ids,
+sampling)` callable, so the same loop runs under the local trainer, evaluation, and a veRL
+AgentLoop. `collect_groups` runs many episodes concurrently (their generations batch in the
+policy), injects experience into round(n * eta) rollouts of each group with one retrieval per
+group, retries failed rollouts a bounded number of times, and drops a group that still misses
+rollouts whole (GRPO never sees a partial group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from loguru import logger
+from pydantic import Field
+
+from common.config import StrictModel
+from common.schemas import ChatMessage, Step, Task, Trajectory, new_id
+from trainer.policy import GenerateFn, Sampling
+from trainer.templates import Segment, make_template
+
+
+class RolloutConfig(StrictModel):
+    env: str = Field(min_length=1, description="environment name on the env service")
+    template: Literal["linear", "linear_think", "sliding_window", "self_managed"] = "linear"
+    template_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {window: 3}")
+    n: int = Field(default=8, ge=1, description="rollouts per task (one GRPO group)")
+    max_turns: int = Field(default=8, ge=1)
+    max_context: int = Field(default=2048, ge=16, description="tokens the policy may see, prompt included")
+    max_new_tokens: int = Field(default=128, ge=1, description="per turn")
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    experience_ratio: float = Field(default=0.0, ge=0, le=1, description="eta: share of a group given experience")
+    retries: int = Field(default=2, ge=0, description="extra attempts for a failed rollout")
+    concurrency: int = Field(default=32, ge=1, description="episodes in flight at once")
+    evaluate_params: dict[str, Any] = Field(default_factory=dict, description="params of the env evaluate call")
+
+
+class EnvAccess(Protocol):
+    async def create(self, env: str, task: Task) -> Any: ...
+    async def step(self, instance_id: str, action: str) -> Any: ...
+    async def evaluate(self, instance_id: str, params: dict[str, Any] | None = None) -> Any: ...
+    async def state(self, instance_id: str) -> dict[str, Any] | None: ...
+    async def release(self, instance_id: str) -> bool: ...
+
+
+class ExperienceSource(Protocol):
+    async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
+        """Experience text for a task query and the ids of the experiences in it (None: nothing relevant)."""
+
+
+class SyntheticGrader(Protocol):
+    async def grade(self, task: Task, state: dict[str, Any] | None, trajectory: Trajectory) -> float:
+        """Outcome in [0, 1] of a synthetic task, from the state snapshot read before release."""
+
+
+@dataclass
+class Rollout:
+    """One finished episode: the wire trajectory and its training segments (experience stripped)."""
+
+    trajectory: Trajectory
+    segments: list[Segment]
+    invalid_steps: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class GroupStats:
+    groups: int = 0
+    dropped_groups: int = 0
+    failed_attempts: int = 0
+    rollouts: int = 0
+    retrievals: int = 0
+
+
+class _GroupExperience:
+    """One retrieval per group, done by the first flagged rollout that knows the query."""
+
+    def __init__(self, source: ExperienceSource | None, stats: GroupStats) -> None:
+        self.source, self.stats = source, stats
+        self._lock = asyncio.Lock()
+        self._done = False
+        self._value: tuple[str, list[str]] | None = None
+
+    async def get(self, query: str) -> tuple[str, list[str]] | None:
+        async with self._lock:
+            if not self._done and self.source is not None:
+                self._value = await self.source.retrieve(query)
+                self.stats.retrievals += 1
+            self._done = True
+            return self._value
+
+
+def _is_invalid(info: dict[str, Any]) -> bool:
+    """Environments report malformed actions as `valid: False`, `invalid: True` or an `error` field."""
+    return info.get("valid") is False or bool(info.get("invalid")) or "error" in info
+
+
+def _align_logprobs(segments: Sequence[Segment], generated_logprobs: list[float]) -> list[float]:
+    """Per response token of the concatenated segments: the generating log-prob on policy tokens, else 0.
+
+    Each generated token is a mask-1 token of exactly one segment, in order, so a queue lines them up.
+    """
+    queue = iter(generated_logprobs)
+    return [next(queue, 0.0) if m else 0.0 for s in segments for m in s.loss_mask]
+
+
+async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenizer: Any, config: RolloutConfig, *,
+                      experience: _GroupExperience | None = None, group_id: str | None = None,
+                      seed: int | None = None, grader: SyntheticGrader | None = None,
+                      sampling: Sampling | None = None) -> Rollout:
+    """One episode. Raises on service or generation failures (the caller retries)."""
+    started = time.monotonic()
+    template = make_template(config.template, tokenizer, config.max_context, **config.template_options)
+    created = await env.create(config.env, task)
+    instance_id = created.instance_id
+    try:
+        messages = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in created.messages]
+        chat = [{"role": m.role, "content": m.text()} for m in messages]
+        exp_text, exp_ids = None, []
+        if experience is not None:
+            query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
+            got = await experience.get(query)
+            if got:
+                exp_text, exp_ids = got
+        template.start(chat, exp_text)
+        steps: list[Step] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        truncated, invalid, generated = False, 0, 0
+        base = sampling or Sampling(max_tokens=config.max_new_tokens, temperature=config.temperature,
+                                    top_p=config.top_p)
+        for turn in range(config.max_turns):
+            budget = template.budget()
+            if budget <= 0:
+                truncated = True
+                break
+            step_seed = None if seed is None else seed * 1000 + turn
+            out = await generate(template.generation_context(),
+                                 Sampling(max_tokens=min(base.max_tokens, budget), temperature=base.temperature,
+                                          top_p=base.top_p, seed=step_seed))
+            action = template.add_turn(turn, out.token_ids, out.text)
+            logprobs += out.logprobs
+            versions.append(out.policy_version)
+            generated += len(out.token_ids)
+            result = await env.step(instance_id, action)
+            invalid += int(_is_invalid(result.info))
+            steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
+                              observation=result.observation, reward=result.reward, done=result.done,
+                              info={**result.info, "finish_reason": out.finish_reason}))
+            if result.done:
+                template.add_observation(None)
+                break
+            template.add_observation(result.observation.text())
+        else:
+            truncated = True  # max turns reached without the environment ending the episode
+        trajectory_messages = messages + [m for s in steps for m in (s.action, s.observation) if m is not None]
+        trajectory = Trajectory(task_id=task.task_id, group_id=group_id, env_type=config.env,
+                                messages=trajectory_messages, steps=steps, truncated=truncated,
+                                used_experience=exp_text is not None, experience_ids=exp_ids,
+                                policy_version=min(versions) if versions else 0,
+                                metadata={"policy_versions": versions, "synthetic": task.synthetic})
+        if task.synthetic and grader is not None:
+            state = await env.state(instance_id)
+            trajectory.outcome = float(await grader.grade(task, state, trajectory))
+        else:
+            trajectory.outcome = float((await env.evaluate(instance_id, config.evaluate_params)).score)
+    finally:
+        try:
+            await env.release(instance_id)
+        except Exception as exc:  # the env service reaps it later; never mask the episode's own error
+            logger.warning("release of {} failed: {}", instance_id, exc)
+
+    segments = template.segments()
+    trajectory.prompt_ids = list(segments[0].prompt_ids) if segments else list(template.prompt_plain)
+    trajectory.response_ids = [t for s in segments for t in s.response_ids]
+    trajectory.loss_mask = [t for s in segments for t in s.loss_mask]
+    trajectory.step_ids = [t for s in segments for t in s.step_ids]
+    trajectory.logprobs = _align_logprobs(segments, logprobs)
+    trajectory.metadata["segments"] = len(segments)
+    trajectory.metadata["invalid_steps"] = invalid
+    return Rollout(trajectory, segments, invalid, generated, time.monotonic() - started)
+
+
+async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
+                         config: RolloutConfig, *, experience: ExperienceSource | None = None,
+                         grader: SyntheticGrader | None = None, seed: int = 0,
+                         stats: GroupStats | None = None, sampling: Sampling | None = None,
+                         n: int | None = None) -> list[list[Rollout]]:
+    """n rollouts per task, concurrently; returns the complete groups only (in task order)."""
+    stats = stats if stats is not None else GroupStats()
+    n = n or config.n
+    limit = asyncio.Semaphore(config.concurrency)
+    rng = random.Random(seed)
+
+    async def attempt(task: Task, group_id: str, group_exp: _GroupExperience | None, rollout_seed: int) -> Rollout:
+        last: BaseException | None = None
+        for tries in range(config.retries + 1):
+            async with limit:
+                try:
+                    return await run_episode(task, env, generate, tokenizer, config, experience=group_exp,
+                                             group_id=group_id, seed=rollout_seed + 7919 * tries, grader=grader,
+                                             sampling=sampling)
+                except Exception as exc:  # service down, timeout, engine failure: bounded retry
+                    last = exc
+                    stats.failed_attempts += 1
+                    logger.warning("rollout of {} failed (attempt {}/{}): {}", task.task_id, tries + 1,
+                                   config.retries + 1, exc)
+        assert last is not None
+        raise last
+
+    async def group(task: Task) -> list[Rollout] | None:
+        group_id = new_id("grp")
+        shared = _GroupExperience(experience, stats) if experience is not None else None
+        flagged = round(n * config.experience_ratio) if experience is not None else 0
+        seeds = [rng.randrange(2**31) for _ in range(n)]
+        results = await asyncio.gather(
+            *(attempt(task, group_id, shared if i < flagged else None, seeds[i]) for i in range(n)),
+            return_exceptions=True)
+        stats.groups += 1
+        if any(isinstance(r, BaseException) for r in results):
+            stats.dropped_groups += 1
+            logger.warning("dropping group of task {}: {} of {} rollouts failed", task.task_id,
+                           sum(isinstance(r, BaseException) for r in results), n)
+            return None
+        stats.rollouts += n
+        return list(results)  # type: ignore[arg-type]
+
+    groups = await asyncio.gather(*(group(t) for t in tasks))
+    return [g for g in groups if g is not None]
+
+
+@dataclass
+class EvalSummary:
+    avg_at_k: float
+    best_at_k: float
+    invalid_action_rate: float
+    tasks: int
+    k: int
+    per_task: dict[str, list[float]] = field(default_factory=dict)
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        return {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
+                f"{prefix}/invalid_action_rate": self.invalid_action_rate, f"{prefix}/tasks": float(self.tasks)}
+
+
+async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
+                          config: RolloutConfig, *, k: int = 1, greedy: bool = True, seed: int = 0,
+                          success_threshold: float = 1.0) -> EvalSummary:
+    """avg@k (mean success over k samples per task) and best@k (a task counts if any sample succeeds),
+    with the invalid-action rate beside them so format fixes are not mistaken for skill."""
+    sampling = Sampling(max_tokens=config.max_new_tokens, temperature=0.0 if greedy else config.temperature,
+                        top_p=config.top_p)
+    eval_config = config.model_copy(update={"experience_ratio": 0.0})
+    groups = await collect_groups(tasks, env, generate, tokenizer, eval_config, seed=seed, sampling=sampling, n=k)
+    per_task: dict[str, list[float]] = {}
+    steps = invalid = 0
+    for g in groups:
+        for r in g:
+            per_task.setdefault(r.trajectory.task_id, []).append(float(r.trajectory.outcome or 0.0))
+            steps += len(r.trajectory.steps)
+            invalid += r.invalid_steps
+    if not per_task:
+        return EvalSummary(0.0, 0.0, 0.0, 0, k)
+    success = {t: [float(s >= success_threshold) for s in v] for t, v in per_task.items()}
+    avg = sum(sum(v) / len(v) for v in success.values()) / len(success)
+    best = sum(max(v) for v in success.values()) / len(success)
+    return EvalSummary(avg, best, invalid / max(steps, 1), len(success), k, per_task)
