@@ -1,0 +1,267 @@
+"""The agent loop against a real env service over HTTP, with the tiny model behind the batching engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from common.models import load_model
+from common.schemas import Task
+from tests.helpers import run_service
+from trainer.loss import PolicyLossConfig, policy_loss
+from trainer.peers import EnvPeer
+from trainer.policy import InProcessPolicy, Sampling
+from trainer.rollout import GroupStats, RolloutConfig, collect_groups, run_episode
+from trainer.templates import EXP_OPEN
+from trainer.update import OptimConfig, PolicyUpdater, TrainSample, collate, response_logprobs
+
+ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
+
+
+@pytest.fixture(scope="module")
+def env_url(tmp_path_factory):
+    conf = tmp_path_factory.mktemp("env") / "env.yaml"
+    conf.write_text(ENV_YAML)
+    with run_service("env_service", ["--conf", str(conf)]) as service:
+        yield service.url
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return load_model("tiny")
+
+
+class RecordingPolicy:
+    """The real in-process policy; remembers every context it was asked to continue."""
+
+    def __init__(self, model, tokenizer, fail_when=None):
+        self.inner = InProcessPolicy(model, tokenizer, max_batch=64, threads=1)
+        self.contexts: list[list[int]] = []
+        self.outputs: list[list[int]] = []
+        self.fail_when = fail_when
+
+    async def generate(self, prompt_ids, sampling):
+        if self.fail_when is not None and self.fail_when(prompt_ids):
+            raise RuntimeError("injected generation failure")
+        out = await self.inner.generate(prompt_ids, sampling)
+        self.contexts.append(list(prompt_ids))
+        self.outputs.append(list(out.token_ids))
+        return out
+
+
+class FixedExperience:
+    """Stands in for the experience manager's retrieval (its client is a separate component)."""
+
+    def __init__(self, text):
+        self.text, self.queries = text, []
+
+    async def retrieve(self, query):
+        self.queries.append(query)
+        return self.text, ["exp_1"]
+
+
+def config(**kw):
+    base = dict(env="signal", n=4, max_turns=4, max_new_tokens=3, max_context=256, retries=1)
+    return RolloutConfig(**{**base, **kw})
+
+
+async def _with_env(env_url, fn):
+    env = EnvPeer(env_url)
+    try:
+        return await fn(env)
+    finally:
+        await env.aclose()
+
+
+def test_episode_keeps_exact_tokens_masks_and_step_ids(env_url, tiny):
+    model, tok = tiny
+    policy = RecordingPolicy(model, tok)
+
+    async def go(env):
+        task = Task(task_id="signal-train-0000", env_type="signal")
+        return await run_episode(task, env, policy.generate, tok, config(), seed=3)
+
+    rollout = asyncio.run(_with_env(env_url, go))
+    asyncio.run(policy.inner.aclose())
+    traj = rollout.trajectory
+    assert len(traj.steps) == 2 and traj.steps[-1].done and not traj.truncated
+    assert traj.outcome in (0.0, 1.0)
+    # Generated ids, in order, are exactly the mask-1 tokens: nothing was re-tokenized.
+    generated = [t for out in policy.outputs for t in out]
+    assert [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m] == generated
+    # Step ids: turn 0's tokens (its generation and the observation after it) are 0, then 1.
+    first = len(policy.outputs[0])
+    assert traj.step_ids[:first] == [0] * first
+    assert set(traj.step_ids) == {0, 1}
+    obs_tokens = [i for i, m in enumerate(traj.loss_mask) if not m]
+    assert obs_tokens and traj.step_ids[obs_tokens[0]] == 0 and traj.step_ids[-1] == 1
+    # The observation ("... The signal is <word>") appears in the response with mask 0.
+    signal_word = traj.steps[0].observation.text().split()[-1]
+    word_id = tok.encode(" " + signal_word, add_special_tokens=False)
+    masked = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if not m]
+    assert all(w in masked for w in word_id)
+    # The second generation continued from prompt + first turn + observation, token for token.
+    assert policy.contexts[1] == traj.prompt_ids + traj.response_ids[:len(policy.contexts[1]) - len(traj.prompt_ids)]
+    assert len(traj.logprobs) == len(traj.response_ids)
+    assert traj.policy_version == 0
+
+
+def test_observation_tokens_get_zero_gradient(env_url, tiny):
+    model, tok = tiny
+    policy = RecordingPolicy(model, tok)
+
+    async def go(env):
+        return await run_episode(Task(task_id="signal-train-0001", env_type="signal"), env, policy.generate, tok,
+                                 config(), seed=5)
+
+    rollout = asyncio.run(_with_env(env_url, go))
+    asyncio.run(policy.inner.aclose())
+    [seg] = rollout.segments
+    sample = TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask, [1.0] * len(seg.response_ids))
+    batch = collate([sample], pad_id=0, device=torch.device("cpu"))
+    logp, _ = response_logprobs(model, batch)
+    loss, _ = policy_loss(logp, logp.detach(), batch.advantages, batch.mask, None, PolicyLossConfig())
+    # d loss / d logp: what each response token's log-prob contributes to the update.
+    grad_logp = torch.autograd.grad(loss, logp)[0][0]
+    mask = torch.tensor(seg.loss_mask, dtype=torch.bool)
+    assert torch.all(grad_logp[~mask] == 0) and torch.all(grad_logp[mask] != 0)
+
+
+def test_old_logprobs_on_the_training_context_match_the_generator(env_url, tiny):
+    model, tok = tiny
+    policy = RecordingPolicy(model, tok)
+
+    async def go(env):
+        tasks = [Task(task_id=f"signal-train-{i:04d}", env_type="signal") for i in range(2)]
+        return await collect_groups(tasks, env, policy.generate, tok, config(n=2), seed=1)
+
+    groups = asyncio.run(_with_env(env_url, go))
+    asyncio.run(policy.inner.aclose())
+    for rollout in (r for g in groups for r in g):
+        traj = rollout.trajectory
+        sample = TrainSample(traj.prompt_ids, traj.response_ids, traj.loss_mask, [0.0] * len(traj.response_ids))
+        with torch.no_grad():
+            logp, _ = response_logprobs(model, collate([sample], 0, torch.device("cpu")))
+        mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+        assert torch.allclose(logp[0][mask], torch.tensor(traj.logprobs)[mask], atol=1e-3)
+
+
+def test_experience_goes_to_round_n_eta_rollouts_with_one_retrieval_and_is_stripped(env_url, tiny):
+    model, tok = tiny
+    policy = RecordingPolicy(model, tok)
+    source = FixedExperience("Remember the last word you are shown.")
+    stats = GroupStats()
+
+    async def go(env):
+        tasks = [Task(task_id=f"signal-train-{i:04d}", env_type="signal") for i in range(2)]
+        return await collect_groups(tasks, env, policy.generate, tok, config(n=4, experience_ratio=0.5),
+                                    experience=source, stats=stats, seed=2)
+
+    groups = asyncio.run(_with_env(env_url, go))
+    asyncio.run(policy.inner.aclose())
+    assert stats.retrievals == 2 and len(source.queries) == 2  # one retrieval per group
+    assert "answer with its word" in source.queries[0]  # the task's own query text
+    exp_ids = tok.encode(EXP_OPEN, add_special_tokens=False)
+    for group in groups:
+        assert [r.trajectory.used_experience for r in group].count(True) == round(4 * 0.5)
+        for r in group:
+            text = tok.decode(r.trajectory.prompt_ids + r.trajectory.response_ids)
+            assert "Remember the last word" not in text and EXP_OPEN not in text
+    # The policy did see the experience for exactly the flagged rollouts' turns.
+    seen = [c for c in policy.contexts if _contains(c, exp_ids)]
+    assert len(seen) == 2 * 2 * 2  # 2 groups x 2 flagged rollouts x 2 turns
+    # And the generated ids of a flagged rollout are reused unchanged in its stripped sample.
+    flagged = next(r for g in groups for r in g if r.trajectory.used_experience)
+    assert flagged.trajectory.experience_ids == ["exp_1"]
+    sample_generated = [t for t, m in zip(flagged.trajectory.response_ids, flagged.trajectory.loss_mask, strict=True)
+                        if m]
+    assert _contains_run(policy.outputs, sample_generated)
+
+
+def _contains(seq, sub):
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def _contains_run(outputs, generated):
+    return any(outputs[i] + outputs[i + 1] == generated for i in range(len(outputs) - 1)) or \
+        any(a + b == generated for a in outputs for b in outputs)
+
+
+def test_failed_rollouts_are_retried_then_their_group_is_dropped_whole(env_url, tiny):
+    model, tok = tiny
+    flaky = {"left": 1}
+
+    def fail_when(_prompt):
+        if flaky["left"] > 0:  # the first generation fails once: a retry recovers it
+            flaky["left"] -= 1
+            return True
+        return False
+
+    policy = RecordingPolicy(model, tok, fail_when=fail_when)
+    stats = GroupStats()
+    doomed = "signal-train-0002"
+
+    class BrokenForOneTask(EnvPeer):
+        async def create(self, env, task):
+            if task.task_id == doomed:
+                raise ConnectionError("environment unavailable for this task")
+            return await super().create(env, task)
+
+    async def go():
+        env = BrokenForOneTask(env_url)
+        try:
+            tasks = [Task(task_id=f"signal-train-{i:04d}", env_type="signal") for i in range(3)]
+            return await collect_groups(tasks, env, policy.generate, tok, config(n=3, retries=2), stats=stats)
+        finally:
+            await env.aclose()
+
+    groups = asyncio.run(go())
+    asyncio.run(policy.inner.aclose())
+    assert [g[0].trajectory.task_id for g in groups] == ["signal-train-0000", "signal-train-0001"]
+    assert all(len(g) == 3 for g in groups)
+    assert stats.dropped_groups == 1 and stats.groups == 3
+    assert stats.failed_attempts == 1 + 3 * 3  # one flaky generation + 3 rollouts x 3 attempts on the doomed task
+
+
+def test_max_context_and_max_turns_end_cleanly_with_truncated(env_url, tiny):
+    model, tok = tiny
+    policy = RecordingPolicy(model, tok)
+
+    async def go(env):
+        task = Task(task_id="signal-train-0003", env_type="signal")
+        # The prompt alone is ~50 tokens: a 60-token context leaves room for the first turn only.
+        short = await run_episode(task, env, policy.generate, tok, config(max_context=60, max_new_tokens=8),
+                                  seed=1, sampling=Sampling(max_tokens=8, temperature=1.0))
+        one_turn = await run_episode(task, env, policy.generate, tok, config(max_turns=1), seed=1)
+        return short, one_turn
+
+    short, one_turn = asyncio.run(_with_env(env_url, go))
+    asyncio.run(policy.inner.aclose())
+    assert short.trajectory.truncated and len(short.trajectory.steps) < 2
+    assert len(short.trajectory.prompt_ids) + len(short.trajectory.response_ids) <= 60 + 20  # + closing glue
+    assert one_turn.trajectory.truncated and len(one_turn.trajectory.steps) == 1
+    assert one_turn.trajectory.outcome == 0.0  # evaluated: the question was never answered
+
+
+def test_updater_runs_minibatches_and_moves_the_policy(tiny):
+    model, tok = tiny
+    import copy
+
+    trainable = copy.deepcopy(model)
+    updater = PolicyUpdater(trainable, OptimConfig(lr=1e-2, epochs=2, minibatches=2, micro_batch_size=1),
+                            PolicyLossConfig(entropy_coef=0.01), pad_id=0, total_updates=1)
+    prompt = tok.encode("<|im_start|>user\ngo<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    left, right = tok.encode("left", add_special_tokens=False), tok.encode("right", add_special_tokens=False)
+    samples = [TrainSample(prompt, left, [1] * len(left), [1.0] * len(left)),
+               TrainSample(prompt, right, [1] * len(right), [-1.0] * len(right), flagged=True)] * 2
+    with torch.no_grad():
+        before = response_logprobs(trainable, collate(samples[:1], 0, torch.device("cpu")))[0][0, 0]
+    metrics = updater.update(samples)
+    with torch.no_grad():
+        after = response_logprobs(trainable, collate(samples[:1], 0, torch.device("cpu")))[0][0, 0]
+    assert metrics["update/optimizer_steps"] == 4.0  # 2 epochs x 2 minibatches
+    assert "update/clip_frac_flagged" in metrics and "update/entropy" in metrics
+    assert after > before  # the positive-advantage answer became more likely
