@@ -53,8 +53,9 @@ def test_tiny_builds_deterministically_in_fresh_caches(tmp_path: Path, monkeypat
 def test_builds_abandoned_by_dead_processes_are_cleaned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
 
-    dead_pid = subprocess.Popen(["true"]).pid
-    os.waitpid(dead_pid, 0)
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead_pid = finished.pid
     monkeypatch.setenv("EVOLVER_CACHE_DIR", str(tmp_path))
     leftover = tmp_path / "models" / f".tiny-llama-v1.tmp-{dead_pid}-0123abcd"
     mine = tmp_path / "models" / f".tiny-llama-v1.tmp-{os.getpid()}-0123abcd"  # a live builder's
