@@ -1,0 +1,123 @@
+"""`python -m trainer --conf FILE` against a real env service: checkpoints, kill and resume, Ray actor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, run_service
+
+ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
+
+
+def trainer_yaml(out: Path, env_url: str, *, steps: int, ray: bool = False, resume: bool = False,
+                 export: Path | None = None) -> str:
+    return f"""
+trainer:
+  model: tiny
+  seed: 3
+  steps: {steps}
+  tasks_per_step: 2
+  output_dir: {out}
+  resume: {str(resume).lower()}
+  torch_threads: 1
+  progress: false
+  export_dir: {export if export else 'null'}
+  rollout: {{env: signal, n: 2, max_turns: 2, max_new_tokens: 2, max_context: 256}}
+  optim: {{lr: 0.001, minibatches: 2, micro_batch_size: 2}}
+  services: {{env_url: "{env_url}"}}
+  eval: {{before: false, after: {str(ray).lower()}, tasks: 4}}
+  checkpoint: {{every: 2, keep: 3}}
+  ray: {{enabled: {str(ray).lower()}, dashboard: false, num_cpus: 0}}
+"""
+
+
+@pytest.fixture(scope="module")
+def env_url(tmp_path_factory):
+    conf = tmp_path_factory.mktemp("env") / "env.yaml"
+    conf.write_text(ENV_YAML)
+    with run_service("env_service", ["--conf", str(conf)]) as service:
+        yield service.url
+
+
+def start(conf: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO, env=env,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def batches(out: Path) -> dict[int, dict]:
+    """The last record of each step (a killed run may have logged a step it then redid)."""
+    records = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in records}
+
+
+def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_path):
+    straight = tmp_path / "straight"
+    conf = tmp_path / "straight.yaml"
+    conf.write_text(trainer_yaml(straight, env_url, steps=5))
+    proc = start(conf, tmp_path / "straight.log")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+
+    killed = tmp_path / "killed"
+    conf = tmp_path / "killed.yaml"
+    conf.write_text(trainer_yaml(killed, env_url, steps=5))
+    proc = start(conf, tmp_path / "killed.log")
+    deadline = time.monotonic() + 240
+    while not (killed / "checkpoints" / "step_000002.pt").exists():
+        assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    checkpoint_step = int((killed / "checkpoints" / "latest").read_text().strip()[5:11])
+    assert checkpoint_step in (2, 4)
+
+    conf = tmp_path / "resume.yaml"
+    conf.write_text(trainer_yaml(killed, env_url, steps=5, resume=True))
+    proc = start(conf, tmp_path / "resume.log")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    log = (tmp_path / "resume.log").read_text()
+    assert f"at step {checkpoint_step} " in log
+    expected, got = batches(straight), batches(killed)
+    assert sorted(got) == [1, 2, 3, 4, 5]
+    # The resumed run continued from the saved data cursor: the same tasks as the uninterrupted run.
+    for step in range(checkpoint_step + 1, 6):
+        assert got[step]["task_ids"] == expected[step]["task_ids"]
+        assert got[step]["cursor"] == expected[step]["cursor"]
+    steps_logged = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert steps_logged[-1] == 5
+
+
+def test_trainer_runs_as_a_ray_actor_and_exports(env_url, tmp_path):
+    out, export = tmp_path / "ray", tmp_path / "export"
+    conf = tmp_path / "ray.yaml"
+    conf.write_text(trainer_yaml(out, env_url, steps=2, ray=True, export=export))
+    log = tmp_path / "ray.log"
+    proc = start(conf, log)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Ray actor TrainerActor" in text
+    summary = json.loads(text.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["dropped_groups"] == 0
+    assert (out / "learning_curves.png").stat().st_size > 0
+    assert list((out / "tensorboard").iterdir())
+    assert (export / "config.json").is_file()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/avg@1" in records[-1] and "eval/invalid_action_rate" in records[-1]
+
+
+def test_bad_config_names_the_key(tmp_path):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("trainer:\n  stpes: 3\n  rollout: {env: signal}\n  services: {env_url: 'http://x'}\n")
+    result = subprocess.run([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "trainer.stpes: unknown key" in result.stderr
