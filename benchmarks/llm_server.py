@@ -1,6 +1,7 @@
 """Throughput of `llm_server`: tokens/s for 1 and for N concurrent chat requests, plus batching counters.
 
-    python benchmarks/llm_server.py [--model smollm2] [--max-tokens 64] [--concurrency 8] [--url URL]
+    python benchmarks/llm_server.py [--model smollm2] [--max-tokens 64] [--concurrency 8] [--dtype float32]
+                                    [--url URL]
 
 Starts `python -m llm_server` on a free 127.0.0.1 port (unless --url is given), warms it up, then
 sends one request alone and N at once (greedy, `max_tokens` each; the prompts ask for long answers
@@ -40,12 +41,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(model: str, max_batch: int) -> tuple[subprocess.Popen, str, Path]:
+def _start_server(model: str, max_batch: int, dtype: str) -> tuple[subprocess.Popen, str, Path]:
     port = _free_port()
     log = Path(tempfile.gettempdir()) / f"llm_server-bench-{port}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "llm_server", "--port", str(port), "--model", model,
-                                 "--max-batch", str(max_batch)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                 "--max-batch", str(max_batch), "--dtype", dtype], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -100,14 +101,16 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--url", default=None, help="measure a running server instead of starting one")
     args = parser.parse_args()
     proc = None
     url = args.url
     if url is None:
-        proc, url, _ = _start_server(args.model, max(8, args.concurrency))
+        proc, url, _ = _start_server(args.model, max(8, args.concurrency), args.dtype)
     try:
         result = asyncio.run(_measure(url.removesuffix("/v1"), args.model, args.max_tokens, args.concurrency))
+        result["dtype"] = args.dtype if args.url is None else "unknown (--url)"
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGTERM)
