@@ -132,11 +132,27 @@ class Engine:
     # ---- called from other threads -------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if self._closed:
+        problem = self._invalid(prompt_ids, params)
+        if problem:  # refused here: inside a batch it would fail every row sharing the forward pass
+            future.set_exception(problem)
+        elif self._closed:
             future.set_exception(EngineClosed("the engine is shut down"))
-            return future
-        self._inbox.put(_Job(list(prompt_ids), params, future))
+        else:
+            self._inbox.put(_Job(list(prompt_ids), params, future))
         return future
+
+    def _invalid(self, prompt_ids: list[int], params: SamplingParams) -> Exception | None:
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if not prompt_ids or any(not 0 <= t < vocab for t in prompt_ids):
+            return ValueError(f"prompt token ids must be a non-empty list of ids in [0, {vocab})")
+        if not 1 <= params.n <= self.max_batch:
+            return ValueError(f"n={params.n} must be between 1 and the max batch {self.max_batch}")
+        if params.max_tokens < 1 or len(prompt_ids) + params.max_tokens > self.context_length:
+            return ValueError(f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) must fit the "
+                              f"context of {self.context_length} tokens")
+        if not 0 <= params.top_logprobs <= vocab:
+            return ValueError(f"top_logprobs must be in [0, {vocab}]")
+        return None
 
     def update_weights(self, tensors: dict[str, torch.Tensor], version: int | None = None) -> concurrent.futures.Future:
         """Swap in `tensors` (already checked by `check_state_dict`) once running rows finish."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import re
 import time
 from collections.abc import Iterator
 
@@ -156,3 +157,16 @@ def test_prefill_groups_respect_the_token_budget() -> None:
     assert [[len(j.prompt_ids) for j in g] for g in groups] == [[10, 12], [30], [50], [200]]
     assert all(max(len(j.prompt_ids) for j in g) * len(g) <= 64 or len(g) == 1 for g in groups)
     assert sum(len(g) for g in groups) == len(jobs)
+
+
+def test_engine_refuses_requests_that_would_break_a_batch(engine: Engine) -> None:
+    prompt = _prompts(engine)[0]
+    for ids, params, fragment in [
+        ([], SamplingParams(max_tokens=1), "non-empty"),
+        ([1, 10**6], SamplingParams(max_tokens=1), "ids in [0, 1024)"),
+        (prompt, SamplingParams(max_tokens=1, n=9), "max batch 8"),
+        (prompt, SamplingParams(max_tokens=5000), "context of 2048"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            engine.submit(ids, params).result(timeout=TIMEOUT)
+    assert engine.submit(prompt, SamplingParams(max_tokens=2)).result(timeout=TIMEOUT).completions
