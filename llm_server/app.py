@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.service import ServiceError, create_app
-from llm_server.engine import Completion, Engine, GenerationResult, SamplingParams
+from llm_server.engine import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
 from llm_server.protocol import (
     ROLES,
     ChatCompletionRequest,
@@ -236,7 +236,12 @@ async def _generate(served: ServedModel, request: _SamplingFields, prompt_ids: l
     params = SamplingParams(max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
                             stop=request.stop_strings(), stop_token_ids=stop_ids, seed=request.seed,
                             top_logprobs=top_logprobs, n=request.n)
-    return await asyncio.wrap_future(served.engine.submit(prompt_ids, params))
+    try:
+        return await asyncio.wrap_future(served.engine.submit(prompt_ids, params))
+    except ValueError as exc:
+        raise ServiceError(400, "invalid_request", str(exc)) from None
+    except EngineClosed:
+        raise ServiceError(503, "shutting_down", "the model server is shutting down; retry elsewhere") from None
 
 
 # ---- responses ----------------------------------------------------------------------------------
