@@ -121,7 +121,7 @@ class Engine:
         self.stats = EngineStats()
         self._inbox: queue.Queue[_Job | _WeightUpdate | None] = queue.Queue()
         self._pending: deque[_Job] = deque()
-        self._update: _WeightUpdate | None = None
+        self._updates: list[_WeightUpdate] = []  # applied in order once the running rows finish
         self._rows: list[_Row] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [rows, cache length], 1 where a real token is cached
@@ -200,8 +200,8 @@ class Engine:
             while not self._closed:
                 try:
                     self._collect()
-                    if self._update is not None and not self._rows:
-                        self._apply_update()
+                    if self._updates and not self._rows:
+                        self._apply_updates()
                     for group in _prefill_groups(self._admit(), self.prefill_token_budget):
                         self._prefill(group)
                     if self._rows:
@@ -214,7 +214,7 @@ class Engine:
 
     def _collect(self) -> None:
         """Move new jobs from the inbox; when idle, block, then wait a short window for company."""
-        idle = not self._rows and not self._pending and self._update is None
+        idle = not self._rows and not self._pending and not self._updates
         if idle:
             item = self._inbox.get()
             self._accept(item)
@@ -237,14 +237,12 @@ class Engine:
         if item is None:
             self._closed = True
         elif isinstance(item, _WeightUpdate):
-            if self._update is not None:  # a newer update supersedes one not applied yet
-                _resolve(self._update.future, self.policy_version)
-            self._update = item
+            self._updates.append(item)
         else:
             self._pending.append(item)
 
     def _admit(self) -> list[_Job]:
-        if self._update is not None:  # drain first: no job straddles two policy versions
+        if self._updates:  # drain first: no job straddles two policy versions
             return []
         admitted: list[_Job] = []
         free = self.max_batch - len(self._rows)
@@ -256,16 +254,16 @@ class Engine:
             free -= job.params.n
         return admitted
 
-    def _apply_update(self) -> None:
-        update, self._update = self._update, None
-        assert update is not None
+    def _apply_updates(self) -> None:
         own = self.model.state_dict()
-        for name, tensor in update.tensors.items():
-            own[name].copy_(tensor.to(own[name].dtype))
-        self.policy_version = update.version if update.version is not None else self.policy_version + 1
-        self.stats.weight_updates += 1
-        logger.info("weights updated: policy version {}", self.policy_version)
-        _resolve(update.future, self.policy_version)
+        while self._updates:
+            update = self._updates.pop(0)
+            for name, tensor in update.tensors.items():
+                own[name].copy_(tensor.to(own[name].dtype))
+            self.policy_version = update.version if update.version is not None else self.policy_version + 1
+            self.stats.weight_updates += 1
+            logger.info("weights updated: policy version {}", self.policy_version)
+            _resolve(update.future, self.policy_version)
 
     def _prefill(self, jobs: list[_Job]) -> None:
         """One forward over the new prompts (one row per job), then n rows per job join the batch."""
@@ -405,6 +403,9 @@ class Engine:
         self._rows, self._cache, self._mask = [], None, None
         self._pending.clear()
         if self._closed:
+            for update in self._updates:
+                _resolve(update.future, EngineClosed("the engine is shut down"))
+            self._updates.clear()
             while True:
                 try:
                     item = self._inbox.get_nowait()
