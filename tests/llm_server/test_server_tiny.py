@@ -177,3 +177,16 @@ def test_unknown_model_spec_fails_at_start() -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "not `smollm2`, `tiny` or an existing local HF directory" in done.stderr
+
+
+async def test_common_llm_client_gets_token_ids(tiny_server: ServiceProcess) -> None:
+    from common.llm import LLMClient, LLMRoleConfig
+
+    client = LLMClient("explorer", LLMRoleConfig(base_url=f"{tiny_server.url}/v1", model="tiny", max_tokens=4))
+    try:
+        result = await client.chat(PROMPT, temperature=0.5, seed=2, n=2)
+    finally:
+        await client.aclose()
+    assert len(result.texts) == 2 and result.prompt_token_ids == _greedy(tiny_server)["prompt_token_ids"]
+    assert [len(ids) for ids in result.completion_token_ids] == [len(lps) for lps in result.completion_logprobs]
+    assert result.completion_tokens == sum(len(ids) for ids in result.completion_token_ids)
