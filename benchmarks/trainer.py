@@ -78,7 +78,7 @@ def main() -> None:
     shares = {name: round(sum(h[key] for h in steps) / total, 3) for name, key in
               (("rollout", "time/rollout_s"), ("update", "time/update_s"), ("weight_sync", "time/weight_sync_s"))}
     shares["judge"] = 0.0  # no judge in this run (grpo needs no step labels)
-    shares["waiting"] = round(1.0 - sum(shares.values()), 3)
+    shares["waiting"] = max(0.0, round(1.0 - sum(shares.values()), 3))  # env/HTTP time outside the timed parts
     print(json.dumps({
         "benchmark": "trainer", "model": args.model, "tasks_per_step": args.tasks, "n": args.n,
         "max_new_tokens": args.max_new_tokens,
