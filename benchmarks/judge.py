@@ -117,8 +117,8 @@ def items(count: int) -> tuple[list[JudgeTrajectory], list[list[str]]]:
     return trajs, intended
 
 
-async def judge_all(url: str, trajs: list[JudgeTrajectory]):
-    async with JudgeClient(url) as client:
+async def judge_all(url: str, trajs: list[JudgeTrajectory], timeout: float):
+    async with JudgeClient(url, timeout=timeout) as client:
         response = await client.judge(trajs)
         return response, await client.stats()
 
@@ -128,7 +128,11 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="llm_server model (smollm2 or tiny)")
     parser.add_argument("--llm-url", default=None, help="use a running OpenAI-compatible server (…/v1)")
     parser.add_argument("--trajectories", type=int, default=8)
+    parser.add_argument("--max-tokens-per-step", type=int, default=64)
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds one LLM call may take")
     args = parser.parse_args()
+    # A SIGTERM unwinds through the `finally` blocks, so the services started here are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
     with ExitStack() as stack:
@@ -136,12 +140,12 @@ def main() -> None:
             service("llm_server", ["--model", args.model], work / "llm_server.log")) + "/v1"
         conf = work / "run.yaml"
         conf.write_text(json.dumps({"judge": {
-            "llm": {"base_url": llm_url, "model": args.model, "max_retries": 1, "timeout": 600},
-            "audit_log": str(work / "audit.jsonl")}}))
+            "llm": {"base_url": llm_url, "model": args.model, "max_retries": 0, "timeout": args.timeout},
+            "max_tokens_per_step": args.max_tokens_per_step, "audit_log": str(work / "audit.jsonl")}}))
         judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work / "judge.log"))
         trajs, intended = items(args.trajectories)
         start = time.perf_counter()
-        response, stats = asyncio.run(judge_all(judge_url, trajs))
+        response, stats = asyncio.run(judge_all(judge_url, trajs, 3 * args.timeout))
         wall = time.perf_counter() - start
 
     parsed_agree = parsed_total = 0
@@ -154,6 +158,7 @@ def main() -> None:
     steps = sum(len(t.steps) for t in trajs)
     print(json.dumps({
         "benchmark": "judge", "model": args.model, "trajectories": len(trajs), "steps": steps,
+        "max_tokens_per_step": args.max_tokens_per_step,
         "raw_parse_rate": round(response.raw_parse_rate, 4),
         "fallback_rate": round(response.fallback_count / len(trajs), 4),
         "filled_steps": sum(len(j.filled_steps) for j in response.judgments),

@@ -16,9 +16,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_server.__main__") 
 
 def judge_conf(tmp_path, llm_url: str, model: str) -> str:
     conf = tmp_path / "run.yaml"
+    # Short generations keep the CPU test quick: two lines per step fit in 40 tokens.
     conf.write_text(json.dumps({"judge": {
-        "llm": {"base_url": llm_url + "/v1", "model": model, "max_retries": 0, "timeout": 300},
-        "audit_log": str(tmp_path / "audit.jsonl"), "max_tokens_per_step": 64}}))
+        "llm": {"base_url": llm_url + "/v1", "model": model, "max_retries": 0, "timeout": 600},
+        "audit_log": str(tmp_path / "audit.jsonl"), "max_tokens_per_step": 40}}))
     return str(conf)
 
 
