@@ -7,6 +7,7 @@ import os
 # Before torch loads OpenMP: spinning worker threads make a shared, oversubscribed CPU crawl
 # (measured: SmolLM2 at 2 tok/s instead of 18 with 2 threads while other processes ran).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local files only, never a hub
 
 import argparse  # noqa: E402
 import sys  # noqa: E402

@@ -34,6 +34,7 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -52,6 +53,9 @@ class _SamplingFields(BaseModel):
             problems.append("frequency_penalty (only 0 is supported)")
         if self.logit_bias:
             problems.append("logit_bias (not supported)")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            problems.append(f"response_format {self.response_format.get('type')!r} (only text; ask for JSON in "
+                            "the prompt and parse it)")
         return problems
 
 
