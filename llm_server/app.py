@@ -4,20 +4,16 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from fastapi import FastAPI
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.service import ServiceError, create_app
 from llm_server.engine import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
+from llm_server.metrics import EngineCollector
 from llm_server.protocol import (
     ROLES,
     ChatCompletionRequest,
@@ -29,8 +25,8 @@ from llm_server.protocol import (
     _SamplingFields,
 )
 from llm_server.settings import LLMServerSettings
-
-TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+from llm_server.tools import parse_tool_calls
+from llm_server.weights import read_state_dict
 
 
 class ServedModel:
@@ -47,7 +43,7 @@ def build_app(served: ServedModel) -> FastAPI:
     app = create_app("llm_server", description="OpenAI-compatible transformers model server (CPU), with token ids",
                       max_body_bytes=served.settings.max_body_bytes)
     app.state.served = served
-    app.state.metrics_registry.register(_EngineCollector(served.engine))
+    app.state.metrics_registry.register(EngineCollector(served.engine))
 
     @app.get("/v1/models", tags=["openai"])
     async def models() -> dict:
@@ -100,7 +96,7 @@ def build_app(served: ServedModel) -> FastAPI:
 
     @app.post("/v1/weights", tags=["trainer"], response_model=WeightUpdateResponse)
     async def update_weights(request: WeightUpdateRequest) -> WeightUpdateResponse:
-        tensors = await asyncio.to_thread(_read_state_dict, Path(request.path).expanduser())
+        tensors = await asyncio.to_thread(read_state_dict, Path(request.path).expanduser())
         try:
             await asyncio.to_thread(served.engine.check_state_dict, tensors)
         except ValueError as exc:
@@ -301,88 +297,3 @@ def _completion_choice(served: ServedModel, index: int, completion: Completion, 
             if completion.top_logprobs else None,
         }
     return choice
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
-    """Hermes-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks -> OpenAI tool_calls.
-
-    Blocks that are not valid JSON with a string `name` stay in the content.
-    """
-    calls: list[dict] = []
-    kept: list[str] = []
-    last = 0
-    for match in TOOL_CALL.finditer(text):
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            continue
-        arguments = payload.get("arguments", {})
-        kept.append(text[last:match.start()])
-        last = match.end()
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": payload["name"],
-                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
-    kept.append(text[last:])
-    return "".join(kept).strip(), calls
-
-
-# ---- weights --------------------------------------------------------------------------------
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors from an HF directory (all *.safetensors in it) or one .safetensors/.pt/.bin file."""
-    from safetensors.torch import load_file
-
-    if path.is_dir():
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise ServiceError(400, "weights_not_found", f"{path} holds no *.safetensors files")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise ServiceError(400, "weights_not_found", f"{path} does not exist")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            if file.suffix == ".safetensors":
-                tensors.update(load_file(str(file), device="cpu"))
-            else:
-                loaded = torch.load(str(file), map_location="cpu", weights_only=True)
-                if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-                    raise ServiceError(400, "weights_invalid", f"{file} is not a state dict of tensors")
-                tensors.update(loaded)
-        except ServiceError:
-            raise
-        except Exception as exc:
-            raise ServiceError(400, "weights_invalid", f"cannot read {file}: {type(exc).__name__}: {exc}") from None
-    return tensors
-
-
-class _EngineCollector:
-    """Engine counters, read at scrape time so /metrics and /v1/stats never disagree."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Any]:
-        s = self.engine.stats
-        for name, value, doc in (
-            ("llm_requests", s.requests, "generation requests admitted"),
-            ("llm_rows", s.rows, "sequences generated (n per request)"),
-            ("llm_prefill_batches", s.prefill_batches, "prefill forward passes"),
-            ("llm_decode_steps", s.decode_steps, "decode forward passes (one token for every running row)"),
-            ("llm_prompt_tokens", s.prompt_tokens, "prompt tokens prefilled"),
-            ("llm_generated_tokens", s.generated_tokens, "tokens generated"),
-            ("llm_weight_updates", s.weight_updates, "weight updates applied"),
-        ):
-            family = CounterMetricFamily(name, doc)
-            family.add_metric([], value)
-            yield family
-        for name, value, doc in (
-            ("llm_active_rows", self.engine.active_rows, "rows in the running batch"),
-            ("llm_queued_requests", self.engine.queued, "requests waiting to join the batch"),
-            ("llm_policy_version", self.engine.policy_version, "version of the served weights"),
-        ):
-            gauge = GaugeMetricFamily(name, doc)
-            gauge.add_metric([], value)
-            yield gauge

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from common.models import load_model
-from llm_server.app import parse_tool_calls
 from llm_server.engine import Engine, SamplingParams
+from llm_server.tools import parse_tool_calls
 
 TIMEOUT = 300  # seconds; generous for a loaded shared machine
 

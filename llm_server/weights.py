@@ -1,0 +1,38 @@
+"""Reading weights for `POST /v1/weights`: an HF directory or a state-dict file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from common.service import ServiceError
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors from an HF directory (all *.safetensors in it) or one .safetensors/.pt/.bin file."""
+    from safetensors.torch import load_file
+
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ServiceError(400, "weights_not_found", f"{path} holds no *.safetensors files")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ServiceError(400, "weights_not_found", f"{path} does not exist")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            if file.suffix == ".safetensors":
+                tensors.update(load_file(str(file), device="cpu"))
+            else:
+                loaded = torch.load(str(file), map_location="cpu", weights_only=True)
+                if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+                    raise ServiceError(400, "weights_invalid", f"{file} is not a state dict of tensors")
+                tensors.update(loaded)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise ServiceError(400, "weights_invalid", f"cannot read {file}: {type(exc).__name__}: {exc}") from None
+    return tensors
