@@ -1,0 +1,197 @@
+"""`evolver_env_agent`: a veRL agent loop that runs our `trainer.rollout.run_episode` against env_service.
+
+veRL's rollout worker instantiates it per sample and awaits `run`. There is no second agent loop
+here: veRL's `server_manager.generate` (token ids in, token ids out, vLLM/SGLang behind it) is
+adapted to the `generate(prompt_ids, sampling)` callable our loop takes, and the env service, the
+experience manager and the judge are called through their own clients. What comes back to veRL:
+- `prompt_ids`: the prompt **without** injected experience (the actor recomputes log-probs on it);
+- `response_ids` / `response_mask`: the generated ids exactly as sampled (mask 1) and the chat glue
+  and observations between turns (mask 0);
+- `reward_score`: the environment's evaluation; `extra_fields`: task id, experience flag, step ids
+  (per response token), judge labels, anchor states and trajectory/segment ids for `evolver_sync`.
+A template that rewrites its context (sliding_window, self_managed) yields several segments: one
+`AgentLoopOutput` each (veRL's v1 path trains each as a row and copies the reward to all).
+
+Which rollouts see experience: session `i` of a prompt's `rollout.n` sessions is flagged when
+`i < round(n * experience_ratio)` (the same rule as our local trainer's groups).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from common.schemas import Task
+from env_service.client import EnvClient
+from trainer.policy import Generation, Sampling
+from trainer.rollout import Rollout, run_episode
+from trainer.verl_plugin.settings import VERL_AGENT_LOOP, EvolverVerlSettings, evolver_settings
+
+TASK_KEY = "evolver_task"  # extra_info column of the dataset rows: the Task as JSON
+
+
+def task_from_row(row: dict[str, Any]) -> Task:
+    """The Task a dataset row stands for (`extra_info.evolver_task`, written by `trainer.verl_plugin dataset`)."""
+    info = row.get("extra_info") or {}
+    raw = info.get(TASK_KEY) if isinstance(info, dict) else None
+    if raw is None:
+        raise ValueError(f"dataset row has no extra_info.{TASK_KEY}; build the parquet with "
+                         "`python -m trainer.verl_plugin dataset ...`")
+    return Task.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
+
+
+class ServerGenerate:
+    """veRL's `server_manager.generate` as our `GenerateFn`; one sticky request id per episode."""
+
+    def __init__(self, server_manager: Any, tokenizer: Any, sampling_params: dict[str, Any]) -> None:
+        self.server_manager, self.tokenizer = server_manager, tokenizer
+        self.base = dict(sampling_params)
+        self.request_id = uuid4().hex  # same id every turn: the server keeps routing to its prefix cache
+        self.global_steps: list[int] = []
+        self.logprobs_missing = False
+
+    async def __call__(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        # A fresh dict each call: veRL's servers pop keys from the one they are given.
+        params = {**self.base, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p}
+        if sampling.seed is not None:
+            params["seed"] = sampling.seed
+        out = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
+                                                 sampling_params=params)
+        ids = [int(t) for t in out.token_ids]
+        if out.log_probs is None or len(out.log_probs) != len(ids):
+            self.logprobs_missing = True
+            logprobs = [0.0] * len(ids)
+        else:
+            logprobs = [float(x) for x in out.log_probs]
+        version = (out.extra_fields or {}).get("global_steps")
+        if version is not None:
+            self.global_steps.append(int(version))
+        finish = "length" if len(ids) >= sampling.max_tokens else "stop"
+        return Generation(ids, logprobs, self.tokenizer.decode(ids, skip_special_tokens=True), finish,
+                          int(version or 0))
+
+
+class EnvServiceAccess:
+    """`trainer.rollout.EnvAccess` over the env service's typed client."""
+
+    def __init__(self, client: EnvClient) -> None:
+        self.client = client
+
+    async def create(self, env: str, task: Task) -> Any:
+        return await self.client.create(env, task.env_task_id, task.create_params())
+
+    async def step(self, instance_id: str, action: str) -> Any:
+        return await self.client.step(instance_id, action)
+
+    async def evaluate(self, instance_id: str, params: dict[str, Any] | None = None) -> Any:
+        return await self.client.evaluate(instance_id, params)
+
+    async def state(self, instance_id: str) -> dict[str, Any] | None:
+        return (await self.client.state(instance_id)).state
+
+    async def release(self, instance_id: str) -> bool:
+        return await self.client.release(instance_id)
+
+
+class ExperienceRetrieval:
+    """What `run_episode` asks for experience: the manager's rendered block and the ids in it."""
+
+    def __init__(self, settings: EvolverVerlSettings) -> None:
+        assert settings.experience is not None
+        self.settings = settings.experience
+        self.timeout = settings.timeout_s
+
+    async def get(self, query: str) -> tuple[str, list[str]] | None:
+        from experience_manager.client import ExperienceClient
+
+        async with ExperienceClient(self.settings.url, timeout=self.timeout) as client:
+            got = await client.retrieve(self.settings.workspace, query, top_k=self.settings.top_k)
+        return (got.rendered, list(got.experience_ids)) if got.experience_ids else None
+
+
+def is_flagged(session_id: int, n: int, experience_ratio: float) -> bool:
+    return session_id < round(n * experience_ratio)
+
+
+async def label_steps(rollout: Rollout, settings: EvolverVerlSettings) -> None:
+    """Judge GOOD/BAD labels for each step (ADCA-GRPO's attribution), when a judge is configured."""
+    if settings.judge_url is None or not rollout.trajectory.steps:
+        return
+    from advantage.client import JudgeClient, apply_judgments
+
+    async with JudgeClient(settings.judge_url) as judge:
+        response = await judge.judge_trajectories([rollout.trajectory])
+    apply_judgments([rollout.trajectory], response)
+
+
+def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_length: int,
+                         metrics: AgentLoopMetrics) -> list[AgentLoopOutput]:
+    """One AgentLoopOutput per training segment, experience-free prompts, per-token step ids."""
+    traj = rollout.trajectory
+    labels = [lab.value for lab in sorted(traj.labels, key=lambda lab: lab.step)] if traj.labels else None
+    shared = {
+        "task_id": traj.task_id, "trajectory_id": traj.trajectory_id, "experience_flag": traj.used_experience,
+        "experience_ids": list(traj.experience_ids), "step_labels": labels, "num_steps": len(traj.steps),
+        "step_rewards": [s.reward for s in traj.steps],
+        "anchor_keys": _anchor_keys(traj), "truncated": traj.truncated, "num_segments": len(rollout.segments),
+        "min_global_steps": min(generate.global_steps) if generate.global_steps else None,
+        "max_global_steps": max(generate.global_steps) if generate.global_steps else None,
+    }
+    outputs: list[AgentLoopOutput] = []
+    offset = 0
+    for index, segment in enumerate(rollout.segments):
+        n = len(segment.response_ids)
+        logprobs = None if generate.logprobs_missing else (traj.logprobs or [])[offset:offset + n][:response_length]
+        offset += n
+        outputs.append(AgentLoopOutput(
+            prompt_ids=list(segment.prompt_ids),
+            response_ids=segment.response_ids[:response_length],
+            response_mask=segment.loss_mask[:response_length],
+            response_logprobs=logprobs,
+            reward_score=float(traj.outcome if traj.outcome is not None else 0.0),
+            num_turns=1 + 2 * len(traj.steps),
+            metrics=metrics,
+            extra_fields={**shared, "segment_index": index, "step_ids": segment.step_ids[:response_length],
+                          "response_truncated": n > response_length},
+        ))
+    return outputs
+
+
+def _anchor_keys(trajectory: Any) -> list[str]:
+    from advantage.estimators import anchor_keys_for
+
+    return anchor_keys_for(trajectory)
+
+
+@register(VERL_AGENT_LOOP)
+class EvolverEnvAgentLoop(AgentLoopBase):
+    """Runs one episode of a task on env_service per call (see the module doc)."""
+
+    def __init__(self, *args: Any, tools: Any = None, **kwargs: Any) -> None:
+        # veRL always passes `tools`; the environment service owns the tools here.
+        super().__init__(*args, **kwargs)
+        self.settings = evolver_settings(self.config)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        settings = self.settings
+        task = task_from_row(kwargs)
+        n = int(kwargs.get("__rollout_n__") or self.rollout_config.n)
+        session_id = int(kwargs.get("session_id", 0))
+        flagged = settings.experience is not None and is_flagged(session_id, n, settings.rollout.experience_ratio)
+        generate = ServerGenerate(self.server_manager, self.tokenizer, sampling_params)
+        sampling = Sampling(max_tokens=settings.rollout.max_new_tokens,
+                            temperature=float(sampling_params.get("temperature", settings.rollout.temperature)),
+                            top_p=float(sampling_params.get("top_p", settings.rollout.top_p)))
+        started = time.monotonic()
+        async with EnvClient(settings.env_url, timeout=settings.timeout_s) as client:
+            rollout = await run_episode(task, EnvServiceAccess(client), generate, self.tokenizer, settings.rollout,
+                                        experience=ExperienceRetrieval(settings) if flagged else None,
+                                        group_id=str(kwargs.get("uid", task.task_id)), sampling=sampling)
+        await label_steps(rollout, settings)
+        metrics = AgentLoopMetrics(generate_sequences=time.monotonic() - started)
+        return outputs_from_rollout(rollout, generate, int(self.rollout_config.response_length), metrics)

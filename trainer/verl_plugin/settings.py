@@ -1,0 +1,82 @@
+"""Our settings inside veRL's Hydra config, validated into pydantic models where they are used.
+
+veRL hands each hook a different slice of its config, so our settings live in two nodes:
+- `algorithm.evolver`: our `AdvantageConfig` (estimator settings), the only node an advantage
+  estimator sees (`compute_advantage(..., config=algorithm)`);
+- `evolver` (top level): the services, the rollout (`RolloutConfig`) and the boosted clip bound,
+  read by the agent loop (which gets the whole config) and by the trainer.
+Both are written by `trainer.verl_plugin.overrides` from our run YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from advantage.estimators import AdvantageConfig
+from common.config import StrictModel, validate
+from trainer.rollout import RolloutConfig
+
+# Our estimator names in veRL's registry (veRL refuses to re-register its own `grpo`).
+VERL_ESTIMATORS: dict[str, str] = {"grpo": "evolver_grpo", "adca_grpo": "evolver_adca_grpo", "gigpo": "evolver_gigpo"}
+VERL_POLICY_LOSS = "evolver_boosted"
+VERL_TRAINER = "evolver_sync"
+VERL_AGENT_LOOP = "evolver_env_agent"
+
+
+class ExperienceSettings(StrictModel):
+    url: str = Field(min_length=1, description="experience_manager base URL")
+    workspace: str = Field(default="default", min_length=1)
+    top_k: int | None = Field(default=None, ge=1)
+
+
+class EvolverVerlSettings(StrictModel):
+    """The top-level `evolver` node of veRL's config."""
+
+    env_url: str = Field(min_length=1, description="env_service base URL, reachable from every rollout worker")
+    rollout: RolloutConfig
+    experience: ExperienceSettings | None = None
+    judge_url: str | None = Field(default=None, description="judge service; needed by evolver_adca_grpo")
+    clip_high_boosted: float = Field(default=0.6, ge=0, description="upper clip bound of helped samples, A > 0")
+    timeout_s: float = Field(default=120.0, gt=0, description="per HTTP call to our services")
+
+
+def _plain(node: Any) -> Any:
+    """An OmegaConf node, dataclass config or dict as plain Python containers."""
+    if node is None:
+        return None
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(node, DictConfig | ListConfig):
+            return OmegaConf.to_container(node, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with veRL
+        pass
+    return node
+
+
+def _get(node: Any, key: str) -> Any:
+    if node is None:
+        return None
+    if isinstance(node, dict):
+        return node.get(key)
+    getter = getattr(node, "get", None)
+    if callable(getter):
+        return getter(key)
+    return getattr(node, key, None)
+
+
+def advantage_settings(algorithm_config: Any) -> AdvantageConfig:
+    """`algorithm.evolver` as our AdvantageConfig (defaults when the node is absent)."""
+    raw = _plain(_get(algorithm_config, "evolver")) or {}
+    return validate(AdvantageConfig, raw, root="algorithm.evolver")
+
+
+def evolver_settings(trainer_config: Any) -> EvolverVerlSettings:
+    """The top-level `evolver` node; a clear error when the run was started without it."""
+    raw = _plain(_get(trainer_config, "evolver"))
+    if raw is None:
+        raise ValueError("veRL config has no `evolver` node: start the run with the overrides printed by "
+                         "`python -m trainer.verl_plugin overrides --conf <run.yaml>`")
+    return validate(EvolverVerlSettings, raw, root="evolver")

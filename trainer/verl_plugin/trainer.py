@@ -1,0 +1,137 @@
+"""`evolver_sync`: veRL's synchronous v1 trainer with our advantage step and our loss.
+
+Selected with `trainer.v1.trainer_mode=evolver_sync`. Two changes to `PPOTrainerSync`:
+- `_compute_advantage` also fetches the agent loop's `extra_fields` (step ids, judge labels, anchor
+  states, trajectory/segment ids, experience flag) from TransferQueue, so ADCA-GRPO and GiGPO get
+  what veRL's registered-estimator hook never passes; it writes the advantages back together with
+  the per-sample experience flag as a tensor field the loss can read.
+- after `init`, the actor's loss is `evolver_ppo_loss` (through `set_loss_fn`), which boosts the
+  clip bound of flagged samples with positive advantage.
+With a non-evolver `algorithm.adv_estimator`, the advantage step is veRL's own.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from loguru import logger
+from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.utils.padding import response_to_nested
+
+from trainer.verl_plugin.estimators import STEP_FIELDS, compute_evolver_advantage, estimator_name
+from trainer.verl_plugin.loss import EXPERIENCE_FLAG_FIELD, evolver_ppo_loss
+from trainer.verl_plugin.settings import VERL_POLICY_LOSS, VERL_TRAINER, evolver_settings
+
+_BASE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob", "values"]
+
+
+def extras_to_non_tensor(extras: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """The agent loop's per-sample dicts as veRL non-tensor columns (object arrays), ours only."""
+    columns: dict[str, np.ndarray] = {}
+    for key in (*STEP_FIELDS, "experience_flag", "task_id"):
+        if any(key in e for e in extras):
+            column = np.empty(len(extras), dtype=object)
+            column[:] = [e.get(key) for e in extras]
+            columns[key] = column
+    return columns
+
+
+def experience_flags(non_tensor: dict[str, np.ndarray], rows: int) -> torch.Tensor:
+    """(B,) float 1.0 where the sample saw injected experience."""
+    if "experience_flag" not in non_tensor:
+        return torch.zeros(rows)
+    return torch.tensor([float(bool(v)) for v in non_tensor["experience_flag"]])
+
+
+def evolver_advantage_step(data: DataProto, config: Any, *, global_steps: int, kl_ctrl: Any = None
+                           ) -> tuple[DataProto, dict[str, Any], bool]:
+    """veRL's advantage step (KL in reward, rollout correction) with our estimator at step 3.
+
+    `data` holds `rm_scores`, `response_mask`, `uid` and our non-tensor columns. Returns the data
+    with `token_level_rewards`, `advantages`, `returns`, the metrics, and whether rollout
+    correction ran (then `response_mask`/`rollout_is_weights` changed and must be written back).
+    """
+    metrics: dict[str, Any] = {}
+    algorithm = config.algorithm
+    data.batch["token_level_scores"] = data.batch["rm_scores"]
+    if algorithm.use_kl_in_reward:
+        data, kl_metrics = apply_kl_penalty(data, kl_ctrl=kl_ctrl, kl_penalty=algorithm.kl_penalty)
+        metrics.update(kl_metrics)
+    else:
+        data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+
+    rollout_corr = algorithm.get("rollout_correction", None)
+    bypass = bool(rollout_corr and rollout_corr.get("bypass_mode", False))
+    corrected = rollout_corr is not None and "rollout_log_probs" in data.batch and not bypass
+    if corrected:
+        data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr)
+        metrics.update(is_metrics)
+
+    # veRL counts steps from 1; our schedules (ADCA alpha decay, prm_steps) from 0.
+    metrics.update(compute_evolver_advantage(data, algorithm.adv_estimator, algorithm,
+                                             training_step=max(global_steps - 1, 0)))
+    return data, metrics, corrected
+
+
+@register_trainer(VERL_TRAINER)
+class EvolverPPOTrainer(PPOTrainerSync):
+    """The sync trainer with our advantage step and experience-aware loss (see the module doc)."""
+
+    def _build_replay_buffer(self):
+        # veRL compares the mode *name* with "sync" in several places (replay buffer, refill,
+        # checkpoint resume); this trainer is the sync trainer, so it answers to that name.
+        self.trainer_mode = "sync"
+        self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
+        return super()._build_replay_buffer()
+
+    def init(self):
+        super().init()
+        actor = self.config.actor_rollout_ref.actor
+        if actor.policy_loss.get("loss_mode") != VERL_POLICY_LOSS:
+            raise ValueError(f"trainer_mode={VERL_TRAINER} needs actor_rollout_ref.actor.policy_loss.loss_mode="
+                             f"{VERL_POLICY_LOSS}, got {actor.policy_loss.get('loss_mode')!r}")
+        if self.config.get("distillation") and self.config.distillation.get("enabled", False):
+            raise ValueError(f"trainer_mode={VERL_TRAINER} does not combine with distillation")
+        settings = evolver_settings(self.config)
+        actor_config = omega_conf_to_dataclass(actor)
+        self.actor_rollout_wg.set_loss_fn(partial(evolver_ppo_loss, config=actor_config,
+                                                  clip_high_boosted=settings.clip_high_boosted))
+        logger.info("evolver_sync: actor loss = evolver_ppo_loss (clip_high_boosted={})", settings.clip_high_boosted)
+
+    def _compute_advantage(self, batch, metrics: dict):
+        if estimator_name(self.config.algorithm.adv_estimator) is None:
+            return super()._compute_advantage(batch, metrics)
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=_BASE_FIELDS)
+        extras = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                 select_fields=["extra_fields"]).pop("extra_fields").tolist()
+        response_mask = fetched["response_mask"]
+        data = DataProto(batch=fetched.to_padded_tensor())
+        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+        data.non_tensor_batch.update(extras_to_non_tensor([getattr(e, "data", e) for e in extras]))
+
+        data, step_metrics, corrected = evolver_advantage_step(
+            data, self.config, global_steps=self.global_steps,
+            kl_ctrl=getattr(self, "kl_ctrl_in_reward", None))
+        metrics.update(step_metrics)
+
+        fields = ["advantages", "returns"]
+        if self.config.algorithm.use_kl_in_reward:
+            fields.append("token_level_rewards")
+        if corrected:
+            fields.append("response_mask")
+            if "rollout_is_weights" in data.batch:
+                fields.append("rollout_is_weights")
+        output = {field: response_to_nested(data.batch[field], response_mask) for field in fields}
+        output[EXPERIENCE_FLAG_FIELD] = experience_flags(data.non_tensor_batch, len(batch))
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                               fields=TensorDict(output, batch_size=len(batch)))
