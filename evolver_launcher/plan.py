@@ -1,0 +1,365 @@
+"""From a composed run YAML to a plan: resolved ports and URLs, thread budgets, and one command per child.
+
+Nothing here starts a process. `build_plan` validates the whole run config (after filling in what
+the launcher owns: ports, the peers' URLs, store paths under the run folder, thread counts and the
+bundled LLM server's URL for roles that ask for it) and returns the children in start order.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.config import ConfigError, validate
+from evolver_launcher.settings import (
+    SERVICE_MODULES,
+    SERVICE_ORDER,
+    LauncherSettings,
+    RunConfig,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_LLM = "llm_server"  # `base_url: llm_server` in any LLM role means the bundled model server
+
+# The trainer's `services` field for each peer service it can use (filled when that field exists).
+TRAINER_URL_FIELDS = {"env_service": "env_url", "task_manager": "task_url",
+                      "experience_manager": "experience_url", "judge": "judge_url"}
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+@dataclass
+class ChildSpec:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)  # added to the launcher's environment
+    port: int | None = None
+    health_url: str | None = None  # GET must answer 200
+    health_tcp: tuple[str, int] | None = None  # or: this address accepts connections; neither: running is ready
+    depends_on: list[str] = field(default_factory=list)
+    threads: int | None = None
+    foreground: bool = False  # the trainer: the run ends when it ends; its output is echoed
+    restartable: bool = True
+    stop_timeout_s: float | None = None  # SIGTERM grace; None: the launcher's stop_timeout_s
+    restart_argv_extra: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RayPlan:
+    mode: str  # "start", "join" or "off"
+    address: str | None = None  # host:port of the GCS the trainer joins
+    dashboard_url: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)  # of a started head: gcs, dashboard, client, agent
+
+
+@dataclass
+class Plan:
+    experiment: str
+    run_dir: Path
+    config_path: Path  # the resolved YAML every child reads
+    config: RunConfig
+    data: dict[str, Any]  # the resolved config as plain data (written to config_path)
+    children: list[ChildSpec]
+    ray: RayPlan
+
+    @property
+    def launcher(self) -> LauncherSettings:
+        return self.config.launcher
+
+    def child(self, name: str) -> ChildSpec:
+        return next(c for c in self.children if c.name == name)
+
+
+# ------------------------------------------------------------------ ports
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_free_port(host: str, taken: set[int]) -> int:
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
+    raise ConfigError(f"could not find a free port on {host}")
+
+
+class PortBook:
+    """Hands out the run's ports: a requested one must be free, `auto` gets a free one; no duplicates."""
+
+    def __init__(self, host: str, check: bool = True) -> None:
+        self.host, self.check = host, check
+        self.taken: dict[int, str] = {}
+
+    def resolve(self, key_path: str, requested: int | str) -> int:
+        if requested == "auto":
+            port = pick_free_port(self.host, set(self.taken))
+        else:
+            port = int(requested)
+            if port in self.taken:
+                raise ConfigError(f"{key_path}: port {port} is already given to {self.taken[port]}")
+            if self.check and port and not port_is_free(self.host, port):
+                raise ConfigError(f"{key_path}: port {port} on {self.host} is in use by another process; "
+                                  f"stop it, pick another port, or set {key_path}=auto")
+        self.taken[port] = key_path
+        return port
+
+
+# ------------------------------------------------------------------ fill-ins
+
+
+def _experiment_name(launcher: LauncherSettings, conf_path: str | os.PathLike | None) -> str:
+    if launcher.experiment:
+        return launcher.experiment
+    return Path(conf_path).stem if conf_path else "run"
+
+
+def _default_threads(name: str) -> int:
+    cores = os.cpu_count() or 1
+    return cores if name in ("llm_server", "trainer") else 1
+
+
+def thread_budget(launcher: LauncherSettings, name: str) -> int:
+    return launcher.threads.get(name, launcher.threads.get("default", _default_threads(name)))
+
+
+def _walk_llm_roles(node: Any, path: str, found: list[tuple[str, dict]]) -> None:
+    """Every mapping with a `base_url` key: an LLM role (judge.llm, task_manager.llm.synthesizer, ...)."""
+    if isinstance(node, dict):
+        if "base_url" in node:
+            found.append((path, node))
+        for key, value in node.items():
+            _walk_llm_roles(value, f"{path}.{key}" if path else str(key), found)
+
+
+def _fill_bundled_roles(data: dict[str, Any], services: list[str], llm_url: str | None, model: str | None) -> None:
+    roles: list[tuple[str, dict]] = []
+    _walk_llm_roles({k: v for k, v in data.items() if k != "launcher"}, "", roles)
+    for path, role in roles:
+        if role.get("base_url") != BUNDLED_LLM:
+            continue
+        if "llm_server" not in services or llm_url is None:
+            raise ConfigError(f"{path}.base_url: `llm_server` points at the bundled model server, which this run "
+                              f"does not start; add llm_server to launcher.services or give a real URL")
+        role["base_url"] = f"{llm_url}/v1"
+        role.setdefault("model", model)
+    policy = ((data.get("trainer") or {}).get("policy") or {})
+    if policy.get("url") == BUNDLED_LLM:
+        if "llm_server" not in services or llm_url is None:
+            raise ConfigError("trainer.policy.url: `llm_server` needs llm_server in launcher.services")
+        policy["url"] = llm_url
+        policy.setdefault("served_model", model)
+
+
+def _set_default(section: dict[str, Any], key: str, value: Any) -> None:
+    if section.get(key) is None:
+        section[key] = value
+
+
+def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
+    if data.get(name) is None:
+        data[name] = {}
+    if not isinstance(data[name], dict):
+        raise ConfigError(f"{name}: must be a mapping, got {type(data[name]).__name__}")
+    return data[name]
+
+
+# ------------------------------------------------------------------ the plan
+
+
+def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, *, check_ports: bool = True,
+               environ: dict[str, str] | None = None) -> Plan:
+    """Validate `raw` (composed YAML + overrides + flags), resolve everything the launcher owns, plan children."""
+    environ = dict(os.environ if environ is None else environ)
+    data: dict[str, Any] = {k: v for k, v in raw.items()}
+    launcher = validate(LauncherSettings, data.get("launcher") or {}, root="launcher")
+    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown top-level section (allowed: {', '.join(RunConfig.model_fields)})")
+    experiment = _experiment_name(launcher, conf_path)
+    run_dir = (Path(launcher.runs_dir) / experiment).resolve()
+    services = [s for s in SERVICE_ORDER if s in launcher.services]
+    host = launcher.host
+    book = PortBook(host, check=check_ports)
+    urls: dict[str, str] = {}
+
+    for name in services:
+        section = _section(data, name)
+        model_field = RunConfig.model_fields[name].annotation
+        default_port = _section_default_port(model_field)
+        requested = launcher.ports.get(name, section.get("port", default_port))  # type: ignore[arg-type]
+        port = book.resolve(f"launcher.ports.{name}", requested)
+        section["port"], section["host"] = port, host
+        urls[name] = f"http://{_connect_host(host)}:{port}"
+
+    ray = _plan_ray(launcher, book, environ)
+
+    # Where each service keeps its state: under the run folder unless the YAML says otherwise.
+    if "task_manager" in services:
+        tm = data["task_manager"]
+        _set_default(tm, "store_dir", str(run_dir / "task_manager"))
+        if "env_service" in services:
+            _set_default(tm, "env_url", urls["env_service"])
+        elif tm.get("env_url") is None:
+            raise ConfigError("task_manager.env_url: no env_service in launcher.services, so give its URL")
+    if "experience_manager" in services:
+        em = data["experience_manager"]
+        if em.get("qdrant_url") is None:
+            _set_default(em, "store", str(run_dir / "experience_store"))
+    if "judge" in services:
+        _set_default(data["judge"], "audit_log", str(run_dir / "judge" / "audit.jsonl"))
+    if "env_service" in services and ray.address:
+        env = data["env_service"]
+        if env.get("backend") == "ray":
+            _set_default(_section(env, "ray"), "address", ray.address)
+
+    llm = data.get("llm_server") or {}
+    served = llm.get("served_model_name") or llm.get("model") or "smollm2"
+    _fill_bundled_roles(data, services, urls.get("llm_server"), served)
+
+    for name in services:
+        budget = thread_budget(launcher, name)
+        if name == "llm_server":
+            _set_default(data[name], "threads", budget)
+
+    if launcher.trainer:
+        if data.get("trainer") is None:
+            raise ConfigError("trainer: launcher.trainer is true but the YAML has no `trainer` section "
+                              "(add one, or set launcher.trainer=false to run the services only)")
+        trainer = _section(data, "trainer")
+        _set_default(trainer, "output_dir", str(run_dir / "trainer"))
+        svc = _section(trainer, "services")
+        from trainer.config import ServicesConfig
+
+        for name, field_name in TRAINER_URL_FIELDS.items():
+            if name in services and field_name in ServicesConfig.model_fields:
+                _set_default(svc, field_name, urls[name])
+        budget = thread_budget(launcher, "trainer")
+        _set_default(trainer, "torch_threads", budget)
+        policy = _section(trainer, "policy")
+        if policy.get("kind", "in_process") == "in_process":
+            _set_default(policy, "threads", budget)
+        ray_section = _section(trainer, "ray")
+        if ray.mode == "off":
+            _set_default(ray_section, "enabled", False)
+        elif ray.address:
+            _set_default(ray_section, "address", ray.address)
+        if launcher.resume:
+            trainer["resume"] = True
+
+    config = validate(RunConfig, data)
+    resolved = config.model_dump(mode="json")
+    resolved["launcher"]["experiment"] = experiment
+    config_path = run_dir / "config.yaml"
+    children = _children(config, resolved, services, urls, ray, run_dir, config_path)
+    return Plan(experiment, run_dir, config_path, config, resolved, children, ray)
+
+
+def _section_default_port(annotation: Any) -> int | None:
+    for arg in getattr(annotation, "__args__", ()) or (annotation,):
+        fields = getattr(arg, "model_fields", None)
+        if fields and "port" in fields:
+            return fields["port"].default
+    return None
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def _plan_ray(launcher: LauncherSettings, book: PortBook, environ: dict[str, str]) -> RayPlan:
+    if not launcher.ray.enabled:
+        return RayPlan("off")
+    address = launcher.ray.address or environ.get("RAY_ADDRESS")
+    if address:
+        return RayPlan("join", address=address)
+    ports = {"gcs": book.resolve("launcher.ray.port", launcher.ray.port)}
+    dashboard_url = None
+    if launcher.ray.dashboard:
+        ports["dashboard"] = book.resolve("launcher.ray.dashboard_port", launcher.ray.dashboard_port)
+        dashboard_url = f"http://127.0.0.1:{ports['dashboard']}"
+    # Ray's fixed defaults (10001, 52365) would collide with any other Ray on the machine.
+    ports["client_server"] = book.resolve("launcher.ray.client_server_port", launcher.ray.client_server_port)
+    ports["dashboard_agent"] = book.resolve("launcher.ray.dashboard_agent_port", "auto")
+    return RayPlan("start", address=f"127.0.0.1:{ports['gcs']}", dashboard_url=dashboard_url, ports=ports)
+
+
+def _base_env(threads: int) -> dict[str, str]:
+    env = {var: str(threads) for var in THREAD_VARIABLES}
+    # Idle OpenMP threads spinning on a shared CPU slow every other process down.
+    env.update({"OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+                "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "HF_HUB_OFFLINE": "1"})
+    return env
+
+
+def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], urls: dict[str, str],
+              ray: RayPlan, run_dir: Path, config_path: Path) -> list[ChildSpec]:
+    launcher = config.launcher
+    logs = run_dir / "logs"
+    children: list[ChildSpec] = []
+    python = sys.executable
+    if ray.mode == "start":
+        children.append(_ray_child(config, ray, logs))
+    for name in services:
+        threads = thread_budget(launcher, name)
+        depends = ["ray"] if ray.mode == "start" else []
+        if name == "task_manager" and "env_service" in services:
+            depends.append("env_service")
+        if name != "llm_server" and "llm_server" in services and _uses_bundled(resolved.get(name), urls):
+            depends.append("llm_server")
+        section = resolved[name]
+        children.append(ChildSpec(
+            name=name,
+            argv=[python, "-m", SERVICE_MODULES[name], "--host", section["host"], "--port", str(section["port"]),
+                  "--conf", str(config_path)],
+            log_path=logs / f"{name}.log", env=_base_env(threads), port=section["port"],
+            health_url=f"{urls[name]}/healthz", depends_on=depends, threads=threads))
+    if launcher.trainer:
+        threads = thread_budget(launcher, "trainer")
+        env = _base_env(threads)
+        if ray.address:
+            env["RAY_ADDRESS"] = ray.address
+        children.append(ChildSpec(
+            name="trainer", argv=[python, "-m", "trainer", "--conf", str(config_path)],
+            log_path=logs / "trainer.log", env=env, depends_on=[c.name for c in children], threads=threads,
+            foreground=True, restartable=launcher.restart.trainer, restart_argv_extra=["trainer.resume=true"]))
+    return children
+
+
+def _uses_bundled(section: Any, urls: dict[str, str]) -> bool:
+    roles: list[tuple[str, dict]] = []
+    _walk_llm_roles(section, "", roles)
+    llm = urls.get("llm_server")
+    return llm is not None and any(str(role.get("base_url", "")).startswith(llm) for _, role in roles)
+
+
+def _ray_child(config: RunConfig, ray: RayPlan, logs: Path) -> ChildSpec:
+    launcher = config.launcher
+    ports = ray.ports
+    num_cpus = launcher.ray.num_cpus or max(2, os.cpu_count() or 1)
+    argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+            "--node-ip-address", "127.0.0.1", "--port", str(ports["gcs"]), "--num-cpus", str(num_cpus),
+            "--object-store-memory", str(launcher.ray.object_store_memory_mb * 1024 * 1024),
+            "--ray-client-server-port", str(ports["client_server"]),
+            "--dashboard-agent-listen-port", str(ports["dashboard_agent"]),
+            "--disable-usage-stats", "--include-dashboard", "true" if launcher.ray.dashboard else "false"]
+    if ray.dashboard_url:
+        argv += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"])]
+    # A crashed head takes the trainer's actors with it: no restart, the run stops with its log.
+    return ChildSpec(name="ray", argv=argv, log_path=logs / "ray.log",
+                     env={"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}, port=ports["gcs"],
+                     health_url=f"{ray.dashboard_url}/api/version" if ray.dashboard_url else None,
+                     health_tcp=None if ray.dashboard_url else ("127.0.0.1", ports["gcs"]),
+                     restartable=False, stop_timeout_s=3.0)  # gcs_server ignores SIGTERM (measured)

@@ -1,0 +1,168 @@
+"""The run config: every service's own section plus the launcher's, validated as one model.
+
+    launcher:
+      experiment: quickstart          # runs/<experiment>/ holds logs, config, manifest, stores
+      services: [llm_server, env_service, task_manager, experience_manager, judge]
+      trainer: true                   # run the trainer once the services are healthy
+      ports: {env_service: auto, llm_server: 8001}   # a number (must be free) or auto
+      threads: {llm_server: 1, trainer: 2, default: 1}
+      restart: {max_restarts: 2, backoff_s: 1.0}
+      ray: {dashboard_port: 8265}
+
+Each service section (`llm_server`, `env_service`, `task_manager`, `experience_manager`, `judge`,
+`trainer`) is validated by that service's own settings model, so a typo anywhere fails before
+anything starts, with its key path. Only the light settings modules are imported here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from advantage.judge.settings import JudgeSettings
+from common.config import ConfigError, StrictModel
+from env_service.settings import EnvServiceSettings
+from experience_manager.settings import ExperienceManagerSettings
+from llm_server.settings import LLMServerSettings
+from task_manager.settings import TaskManagerSettings
+from trainer.config import TrainerConfig
+
+ServiceName = Literal["llm_server", "env_service", "task_manager", "experience_manager", "judge"]
+SERVICE_ORDER: tuple[str, ...] = ("llm_server", "env_service", "experience_manager", "judge", "task_manager")
+SERVICE_MODULES: dict[str, str] = {
+    "llm_server": "llm_server",
+    "env_service": "env_service",
+    "task_manager": "task_manager",
+    "experience_manager": "experience_manager",
+    "judge": "advantage.judge",
+}
+Port = int | Literal["auto"]
+
+
+class RestartPolicy(StrictModel):
+    max_restarts: int = Field(default=2, ge=0, description="restarts per child before the run stops")
+    backoff_s: float = Field(default=1.0, ge=0, description="first wait before a restart; doubles each time")
+    backoff_max_s: float = Field(default=30.0, ge=0)
+    trainer: bool = Field(default=False, description="also restart a crashed trainer (with trainer.resume=true)")
+
+
+class RayLaunch(StrictModel):
+    enabled: bool = Field(default=True, description="start (or join) Ray before the services")
+    address: str | None = Field(default=None, description="join this cluster; else $RAY_ADDRESS; else start one")
+    port: Port = Field(default="auto", description="GCS port of a started head")
+    dashboard: bool = True
+    dashboard_port: Port = 8265
+    client_server_port: Port = "auto"
+    num_cpus: int | None = Field(default=None, ge=1, description="CPUs the head offers (default: all cores)")
+    object_store_memory_mb: int = Field(default=512, ge=80, description="shared memory the object store reserves")
+
+
+class LauncherSettings(StrictModel):
+    experiment: str | None = Field(default=None, description="run name (default: the YAML file's name)")
+    runs_dir: str = "runs"
+    resume: bool = Field(default=False, description="reuse runs/<experiment>; else an old one is moved aside")
+    services: list[ServiceName] = Field(default_factory=list, description="services to start, in any order")
+    trainer: bool = Field(default=True, description="run the trainer once every service is healthy")
+    host: str = "127.0.0.1"
+    ports: dict[ServiceName, Port] = Field(default_factory=dict, description="per service: a free port or auto")
+    threads: dict[str, int] = Field(default_factory=dict,
+                                    description="torch/OMP threads per child (service name, trainer, default)")
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    health_timeout_s: float = Field(default=300.0, gt=0, description="per service, from start to /healthz 200")
+    stop_timeout_s: float = Field(default=15.0, gt=0, description="SIGTERM grace before SIGKILL")
+    log_tail_lines: int = Field(default=40, ge=1)
+    ray: RayLaunch = Field(default_factory=RayLaunch)
+
+    @field_validator("experiment")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", value):
+            raise ValueError("use letters, digits, '_', '.' and '-' (it names a folder)")
+        return value
+
+    @field_validator("threads")
+    @classmethod
+    def _thread_keys(cls, value: dict[str, int]) -> dict[str, int]:
+        allowed = {*SERVICE_MODULES, "trainer", "default"}
+        for key, count in value.items():
+            if key not in allowed:
+                raise ValueError(f"threads.{key}: unknown child (allowed: {', '.join(sorted(allowed))})")
+            if count < 1:
+                raise ValueError(f"threads.{key}: must be at least 1")
+        return value
+
+    @field_validator("services")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+
+class RunConfig(StrictModel):
+    """The whole run YAML. A section may be present for a service that is not started (it is still checked)."""
+
+    launcher: LauncherSettings = Field(default_factory=LauncherSettings)
+    llm_server: LLMServerSettings | None = None
+    env_service: EnvServiceSettings | None = None
+    task_manager: TaskManagerSettings | None = None
+    experience_manager: ExperienceManagerSettings | None = None
+    judge: JudgeSettings | None = None
+    trainer: TrainerConfig | None = None
+
+
+APPWORLD_HELP = (
+    "--with-appworld: no AppWorld environment is available in this install. It needs the `appworld` package "
+    "and its data (`pip install appworld && appworld install && appworld download data`, then set "
+    "APPWORLD_ROOT), and an environment class registered under env_service.plugins.appworld "
+    "('module:Class'). Until then, run without --with-appworld."
+)
+
+
+def apply_companion_flags(raw: dict[str, Any], *, with_reme: bool = False, with_bfcl: bool = False,
+                          with_appworld: bool = False) -> dict[str, Any]:
+    """AgentEvolver-style `--with-*`: switch companions on on top of the YAML; never switch anything off."""
+    launcher = raw.setdefault("launcher", {}) or {}
+    raw["launcher"] = launcher
+    services: list[str] = list(launcher.get("services") or [])
+
+    def enable(name: str) -> None:
+        if name not in services:
+            services.append(name)
+        if raw.get(name) is None:
+            raw[name] = {}
+
+    def add_environment(env: str) -> None:
+        enable("env_service")
+        section = raw["env_service"]
+        environments = section.get("environments")
+        if environments is None:
+            return  # the env service's defaults already include flights, gym and bfcl
+        if isinstance(environments, list):
+            if env not in environments:
+                environments.append(env)
+        elif isinstance(environments, dict):
+            environments.setdefault(env, {})
+
+    if with_reme:
+        enable("experience_manager")
+    if with_bfcl:
+        add_environment("bfcl")
+    if with_appworld:
+        if not _appworld_available(raw):
+            raise ConfigError(APPWORLD_HELP)
+        add_environment("appworld")
+    launcher["services"] = services
+    return raw
+
+
+def _appworld_available(raw: dict[str, Any]) -> bool:
+    import importlib.util
+    import os
+
+    from env_service.registry import BUILTIN_ENVIRONMENTS
+
+    plugins = ((raw.get("env_service") or {}).get("plugins") or {})
+    registered = "appworld" in BUILTIN_ENVIRONMENTS or "appworld" in plugins
+    data = bool(os.environ.get("APPWORLD_ROOT")) and importlib.util.find_spec("appworld") is not None
+    return registered and data

@@ -1,0 +1,317 @@
+"""Supervise the run's children: start in dependency order, wait for /healthz, restart, tear down.
+
+Every child gets its own session (so its own process group) and a log file. Readiness is an HTTP
+200 from the child's health URL, never a log line. A child that exits is restarted with doubling
+backoff up to `max_restarts`; after that (or when it cannot become healthy) the run stops and the
+last lines of that child's log are printed. Stopping sends SIGTERM to each group in reverse start
+order, then SIGKILL to what is left after the grace period. Only groups this supervisor created
+are ever signalled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+
+from evolver_launcher.plan import ChildSpec
+from evolver_launcher.settings import RestartPolicy
+
+WAITING, STARTING, READY, BACKOFF, DONE, FAILED = "waiting", "starting", "ready", "backoff", "done", "failed"
+POLL_S = 0.2
+HEALTH_EVERY_S = 0.5
+CONFIG_ERROR_EXIT = 2  # argparse/config errors: restarting cannot help
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the launcher itself dies (a backstop; Linux only)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def tail(path: Path, lines: int) -> str:
+    if not path.is_file():
+        return "(no log file)"
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 64 * 1024))
+        text = f.read().decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Child:
+    spec: ChildSpec
+    state: str = WAITING
+    proc: subprocess.Popen | None = None
+    pgid: int | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    next_start: float = 0.0
+    last_health_check: float = 0.0
+    ready_s: float | None = None
+    exit_codes: list[int] = field(default_factory=list)
+    echo_offset: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class RunFailed(Exception):
+    def __init__(self, child: str, reason: str, log_path: Path, log_tail: str) -> None:
+        super().__init__(f"{child}: {reason}")
+        self.child, self.reason, self.log_path, self.log_tail = child, reason, log_path, log_tail
+
+
+class Supervisor:
+    def __init__(self, specs: list[ChildSpec], *, restart: RestartPolicy, health_timeout_s: float,
+                 stop_timeout_s: float, tail_lines: int = 40, cwd: Path | None = None,
+                 out: TextIO | None = None, on_all_ready: Callable[[], None] | None = None) -> None:
+        self.children = [Child(spec) for spec in specs]
+        self.restart, self.health_timeout_s, self.stop_timeout_s = restart, health_timeout_s, stop_timeout_s
+        self.tail_lines, self.cwd = tail_lines, cwd
+        self.out = out or sys.stdout
+        self.on_all_ready = on_all_ready
+        self.stop_signal: int | None = None
+        self._started_order: list[Child] = []
+        self._announced_ready = False
+        self._http = httpx.Client(timeout=2.0, trust_env=False)  # never through a proxy: these are local
+
+    # ------------------------------------------------------------------ messages
+
+    def say(self, message: str) -> None:
+        print(f"[launcher] {message}", file=self.out, flush=True)
+
+    # ------------------------------------------------------------------ signals
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: object) -> None:
+            if self.stop_signal is not None:  # a second Ctrl-C: do not wait for the grace period
+                self.stop_timeout_s = 0.5
+            self.stop_signal = signum
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        """Run until the foreground child finishes, a child fails for good, or a stop signal arrives."""
+        try:
+            return self._loop()
+        except RunFailed as failure:
+            self.say(f"{failure.child} failed: {failure.reason}")
+            self.say(f"last lines of {failure.log_path}:")
+            print(failure.log_tail, file=self.out, flush=True)
+            return 1
+        finally:
+            self.stop_all()
+            self._http.close()
+
+    def _loop(self) -> int:
+        while True:
+            if self.stop_signal is not None:
+                self.say(f"got {signal.Signals(self.stop_signal).name}: stopping everything this launcher started")
+                return 128 + self.stop_signal
+            now = time.monotonic()
+            for child in self.children:
+                self._advance(child, now)
+                if child.spec.foreground:
+                    self._echo(child)
+            foreground = [c for c in self.children if c.spec.foreground]
+            if foreground and all(c.state == DONE for c in foreground):
+                return 0
+            services = [c for c in self.children if not c.spec.foreground]
+            if not self._announced_ready and all(c.state == READY for c in services):
+                self._announced_ready = True
+                if self.on_all_ready:
+                    self.on_all_ready()
+            time.sleep(POLL_S)
+
+    def _advance(self, child: Child, now: float) -> None:
+        if child.state == WAITING and self._deps_ready(child):
+            self._start(child)
+        elif child.state == BACKOFF and now >= child.next_start:
+            self._start(child)
+        elif child.state in (STARTING, READY):
+            assert child.proc is not None
+            code = child.proc.poll()
+            if code is not None:
+                self._exited(child, code)
+            elif child.state == STARTING:
+                self._check_health(child, now)
+
+    def _deps_ready(self, child: Child) -> bool:
+        states = {c.name: c.state for c in self.children}
+        return all(states.get(dep) in (READY, DONE) for dep in child.spec.depends_on)
+
+    # ------------------------------------------------------------------ start / health / exit
+
+    def _start(self, child: Child) -> None:
+        spec = child.spec
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = list(spec.argv) + (spec.restart_argv_extra if child.restarts else [])
+        with spec.log_path.open("ab") as log:
+            attempt = f" (restart {child.restarts}/{self.restart.max_restarts})" if child.restarts else ""
+            log.write(f"\n===== launcher: starting {spec.name}{attempt} at {time.strftime('%F %T')}: "
+                      f"{' '.join(argv)}\n".encode())
+            log.flush()
+            child.echo_offset = log.tell() if not child.restarts else child.echo_offset
+            child.proc = subprocess.Popen(argv, cwd=self.cwd, env={**os.environ, **spec.env}, stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
+        child.pgid = child.proc.pid  # start_new_session: the child leads its own group
+        child.started_at = time.monotonic()
+        child.last_health_check = 0.0
+        if child not in self._started_order:
+            self._started_order.append(child)
+        where = f" on port {spec.port}" if spec.port else ""
+        self.say(f"started {spec.name}{where} (pid {child.proc.pid}, log {spec.log_path})")
+        if spec.health_url is None and spec.health_tcp is None:
+            self._mark_ready(child)
+        else:
+            child.state = STARTING
+
+    def _check_health(self, child: Child, now: float) -> None:
+        if now - child.last_health_check < HEALTH_EVERY_S:
+            return
+        child.last_health_check = now
+        if self._healthy(child.spec):
+            self._mark_ready(child)
+        elif now - child.started_at > self.health_timeout_s:
+            self._kill_group(child, signal.SIGKILL)
+            self._crashed(child, f"not healthy after {self.health_timeout_s:.0f}s ({self._health_target(child)})")
+
+    def _healthy(self, spec: ChildSpec) -> bool:
+        if spec.health_url:
+            try:
+                return self._http.get(spec.health_url).status_code == 200
+            except httpx.HTTPError:
+                return False
+        assert spec.health_tcp is not None
+        try:
+            with socket.create_connection(spec.health_tcp, timeout=1):
+                return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def _health_target(child: Child) -> str:
+        spec = child.spec
+        if spec.health_url:
+            return spec.health_url
+        return f"tcp {spec.health_tcp[0]}:{spec.health_tcp[1]}" if spec.health_tcp else "-"
+
+    def _mark_ready(self, child: Child) -> None:
+        child.state = READY
+        child.ready_s = time.monotonic() - child.started_at
+        if child.spec.health_url or child.spec.health_tcp:
+            self.say(f"{child.name} is healthy ({child.ready_s:.1f}s)")
+
+    def _exited(self, child: Child, code: int) -> None:
+        child.exit_codes.append(code)
+        self._kill_group(child, signal.SIGKILL)  # what it left behind must not hold its port
+        if child.spec.foreground and code == 0:
+            self._echo(child)
+            child.state = DONE
+            self.say(f"{child.name} finished")
+            return
+        self._crashed(child, f"exited with code {code}" + (" (a configuration error)" if code == CONFIG_ERROR_EXIT
+                                                           else ""), retry=code != CONFIG_ERROR_EXIT)
+
+    def _crashed(self, child: Child, reason: str, retry: bool = True) -> None:
+        if child.spec.foreground:
+            self._echo(child)
+        if retry and child.spec.restartable and child.restarts < self.restart.max_restarts:
+            child.restarts += 1
+            delay = min(self.restart.backoff_s * 2 ** (child.restarts - 1), self.restart.backoff_max_s)
+            child.state, child.next_start = BACKOFF, time.monotonic() + delay
+            self.say(f"{child.name} {reason}; restart {child.restarts}/{self.restart.max_restarts} in {delay:.1f}s")
+            return
+        child.state = FAILED
+        gave_up = f" after {child.restarts} restart(s)" if child.restarts else ""
+        raise RunFailed(child.name, reason + gave_up, child.spec.log_path, tail(child.spec.log_path, self.tail_lines))
+
+    def _echo(self, child: Child) -> None:
+        """Copy what the foreground child wrote since last time to our stdout."""
+        path = child.spec.log_path
+        if not path.is_file():
+            return
+        with path.open("rb") as f:
+            f.seek(child.echo_offset)
+            chunk = f.read()
+        if chunk:
+            child.echo_offset += len(chunk)
+            self.out.write(chunk.decode(errors="replace"))
+            self.out.flush()
+
+    # ------------------------------------------------------------------ teardown
+
+    def _kill_group(self, child: Child, sig: int) -> None:
+        if child.pgid is not None and group_alive(child.pgid):
+            try:
+                os.killpg(child.pgid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop_all(self) -> None:
+        """SIGTERM each started group in reverse start order, wait, SIGKILL the rest; reap everything."""
+        for child in reversed(self._started_order):
+            if child.pgid is None or not group_alive(child.pgid):
+                self._reap(child)
+                continue
+            self.say(f"stopping {child.name}")
+            self._kill_group(child, signal.SIGTERM)
+            grace = min(self.stop_timeout_s, child.spec.stop_timeout_s or self.stop_timeout_s)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                self._reap(child)
+                if not group_alive(child.pgid):
+                    break
+                time.sleep(0.1)
+            if group_alive(child.pgid):
+                self.say(f"{child.name} did not stop within {grace:.0f}s of SIGTERM: SIGKILL")
+                self._kill_group(child, signal.SIGKILL)
+                deadline = time.monotonic() + 10
+                while group_alive(child.pgid) and time.monotonic() < deadline:
+                    self._reap(child)
+                    time.sleep(0.05)
+            self._reap(child)
+            if child.state not in (DONE, FAILED):
+                child.state = DONE if child.spec.foreground and child.exit_codes[-1:] == [0] else WAITING
+
+    @staticmethod
+    def _reap(child: Child) -> None:
+        if child.proc is not None and child.proc.poll() is None:
+            try:
+                child.proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def status(self) -> list[dict]:
+        return [{"name": c.name, "state": c.state, "restarts": c.restarts, "exit_codes": c.exit_codes,
+                 "ready_s": c.ready_s, "pid": c.proc.pid if c.proc else None} for c in self.children]

@@ -1,0 +1,170 @@
+"""One command for the whole self-evolving loop.
+
+    python launcher.py --conf examples/quickstart.yaml [key.path=value ...] [--with-reme] [--with-bfcl]
+                       [--with-appworld] [--dry-run]
+    python launcher.py doctor [--conf examples/quickstart.yaml]
+
+Reads `.env`, composes and validates the run YAML (every section, so a typo fails before anything
+starts), resolves ports, starts or joins Ray, starts each enabled service as a supervised child
+(own process group, log under runs/<experiment>/logs/, ready on /healthz), runs the trainer, and
+stops everything it started on exit, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from common.config import ConfigError, compose, load_dotenv_file
+
+REPO_ROOT = Path(__file__).resolve().parent
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python launcher.py",
+        description="Start the services and the trainer of one run from its YAML; `python launcher.py doctor` "
+                    "checks the installation.")
+    parser.add_argument("--conf", required=True, help="run YAML, e.g. examples/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. trainer.steps=5")
+    parser.add_argument("--with-reme", action="store_true", help="also start the experience manager")
+    parser.add_argument("--with-bfcl", action="store_true", help="also serve the BFCL environment")
+    parser.add_argument("--with-appworld", action="store_true", help="also serve AppWorld (needs its data)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (processes, ports, commands); start nothing")
+    parser.add_argument("--env-file", default=None, help="dotenv file to read (default ./.env)")
+    return parser
+
+
+def load_plan(args: argparse.Namespace, *, check_ports: bool = True):
+    from evolver_launcher.plan import build_plan
+    from evolver_launcher.settings import apply_companion_flags
+
+    raw = compose(args.conf, args.overrides)
+    raw = apply_companion_flags(raw, with_reme=args.with_reme, with_bfcl=args.with_bfcl,
+                                with_appworld=args.with_appworld)
+    return build_plan(raw, args.conf, check_ports=check_ports)
+
+
+def describe_plan(plan) -> str:
+    launcher = plan.launcher
+    lines = [f"plan for experiment {plan.experiment!r} (run folder {plan.run_dir})",
+             f"  resolved config: {plan.config_path}"]
+    if plan.ray.mode == "start":
+        lines.append(f"  ray: start a local head, GCS {plan.ray.address}, dashboard {plan.ray.dashboard_url or 'off'}"
+                     f" (RAY_AUTH_MODE=disabled)")
+    elif plan.ray.mode == "join":
+        lines.append(f"  ray: join {plan.ray.address}")
+    else:
+        lines.append("  ray: off")
+    lines.append(f"  restarts: up to {launcher.restart.max_restarts} per service, backoff from "
+                 f"{launcher.restart.backoff_s}s; health timeout {launcher.health_timeout_s:.0f}s")
+    lines.append("  processes, in start order:")
+    for i, child in enumerate(plan.children, 1):
+        ready = (f"GET {child.health_url} -> 200" if child.health_url else
+                 f"tcp {child.health_tcp[0]}:{child.health_tcp[1]}" if child.health_tcp else "when running")
+        port = f"port {child.port}" if child.port else "no port"
+        threads = f"{child.threads} threads" if child.threads else "threads: Ray's"
+        after = ", ".join(child.depends_on) or "-"
+        lines += [f"  {i}. {child.name}: {port}, {threads}, starts after: {after}, ready: {ready}",
+                  f"     $ {' '.join(child.argv)}",
+                  f"     log: {child.log_path}"]
+    if not launcher.trainer:
+        lines.append("  no trainer (launcher.trainer=false): services run until Ctrl-C")
+    return "\n".join(lines)
+
+
+def _prepare_run_dir(plan) -> None:
+    run_dir: Path = plan.run_dir
+    if run_dir.exists() and not plan.launcher.resume and any(run_dir.iterdir()):
+        aside = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        print(f"[launcher] moved the previous run to {aside} (launcher.resume=true reuses it instead)")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    plan.config_path.write_text(
+        "# Resolved by launcher.py: every default filled in, ports and URLs chosen. Each child reads its section.\n"
+        + yaml.safe_dump(plan.data, sort_keys=False))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = load_plan(args)
+    except ConfigError as exc:
+        print(f"launcher: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(describe_plan(plan))
+        print("dry run: nothing was started")
+        return 0
+
+    from evolver_launcher.manifest import build_manifest, served_environments, write_manifest
+    from evolver_launcher.supervisor import Supervisor
+
+    _prepare_run_dir(plan)
+    manifest_path = plan.run_dir / "manifest.json"
+    manifest = build_manifest(plan, sys.argv)
+    write_manifest(manifest_path, manifest)
+    print(describe_plan(plan))
+    launcher = plan.launcher
+
+    def on_all_ready() -> None:
+        if "env_service" in launcher.services:
+            manifest["environments"]["served"] = served_environments(
+                plan.child("env_service").health_url.removesuffix("/healthz"))
+            write_manifest(manifest_path, manifest)
+        if plan.ray.dashboard_url:
+            print(f"[launcher] Ray dashboard (jobs, actors, logs): {plan.ray.dashboard_url}", flush=True)
+        if launcher.trainer:
+            print(f"[launcher] all services healthy; training curves: tensorboard --logdir "
+                  f"{_tensorboard_dir(plan)}", flush=True)
+        else:
+            print("[launcher] all services healthy; Ctrl-C stops them", flush=True)
+
+    supervisor = Supervisor(plan.children, restart=launcher.restart, health_timeout_s=launcher.health_timeout_s,
+                            stop_timeout_s=launcher.stop_timeout_s, tail_lines=launcher.log_tail_lines,
+                            cwd=REPO_ROOT, on_all_ready=on_all_ready)
+    supervisor.install_signal_handlers()
+    started = time.monotonic()
+    code = supervisor.run()
+    manifest["result"] = {"exit_code": code, "wall_s": round(time.monotonic() - started, 1),
+                          "children": supervisor.status()}
+    write_manifest(manifest_path, manifest)
+    _final_words(plan, code, time.monotonic() - started)
+    return code
+
+
+def _tensorboard_dir(plan) -> Path:
+    return Path(plan.data["trainer"]["output_dir"]) / "tensorboard"
+
+
+def _final_words(plan, code: int, seconds: float) -> None:
+    verdict = "finished" if code == 0 else f"stopped (exit code {code})"
+    print(f"[launcher] run {plan.experiment!r} {verdict} after {seconds / 60:.1f} min; everything it started is "
+          f"stopped", flush=True)
+    print(f"[launcher] run folder: {plan.run_dir} (config.yaml, manifest.json, logs/)")
+    if plan.launcher.trainer:
+        out = Path(plan.data["trainer"]["output_dir"])
+        print(f"[launcher] TensorBoard: tensorboard --logdir {_tensorboard_dir(plan)}")
+        for png in sorted(out.glob("*.png")):
+            print(f"[launcher] plot: {png}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        from evolver_launcher.doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
+    args = _run_parser().parse_args(argv)
+    load_dotenv_file(args.env_file)
+    if shutil.which("git") is None:
+        print("[launcher] note: git is not installed; the manifest will have no commit", file=sys.stderr)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
