@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,9 @@ def smollm2_server() -> Iterator[ServiceProcess]:
 
 
 @pytest.fixture(scope="session")
-def tiny_server() -> Iterator[ServiceProcess]:
-    with run_service("llm_server", ["--model", "tiny", "--max-batch", "8", "--max-request-tokens", "256"],
-                     timeout=120) as server:
+def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    # Settings from the run YAML's `llm_server` section, the model from a flag (flags win over the YAML).
+    conf = Path(tmp_path_factory.mktemp("llm_server")) / "run.yaml"
+    conf.write_text("llm_server:\n  model: smollm2\n  max_batch: 8\n  max_request_tokens: 256\n")
+    with run_service("llm_server", ["--conf", str(conf), "--model", "tiny"], timeout=120) as server:
         yield server

@@ -192,3 +192,18 @@ async def test_common_llm_client_gets_token_ids(tiny_server: ServiceProcess) -> 
     assert len(result.texts) == 2 and result.prompt_token_ids == _greedy(tiny_server)["prompt_token_ids"]
     assert [len(ids) for ids in result.completion_token_ids] == [len(lps) for lps in result.completion_logprobs]
     assert result.completion_tokens == sum(len(ids) for ids in result.completion_token_ids)
+
+
+def test_settings_come_from_the_yaml_section(tiny_server: ServiceProcess, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    stats = httpx.get(f"{tiny_server.url}/v1/stats").json()
+    assert stats["model"] == "tiny" and stats["max_batch"] == 8
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("llm_server:\n  modle: tiny\n")
+    done = subprocess.run([sys.executable, "-m", "llm_server", "--port", "1", "--conf", str(conf)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "llm_server.modle" in done.stderr
