@@ -24,8 +24,9 @@ def _register_estimators() -> None:
     from trainer.verl_plugin.estimators import make_verl_estimator
 
     for ours, theirs in VERL_ESTIMATORS.items():
-        if theirs in ADV_ESTIMATOR_REGISTRY:  # loaded twice (entry point and VERL_USE_EXTERNAL_MODULES)
-            continue
+        existing = ADV_ESTIMATOR_REGISTRY.get(theirs)
+        if existing is not None and existing.__module__ == make_verl_estimator.__module__:
+            continue  # already ours (a second load, e.g. entry point and VERL_USE_EXTERNAL_MODULES)
         _attempt(f"adv_estimator:{theirs}", lambda ours=ours, theirs=theirs:
                  register_adv_est(theirs)(make_verl_estimator(ours)))
 
