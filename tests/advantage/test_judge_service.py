@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -19,7 +21,7 @@ from advantage.estimators import batch_from_trajectories, compute_advantages
 from common.http import ServiceCallError
 from common.schemas import ChatMessage, Step, Trajectory
 from tests.advantage.fake_judge_llm import fake_judge_llm
-from tests.helpers import run_service
+from tests.helpers import REPO, free_port, run_service
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +184,21 @@ async def test_bad_input_gets_422_naming_the_problem(judge):
 
     response = httpx.post(f"{judge.url}/v1/judge", json={"trajectories": [{"trajectory_id": "x", "steps": []}]})
     assert response.status_code == 422 and "outcome" in response.json()["error"]["message"]
+
+
+def test_cli_flags_and_missing_llm_config(fake_llm, tmp_path):
+    # No judge LLM configured: the service refuses to start and says what to set.
+    done = subprocess.run([sys.executable, "-m", "advantage.judge", "--port", str(free_port())], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "judge.llm is not set" in done.stderr
+
+    url, _ = fake_llm
+    audit = tmp_path / "flags-audit.jsonl"
+    with run_service("advantage.judge", ["--llm-base-url", url, "--llm-model", "fake-judge",
+                                         "--audit-log", str(audit)]) as service:
+        body = {"trajectories": [{"trajectory_id": "f", "query": "flags task", "outcome": 1,
+                                  "steps": [{"action": "useful step"}]}]}
+        response = httpx.post(f"{service.url}/v1/judge", json=body, timeout=30)
+    assert response.status_code == 200
+    assert response.json()["judgments"][0]["labels"][0]["label"] == "GOOD"
+    assert json.loads(audit.read_text().splitlines()[0])["trajectory_id"] == "f"
