@@ -1,4 +1,4 @@
-"""Continuous-batching generation on one HF causal LM, owned by one worker thread.
+"""Continuous-batching generation on one HF causal LM, owned by one worker thread (shared by llm_server and the trainer).
 
 torch is not safe for concurrent forward passes on one model, so every model call happens in the
 worker thread; the HTTP side only enqueues jobs and awaits their futures. The worker keeps one

@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"llm_server: {exc}")
     import torch
 
+    from common.generation import Engine
     from llm_server.app import ServedModel, build_app
-    from llm_server.engine import Engine
 
     threads = settings.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)

@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from common.generation import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
 from common.service import ServiceError, create_app
-from llm_server.engine import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
 from llm_server.metrics import EngineCollector
 from llm_server.protocol import (
     ROLES,

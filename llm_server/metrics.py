@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from llm_server.engine import Engine
+from common.generation import Engine
 
 
 class EngineCollector:

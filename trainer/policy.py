@@ -19,11 +19,7 @@ from typing import Any, Protocol
 import httpx
 import torch
 
-# The engine is moving to common/generation.py; this is the only place that knows where it lives.
-try:
-    from common.generation import Engine, SamplingParams  # type: ignore[import-not-found]
-except ImportError:  # until the move lands
-    from llm_server.engine import Engine, SamplingParams
+from common.generation import Engine, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from common.generation import Engine, SamplingParams
 from common.models import load_model
-from llm_server.engine import Engine, SamplingParams
 from llm_server.tools import parse_tool_calls
 
 TIMEOUT = 300  # seconds; generous for a loaded shared machine
@@ -150,7 +150,7 @@ def test_parse_tool_calls() -> None:
 def test_prefill_groups_respect_the_token_budget() -> None:
     import concurrent.futures as cf
 
-    from llm_server.engine import _Job, _prefill_groups
+    from common.generation import _Job, _prefill_groups
 
     jobs = [_Job([1] * n, SamplingParams(max_tokens=1), cf.Future()) for n in (50, 10, 30, 12, 200)]
     groups = _prefill_groups(jobs, budget=64)
