@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from common.config import ConfigError, validate
 from evolver_launcher.settings import (
     SERVICE_MODULES,
@@ -78,7 +80,10 @@ class Plan:
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could bind it now. SO_REUSEADDR, as servers set it: a port whose old connections
+    sit in TIME_WAIT is free, one with a listener is not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -144,9 +149,12 @@ def _walk_llm_roles(node: Any, path: str, found: list[tuple[str, dict]]) -> None
             _walk_llm_roles(value, f"{path}.{key}" if path else str(key), found)
 
 
-def _fill_bundled_roles(data: dict[str, Any], services: list[str], llm_url: str | None, model: str | None) -> None:
+def _fill_bundled_roles(data: dict[str, Any], services: list[str], llm_url: str | None, model: str | None,
+                        trainer: bool) -> None:
+    """Point roles written as `base_url: llm_server` at the bundled server (sections that will run only)."""
     roles: list[tuple[str, dict]] = []
-    _walk_llm_roles({k: v for k, v in data.items() if k != "launcher"}, "", roles)
+    running = {*services, *(["trainer"] if trainer else [])}
+    _walk_llm_roles({k: v for k, v in data.items() if k in running}, "", roles)
     for path, role in roles:
         if role.get("base_url") != BUNDLED_LLM:
             continue
@@ -155,7 +163,7 @@ def _fill_bundled_roles(data: dict[str, Any], services: list[str], llm_url: str 
                               f"does not start; add llm_server to launcher.services or give a real URL")
         role["base_url"] = f"{llm_url}/v1"
         role.setdefault("model", model)
-    policy = ((data.get("trainer") or {}).get("policy") or {})
+    policy = ((data.get("trainer") or {}).get("policy") or {}) if trainer else {}
     if policy.get("url") == BUNDLED_LLM:
         if "llm_server" not in services or llm_url is None:
             raise ConfigError("trainer.policy.url: `llm_server` needs llm_server in launcher.services")
@@ -227,7 +235,7 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
 
     llm = data.get("llm_server") or {}
     served = llm.get("served_model_name") or llm.get("model") or "smollm2"
-    _fill_bundled_roles(data, services, urls.get("llm_server"), served)
+    _fill_bundled_roles(data, services, urls.get("llm_server"), served, launcher.trainer)
 
     for name in services:
         budget = thread_budget(launcher, name)
@@ -259,12 +267,42 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
         if launcher.resume:
             trainer["resume"] = True
 
+    running = {*services, *(["trainer"] if launcher.trainer else [])}
+    dormant = {name: data.pop(name) for name in list(data) if name not in running and name != "launcher"}
+    for name, section in dormant.items():
+        _check_dormant(name, section)
     config = validate(RunConfig, data)
-    resolved = config.model_dump(mode="json")
+    resolved = {k: v for k, v in config.model_dump(mode="json").items() if v is not None}
     resolved["launcher"]["experiment"] = experiment
+    resolved.update({k: v for k, v in dormant.items() if v is not None})  # kept as written, for the record
     config_path = run_dir / "config.yaml"
     children = _children(config, resolved, services, urls, ray, run_dir, config_path)
     return Plan(experiment, run_dir, config_path, config, resolved, children, ray)
+
+
+def _check_dormant(name: str, section: Any) -> None:
+    """A section whose service does not run: its keys and values must still be right, but fields the
+    launcher would fill in (URLs, required peers) may be missing."""
+    if section is None:
+        return
+    model = _section_model(name)
+    try:
+        model.model_validate(section)
+    except ValidationError as exc:
+        errors = [e for e in exc.errors() if e["type"] != "missing"]
+        if not errors:
+            return
+        lines = []
+        for err in errors:
+            path = ".".join(str(p) for p in (name, *err["loc"]))
+            lines.append(f"{path}: unknown key" if err["type"] == "extra_forbidden"
+                         else f"{path}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def _section_model(name: str) -> type[BaseModel]:
+    annotation = RunConfig.model_fields[name].annotation
+    return next(a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None))
 
 
 def _section_default_port(annotation: Any) -> int | None:
