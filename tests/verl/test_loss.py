@@ -10,11 +10,12 @@ import torch
 
 pytest.importorskip("verl", reason="veRL is installed by the `verl` extra")
 
-import trainer.verl_plugin  # noqa: E402,F401
-from trainer.verl_plugin.loss import EXPERIENCE_FLAG_FIELD, evolver_ppo_loss  # noqa: E402
 from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+
+import trainer.verl_plugin  # noqa: E402,F401
+from trainer.verl_plugin.loss import EXPERIENCE_FLAG_FIELD, evolver_ppo_loss  # noqa: E402
 
 
 def actor_config(loss_mode: str = "evolver_boosted", agg: str = "token-mean", **kw) -> ActorConfig:

@@ -1,0 +1,166 @@
+"""`evolver_env_agent` driven by a fake veRL server manager (vLLM cannot run here) against a real env service.
+
+The tokenizer is a word-level ChatML tokenizer built in code, so every expected id below is written by
+hand from its vocabulary. The experience manager runs for real too, for the flagged rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+pytest.importorskip("verl", reason="veRL is installed by the `verl` extra")
+
+from omegaconf import OmegaConf  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+import trainer.verl_plugin  # noqa: E402,F401
+from tests.helpers import run_service  # noqa: E402
+from trainer.verl_plugin.agent_loop import TASK_KEY, EvolverEnvAgentLoop  # noqa: E402
+
+VOCAB = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "play", "signal", "look", "at",
+         "the", "then", "answer", "north", ",", "south", "is", "hi"]
+ID = {word: i for i, word in enumerate(VOCAB)}
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+ENV_YAML = """env_service:
+  environments:
+    signal:
+      options: [north, south]
+      system: play signal
+      query: "look at the signal then answer {choices}"
+      cue: "signal is {signal}"
+      tasks_per_split: {train: 4, validation: 2, test: 2}
+"""
+TASK = "signal-train-0000"  # its signal is `north`
+
+# ---- golden values, by hand from VOCAB ----
+# <|im_start|>system\nplay signal<|im_end|>\n<|im_start|>user\nlook at the signal then answer north, south<|im_end|>\n
+# <|im_start|>assistant\n
+PROMPT = [1, 3, 6, 7, 2, 1, 4, 8, 9, 10, 7, 11, 12, 13, 14, 15, 2, 1, 5]
+TURN_1 = [17, 2]  # the policy says "hi<|im_end|>"
+# the env answers: \n<|im_start|>user\nsignal is north<|im_end|>\n<|im_start|>assistant\n  (the eos is the policy's)
+OBSERVATION = [1, 4, 7, 16, 13, 2, 1, 5]
+TURN_2 = [13, 2]  # "north<|im_end|>": correct, the episode ends
+RESPONSE = TURN_1 + OBSERVATION + TURN_2
+MASK = [1, 1] + [0] * 8 + [1, 1]
+STEP_IDS = [0] * 10 + [1, 1]
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="<|im_end|>",
+                                  pad_token="[UNK]", additional_special_tokens=["<|im_start|>"])
+    tok.chat_template = CHATML
+    return tok
+
+
+class ScriptedServerManager:
+    """Stands in for veRL's LLMServerClient: returns scripted token ids, records every request."""
+
+    def __init__(self, replies: list[list[int]]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
+        self.requests.append({"request_id": request_id, "prompt_ids": list(prompt_ids),
+                              "sampling_params": dict(sampling_params)})
+        sampling_params.pop("max_tokens")  # as veRL's vLLM server does: the loop must send a fresh dict
+        ids = self.replies.pop(0)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), extra_fields={"global_steps": 3})
+
+
+@pytest.fixture(scope="module")
+def env_url(tmp_path_factory):
+    conf = tmp_path_factory.mktemp("env") / "env.yaml"
+    conf.write_text(ENV_YAML)
+    with run_service("env_service", ["--conf", str(conf)]) as service:
+        yield service.url
+
+
+def veRL_config(env_url: str, experience: dict | None = None, n: int = 4) -> object:
+    evolver = {"env_url": env_url, "rollout": {"env": "signal", "max_turns": 4, "max_new_tokens": 8,
+                                               "experience_ratio": 0.5}}
+    if experience:
+        evolver["experience"] = experience
+    return OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"n": n, "prompt_length": 64, "response_length": 64}},
+        "data": {"apply_chat_template_kwargs": {}},
+        "evolver": evolver,
+    })
+
+
+def run_loop(config, server, session_id: int) -> list[AgentLoopOutput]:
+    loop = EvolverEnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server,
+                               tokenizer=word_tokenizer(), processor=None, dataset_cls=None,
+                               data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+    row = {"raw_prompt": [{"role": "user", "content": "unused"}], "uid": "prompt-uid-1", "session_id": session_id,
+           "extra_info": {TASK_KEY: json.dumps({"task_id": TASK, "env_type": "signal"})}}
+    return asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, **row))
+
+
+def test_registered_under_our_name():
+    assert _agent_loop_registry["evolver_env_agent"]["_target_"].endswith("agent_loop.EvolverEnvAgentLoop")
+
+
+def test_episode_returns_golden_prompt_response_mask_and_fields(env_url):
+    server = ScriptedServerManager([TURN_1, TURN_2])
+    [out] = run_loop(veRL_config(env_url), server, session_id=0)  # no experience service: never flagged
+    assert out.prompt_ids == PROMPT
+    assert out.response_ids == RESPONSE
+    assert out.response_mask == MASK
+    assert out.reward_score == 1.0
+    assert out.response_logprobs == [-0.5, -0.5] + [0.0] * 8 + [-0.5, -0.5]
+    extra = out.extra_fields
+    assert extra["step_ids"] == STEP_IDS and extra["num_steps"] == 2 and extra["segment_index"] == 0
+    assert extra["task_id"] == TASK and extra["experience_flag"] is False
+    assert extra["min_global_steps"] == extra["max_global_steps"] == 3
+    # Token-in/token-out: the second request continued the exact ids, with one sticky request id.
+    assert [r["prompt_ids"] for r in server.requests] == [PROMPT, PROMPT + TURN_1 + OBSERVATION]
+    assert len({r["request_id"] for r in server.requests}) == 1
+    assert server.requests[0]["sampling_params"]["max_tokens"] == 8
+    # veRL's own serialisation of the output: rm_scores carries the reward on the last token.
+    as_dict = out.as_dict()
+    assert as_dict["responses"].tolist() == RESPONSE and as_dict["rm_scores"].tolist()[-1] == 1.0
+
+
+@pytest.fixture(scope="module")
+def experience_url(tmp_path_factory):
+    store = tmp_path_factory.mktemp("experience")
+    with run_service("experience_manager", ["--store", str(store / "store")]) as service:
+        created = httpx.post(f"{service.url}/v1/workspaces/signal-ws/experiences", timeout=60, json={
+            "when_to_use": "When asked to look at the signal then answer with the signal word",
+            "content": "Say anything first; the next message shows the signal word; repeat that word exactly."})
+        assert created.status_code in (200, 201), created.text
+        yield service.url
+
+
+def test_flagged_session_generates_with_experience_and_trains_without_it(env_url, experience_url):
+    experience = {"url": experience_url, "workspace": "signal-ws"}
+    config = veRL_config(env_url, experience, n=4)  # round(4 * 0.5) = 2: sessions 0 and 1 are flagged
+    server = ScriptedServerManager([TURN_1, TURN_2])
+    [out] = run_loop(config, server, session_id=1)
+    seen = server.requests[0]["prompt_ids"]
+    assert len(seen) > len(PROMPT) and seen[-3:] == PROMPT[-3:]  # the experience was in the generation prompt
+    assert out.prompt_ids == PROMPT  # ... and is stripped from the training prompt
+    assert out.response_ids == RESPONSE and out.response_mask == MASK
+    assert out.extra_fields["experience_flag"] is True and out.extra_fields["experience_ids"]
+    # The second turn continued from the experience-bearing context, token for token.
+    assert server.requests[1]["prompt_ids"] == seen + TURN_1 + OBSERVATION
+
+    unflagged = ScriptedServerManager([TURN_1, TURN_2])
+    [plain] = run_loop(config, unflagged, session_id=2)
+    assert unflagged.requests[0]["prompt_ids"] == PROMPT and plain.extra_fields["experience_flag"] is False
