@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from advantage.client import JudgeClient, JudgeStep, JudgeTrajectory
-from tests.helpers import run_service
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_server.__main__") is None,
-                                reason="llm_server is not in this checkout")
+from tests.helpers import ServiceProcess, run_service
 
 
 def judge_conf(tmp_path, llm_url: str, model: str) -> str:
@@ -35,9 +31,8 @@ def flight_trajectories() -> list[JudgeTrajectory]:
     ]
 
 
-async def test_tiny_model_output_is_unparsable_so_every_trajectory_falls_back(tmp_path):
-    with run_service("llm_server", ["--model", "tiny", "--threads", "1"], timeout=180) as llm, \
-            run_service("advantage.judge", ["--conf", judge_conf(tmp_path, llm.url, "tiny")]) as judge:
+async def test_tiny_model_output_is_unparsable_so_every_trajectory_falls_back(tmp_path, tiny_server: ServiceProcess):
+    with run_service("advantage.judge", ["--conf", judge_conf(tmp_path, tiny_server.url, "tiny")]) as judge:
         async with JudgeClient(judge.url) as client:
             trajs = flight_trajectories()
             response = await client.judge(trajs)
@@ -53,10 +48,9 @@ async def test_tiny_model_output_is_unparsable_so_every_trajectory_falls_back(tm
 
 
 @pytest.mark.slow
-async def test_smollm2_judges_every_step(tmp_path):
+async def test_smollm2_judges_every_step(tmp_path, smollm2_server: ServiceProcess):
     """Completes with one label per step; the parse and fallback rates are measured by benchmarks/judge.py."""
-    with run_service("llm_server", ["--model", "smollm2"], timeout=300) as llm, \
-            run_service("advantage.judge", ["--conf", judge_conf(tmp_path, llm.url, "smollm2")]) as judge:
+    with run_service("advantage.judge", ["--conf", judge_conf(tmp_path, smollm2_server.url, "smollm2")]) as judge:
         async with JudgeClient(judge.url) as client:
             trajs = flight_trajectories()
             response = await client.judge(trajs, timeout=600)

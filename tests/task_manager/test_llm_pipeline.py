@@ -20,24 +20,24 @@ from tests.task_manager.conftest import write_conf
 pytestmark = pytest.mark.slow
 
 
-def test_smollm2_explores_and_synthesizes(flights_env: ServiceProcess, tmp_path: Path) -> None:
-    with run_service("llm_server", ["--model", "smollm2"], timeout=300) as llm:
-        role = {"base_url": f"{llm.url}/v1", "model": "smollm2", "timeout": 300}
-        conf = write_conf(tmp_path / "tm.yaml", flights_env.url, tmp_path / "store",
-                          llm={"explorer": role, "synthesizer": role},
-                          # One episode at a time: concurrent requests to llm_server were seen to stall.
-                          explore={"breadth_steps": 1, "depth_steps": 2, "max_tokens": 40, "concurrency": 1},
-                          synthesis={"max_tokens": 160}, dedup={"heldout_splits": []})
-        with run_service("task_manager", ["--conf", str(conf)]) as tm:
-            async def run() -> dict:
-                async with TaskClient(tm.url) as client:
-                    job = await client.submit_job("flights", episodes=2)
-                    assert job.params["explorer"] is None  # "auto" resolves to the configured LLM role
-                    done = await client.wait_job(job.job_id, timeout=400)
-                    return done.model_dump()
+def test_smollm2_explores_and_synthesizes(flights_env: ServiceProcess, smollm2_server: ServiceProcess,
+                                         tmp_path: Path) -> None:
+    llm = smollm2_server
+    role = {"base_url": f"{llm.url}/v1", "model": "smollm2", "timeout": 300}
+    conf = write_conf(tmp_path / "tm.yaml", flights_env.url, tmp_path / "store",
+                      llm={"explorer": role, "synthesizer": role},
+                      explore={"breadth_steps": 1, "depth_steps": 2, "max_tokens": 40, "concurrency": 1},
+                      synthesis={"max_tokens": 160}, dedup={"heldout_splits": []})
+    with run_service("task_manager", ["--conf", str(conf)]) as tm:
+        async def run() -> dict:
+            async with TaskClient(tm.url) as client:
+                job = await client.submit_job("flights", episodes=2)
+                assert job.params["explorer"] is None  # "auto" resolves to the configured LLM role
+                done = await client.wait_job(job.job_id, timeout=400)
+                return done.model_dump()
 
-            job = asyncio.run(run())
-            log = tm.log()
+        job = asyncio.run(run())
+        log = tm.log()
     progress = job["progress"]
     print(json.dumps({"smollm2_job": progress}))
     assert job["status"] == "done", job
