@@ -29,9 +29,7 @@ from common.schemas import Task
 from env_service.client import EnvClient
 from trainer.policy import Generation, Sampling
 from trainer.rollout import Rollout, run_episode
-from trainer.verl_plugin.settings import VERL_AGENT_LOOP, EvolverVerlSettings, evolver_settings
-
-TASK_KEY = "evolver_task"  # extra_info column of the dataset rows: the Task as JSON
+from trainer.verl_plugin.settings import TASK_KEY, VERL_AGENT_LOOP, EvolverVerlSettings, evolver_settings
 
 
 def task_from_row(row: dict[str, Any]) -> Task:
@@ -156,8 +154,10 @@ def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_le
             reward_score=float(traj.outcome if traj.outcome is not None else 0.0),
             num_turns=1 + 2 * len(traj.steps),
             metrics=metrics,
+            # veRL copies `reward_extra_info` from the last output to the others: every output carries it.
             extra_fields={**shared, "segment_index": index, "step_ids": segment.step_ids[:response_length],
-                          "response_truncated": n > response_length},
+                          "response_truncated": n > response_length,
+                          "reward_extra_info": {"outcome": float(traj.outcome or 0.0)}},
         ))
     return outputs
 

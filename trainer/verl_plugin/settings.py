@@ -23,6 +23,7 @@ VERL_ESTIMATORS: dict[str, str] = {"grpo": "evolver_grpo", "adca_grpo": "evolver
 VERL_POLICY_LOSS = "evolver_boosted"
 VERL_TRAINER = "evolver_sync"
 VERL_AGENT_LOOP = "evolver_env_agent"
+TASK_KEY = "evolver_task"  # extra_info field of a dataset row: the Task as JSON
 
 
 class ExperienceSettings(StrictModel):
