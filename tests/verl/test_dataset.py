@@ -1,0 +1,34 @@
+"""The task parquet goes through veRL's own dataset class and comes back as the same tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl", reason="veRL is installed by the `verl` extra")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+
+from common.schemas import Task  # noqa: E402
+from tests.verl.test_agent_loop import word_tokenizer  # noqa: E402
+from trainer.verl_plugin.agent_loop import task_from_row  # noqa: E402
+from trainer.verl_plugin.dataset import write_parquet  # noqa: E402
+
+
+def test_rows_read_by_verls_dataset_become_our_tasks(tmp_path):
+    tasks = [Task(task_id="signal-train-0000", env_type="signal"),
+             Task(task_id="syn-1", env_type="signal", synthetic=True, seed_task_id="signal-train-0001",
+                  query="look at the signal then answer north, south")]
+    path = write_parquet(tasks, tmp_path / "train.parquet")
+    config = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 64, "return_raw_chat": True,
+                               "filter_overlong_prompts": True, "cache_dir": str(tmp_path / "cache")})
+    dataset = RLHFDataset(data_files=str(path), tokenizer=word_tokenizer(), config=config)
+    rows = [dataset[i] for i in range(len(dataset))]
+    assert [task_from_row(r) for r in rows] == tasks
+    assert all(r["agent_name"] == "evolver_env_agent" for r in rows)
+    assert task_from_row(rows[1]).create_params() == {"query": tasks[1].query}
+
+
+def test_a_row_without_our_task_says_how_to_build_the_parquet():
+    with pytest.raises(ValueError, match="trainer.verl_plugin dataset"):
+        task_from_row({"extra_info": {"index": 0}})
