@@ -242,6 +242,10 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
         if name == "llm_server":
             _set_default(data[name], "threads", budget)
 
+    if launcher.trainer and data.get("verl") is not None:
+        raise ConfigError("verl: this run is for the veRL backend (GPU); start it with examples/run_overall_gpu.sh "
+                          "(CONF=<this yaml>). The launcher runs the local trainer; with launcher.trainer=false it "
+                          "starts just the services.")
     if launcher.trainer:
         if data.get("trainer") is None:
             raise ConfigError("trainer: launcher.trainer is true but the YAML has no `trainer` section "
@@ -268,7 +272,7 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
             trainer["resume"] = True
 
     running = {*services, *(["trainer"] if launcher.trainer else [])}
-    dormant = {name: data.pop(name) for name in list(data) if name not in running and name != "launcher"}
+    dormant = {name: data.pop(name) for name in list(data) if name not in running and name not in ("launcher", "verl")}
     for name, section in dormant.items():
         _check_dormant(name, section)
     config = validate(RunConfig, data)

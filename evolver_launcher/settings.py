@@ -109,6 +109,9 @@ class RunConfig(StrictModel):
     experience_manager: ExperienceManagerSettings | None = None
     judge: JudgeSettings | None = None
     trainer: TrainerConfig | None = None
+    # The veRL backend's section (GPU runs through examples/run_overall_gpu.sh). Checked there, by
+    # `python -m trainer.verl_plugin`: importing veRL here would add ~15 s to every launch.
+    verl: dict[str, Any] | None = None
 
 
 APPWORLD_HELP = (

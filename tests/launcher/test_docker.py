@@ -60,7 +60,7 @@ def test_compose_file_is_valid_and_has_every_service(tmp_path, monkeypatch):
         test = " ".join(config[name]["healthcheck"]["test"])
         assert ("/healthz" in test) or ("/api/version" in test), name
         assert all(p.get("host_ip") == "127.0.0.1" for p in config[name].get("ports", [])), name
-    assert config["trainer"]["environment"]["RAY_ADDRESS"] == "ray-head:6379"
+    assert config["trainer"]["environment"]["RAY_ADDRESS"] == "ray://ray-head:10001"
     assert config["ray-head"]["build"]["args"]["BASE"] == "python:3.11-slim"
     rebased = run_compose(cmd, "-f", str(COMPOSE_FILE), "config", "--format", "json",
                           env={"EVOLVER_BASE_IMAGE": "localdebian:bookworm"})
@@ -84,7 +84,7 @@ def test_the_compose_run_config_validates_section_by_section(monkeypatch):
         settings = load_config(_section_model(section), conf, section=section)
         assert settings is not None
     trainer = load_config(_section_model("trainer"), conf, section="trainer")
-    assert trainer.services.env_url == "http://env-service:8080" and trainer.ray.address == "ray-head:6379"
+    assert trainer.services.env_url == "http://env-service:8080" and trainer.ray.address == "ray://ray-head:10001"
     monkeypatch.setenv("QDRANT_URL", "http://qdrant:6333")
     em = load_config(_section_model("experience_manager"), conf, section="experience_manager")
     assert em.qdrant_url == "http://qdrant:6333"
