@@ -82,6 +82,7 @@ def test_plain_grpo_without_services_beyond_the_environment():
     (lambda r: r["trainer"]["services"].pop("judge_url"), "adca_grpo needs step labels"),
     (lambda r: r["trainer"]["services"].pop("experience_url"), "experience_ratio"),
     (lambda r: r["trainer"]["rollout"].update(n=0), "trainer.rollout.n"),
+    (lambda r: r["trainer"]["rollout"].update(max_context=20000), "max_context=20000"),
 ])
 def test_bad_input_names_what_to_fix(change, message):
     run = compose_yaml(EXAMPLE)

@@ -133,6 +133,10 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
         raise ValueError(f"trainer.tasks_per_step={trainer.tasks_per_step} must be a multiple of "
                          f"trainer.optim.minibatches={trainer.optim.minibatches} (veRL mini-batches are whole groups)")
     loss, optim, rollout = trainer.loss, trainer.optim, trainer.rollout
+    if rollout.max_context > verl.prompt_length + verl.response_length:
+        # vLLM's context is prompt_length + response_length; our template must stop generating before it.
+        raise ValueError(f"trainer.rollout.max_context={rollout.max_context} exceeds verl.prompt_length + "
+                         f"verl.response_length = {verl.prompt_length + verl.response_length}")
 
     plain: dict[str, Any] = {
         # data: one row per task; our agent loop ignores the prompt text and starts the environment
