@@ -1,14 +1,19 @@
 """`signal`: the smallest environment whose reward depends on what an earlier observation said.
 
 Episode: the user asks the agent to look; whatever the agent says first, the environment answers
-with the task's signal word (one of `options`, the observation's last word); the agent's second turn is read as its answer and
-scores 1 when it names the signal. A policy that ignores the cue scores exactly 1/len(options) in
-expectation (signals are balanced over a split), which makes "chance" a known number.
+with the task's signal word (one of `options`, shown `cue_repeat` times at the observation's end);
+the agent's second turn is read as its answer and scores 1 when it names the signal. A policy that
+ignores the cue scores exactly 1/len(options) in expectation (signals are balanced over a split),
+which makes "chance" a known number.
 
 `fallback: first_char` makes every answer count: an answer naming no option is read by its first
-character, as the option starting with that letter, else option `ord(char) % len(options)`. That keeps a random-initialised model at chance instead of
-at zero, so reinforcement learning has a signal to climb from; with `fallback: none` (the default)
-such an answer is invalid and scores 0.
+character, as the option starting with that letter, else option `ord(char) % len(options)`. That
+keeps a random-initialised model at chance instead of at zero, so reinforcement learning has a
+signal to climb from; with `fallback: none` (the default) such an answer is invalid and scores 0.
+
+The wording (`system`, `query`, `cue`) is configurable: a tiny random-initialised model learns to
+read the cue in a few dozen steps only when the context is short and the cue is loud (repeated),
+because attention at initialisation is nearly uniform over the context.
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ from env_service.environments.base import EnvInstance, Environment, EvalResult, 
 SYSTEM = ("You are playing Signal. First say anything to see the signal. "
           "Then answer with the signal word only.")
 QUERY = "Look at the signal, then answer with its word: {choices}."
+CUE = "Answer now. The signal is {signal}"
 
 
 class SignalConfig(StrictModel):
     options: list[str] = Field(default_factory=lambda: ["north", "south", "east", "west"], min_length=2)
     fallback: Literal["none", "first_char"] = "none"
+    system: str = Field(default=SYSTEM, min_length=1)
+    query: str = Field(default=QUERY, description="the user turn; {choices} lists the options")
+    cue: str = Field(default=CUE, description="the first observation; must contain {signal}")
+    cue_repeat: int = Field(default=1, ge=1, le=64,
+                            description="the signal word shown this many times (a louder cue for tiny models)")
     tasks_per_split: dict[str, int] = Field(default_factory=lambda: {"train": 256, "validation": 64, "test": 64})
     seed: int = 0
 
@@ -42,22 +53,29 @@ class SignalConfig(StrictModel):
             raise ValueError(f"options must be distinct lowercase words, got {options}")
         return cleaned
 
+    @field_validator("cue")
+    @classmethod
+    def _cue_shows_signal(cls, cue: str) -> str:
+        if "{signal}" not in cue:
+            raise ValueError("cue must contain {signal}: the observation has to show the signal")
+        return cue
+
 
 class SignalInstance(EnvInstance):
     def __init__(self, config: SignalConfig, signal: str, query: str | None) -> None:
         self.config, self.signal = config, signal
-        self.query = query or QUERY.format(choices=", ".join(config.options))
+        self.query = query or config.query.format(choices=", ".join(config.options))
         self.turn = 0
         self.answer: str | None = None
         self.valid = False
 
     def reset(self) -> list[ChatMessage]:
-        return [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=self.query)]
+        return [ChatMessage(role="system", content=self.config.system), ChatMessage(role="user", content=self.query)]
 
     def step(self, action: ChatMessage) -> StepResult:
         self.turn += 1
         if self.turn == 1:
-            return StepResult(observation=ChatMessage(role="user", content=f"Answer now. The signal is {self.signal}"))
+            return StepResult(observation=ChatMessage(role="user", content=self.config.cue.format(signal=" ".join([self.signal] * self.config.cue_repeat))))
         if self.turn == 2:
             self.answer, self.valid = self._read_answer(action.text())
             correct = self.answer == self.signal
