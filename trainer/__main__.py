@@ -45,10 +45,13 @@ def run_on_ray(config: TrainerConfig) -> dict:
     from trainer.local import TrainerActorImpl
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if config.ray.address:
-        ray.init(address=config.ray.address)
+    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
     else:
-        ray.init(include_dashboard=config.ray.dashboard, dashboard_host="127.0.0.1",
+        # "local" always starts a fresh cluster: a bare ray.init() would join whatever cluster a
+        # stale /tmp/ray session points at, with its own resources.
+        ray.init(address="local", include_dashboard=config.ray.dashboard, dashboard_host="127.0.0.1",
                  dashboard_port=config.ray.dashboard_port, num_cpus=max(2, int(config.ray.num_cpus) + 1),
                  log_to_driver=True)
     try:
