@@ -213,8 +213,31 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
         urls[name] = f"http://{_connect_host(host)}:{port}"
 
     ray = _plan_ray(launcher, book, environ)
+    _fill_service_state(data, services, urls, ray, run_dir)
+    llm = data.get("llm_server") or {}
+    served = llm.get("served_model_name") or llm.get("model") or "smollm2"
+    _fill_bundled_roles(data, services, urls.get("llm_server"), served, launcher.trainer)
+    if "llm_server" in services:
+        _set_default(data["llm_server"], "threads", thread_budget(launcher, "llm_server"))
+    if launcher.trainer:
+        _fill_trainer(data, launcher, services, urls, ray, run_dir)
 
-    # Where each service keeps its state: under the run folder unless the YAML says otherwise.
+    running = {*services, *(["trainer"] if launcher.trainer else [])}
+    dormant = {name: data.pop(name) for name in list(data) if name not in running and name not in ("launcher", "verl")}
+    for name, section in dormant.items():
+        _check_dormant(name, section)
+    config = validate(RunConfig, data)
+    resolved = {k: v for k, v in config.model_dump(mode="json").items() if v is not None}
+    resolved["launcher"]["experiment"] = experiment
+    resolved.update({k: v for k, v in dormant.items() if v is not None})  # kept as written, for the record
+    config_path = run_dir / "config.yaml"
+    children = _children(config, resolved, services, urls, ray, run_dir, config_path)
+    return Plan(experiment, run_dir, config_path, config, resolved, children, ray)
+
+
+def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[str, str], ray: RayPlan,
+                        run_dir: Path) -> None:
+    """Where each service keeps its state (under the run folder unless the YAML says) and whom it calls."""
     if "task_manager" in services:
         tm = data["task_manager"]
         _set_default(tm, "store_dir", str(run_dir / "task_manager"))
@@ -228,60 +251,40 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
             _set_default(em, "store", str(run_dir / "experience_store"))
     if "judge" in services:
         _set_default(data["judge"], "audit_log", str(run_dir / "judge" / "audit.jsonl"))
-    if "env_service" in services and ray.address:
-        env = data["env_service"]
-        if env.get("backend") == "ray":
-            _set_default(_section(env, "ray"), "address", ray.address)
+    if "env_service" in services and ray.address and data["env_service"].get("backend") == "ray":
+        _set_default(_section(data["env_service"], "ray"), "address", ray.address)
 
-    llm = data.get("llm_server") or {}
-    served = llm.get("served_model_name") or llm.get("model") or "smollm2"
-    _fill_bundled_roles(data, services, urls.get("llm_server"), served, launcher.trainer)
 
-    for name in services:
-        budget = thread_budget(launcher, name)
-        if name == "llm_server":
-            _set_default(data[name], "threads", budget)
-
-    if launcher.trainer and data.get("verl") is not None:
+def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: list[str], urls: dict[str, str],
+                  ray: RayPlan, run_dir: Path) -> None:
+    """The trainer's peers' URLs, output folder, thread budget and the Ray cluster it joins."""
+    if data.get("verl") is not None:
         raise ConfigError("verl: this run is for the veRL backend (GPU); start it with examples/run_overall_gpu.sh "
                           "(CONF=<this yaml>). The launcher runs the local trainer; with launcher.trainer=false it "
                           "starts just the services.")
-    if launcher.trainer:
-        if data.get("trainer") is None:
-            raise ConfigError("trainer: launcher.trainer is true but the YAML has no `trainer` section "
-                              "(add one, or set launcher.trainer=false to run the services only)")
-        trainer = _section(data, "trainer")
-        _set_default(trainer, "output_dir", str(run_dir / "trainer"))
-        svc = _section(trainer, "services")
-        from trainer.config import ServicesConfig
+    if data.get("trainer") is None:
+        raise ConfigError("trainer: launcher.trainer is true but the YAML has no `trainer` section "
+                          "(add one, or set launcher.trainer=false to run the services only)")
+    from trainer.config import ServicesConfig
 
-        for name, field_name in TRAINER_URL_FIELDS.items():
-            if name in services and field_name in ServicesConfig.model_fields:
-                _set_default(svc, field_name, urls[name])
-        budget = thread_budget(launcher, "trainer")
-        _set_default(trainer, "torch_threads", budget)
-        policy = _section(trainer, "policy")
-        if policy.get("kind", "in_process") == "in_process":
-            _set_default(policy, "threads", budget)
-        ray_section = _section(trainer, "ray")
-        if ray.mode == "off":
-            _set_default(ray_section, "enabled", False)
-        elif ray.address:
-            _set_default(ray_section, "address", ray.address)
-        if launcher.resume:
-            trainer["resume"] = True
-
-    running = {*services, *(["trainer"] if launcher.trainer else [])}
-    dormant = {name: data.pop(name) for name in list(data) if name not in running and name not in ("launcher", "verl")}
-    for name, section in dormant.items():
-        _check_dormant(name, section)
-    config = validate(RunConfig, data)
-    resolved = {k: v for k, v in config.model_dump(mode="json").items() if v is not None}
-    resolved["launcher"]["experiment"] = experiment
-    resolved.update({k: v for k, v in dormant.items() if v is not None})  # kept as written, for the record
-    config_path = run_dir / "config.yaml"
-    children = _children(config, resolved, services, urls, ray, run_dir, config_path)
-    return Plan(experiment, run_dir, config_path, config, resolved, children, ray)
+    trainer = _section(data, "trainer")
+    _set_default(trainer, "output_dir", str(run_dir / "trainer"))
+    peers = _section(trainer, "services")
+    for name, field_name in TRAINER_URL_FIELDS.items():
+        if name in services and field_name in ServicesConfig.model_fields:
+            _set_default(peers, field_name, urls[name])
+    budget = thread_budget(launcher, "trainer")
+    _set_default(trainer, "torch_threads", budget)
+    policy = _section(trainer, "policy")
+    if policy.get("kind", "in_process") == "in_process":
+        _set_default(policy, "threads", budget)
+    ray_section = _section(trainer, "ray")
+    if ray.mode == "off":
+        _set_default(ray_section, "enabled", False)
+    elif ray.address:
+        _set_default(ray_section, "address", ray.address)
+    if launcher.resume:
+        trainer["resume"] = True
 
 
 def _check_dormant(name: str, section: Any) -> None:

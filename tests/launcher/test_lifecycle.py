@@ -172,3 +172,59 @@ llm_server: {model: /nonexistent/model-dir}
     assert still_running(tree) == []
     run_dir = tmp_path / "runs" / "crash"
     assert listening(planned_ports(run_dir)) == []
+
+
+def test_a_service_killed_while_running_is_restarted_and_healthy_again(tmp_path):
+    conf = write_config(tmp_path, """
+launcher:
+  experiment: restart
+  runs_dir: RUNS_DIR
+  services: [env_service]
+  ports: {env_service: auto}
+  trainer: false
+  restart: {max_restarts: 2, backoff_s: 0.2}
+  ray: {enabled: false}
+env_service: {environments: [signal]}
+""")
+    proc, log = start_launcher(conf)
+    try:
+        text = wait_for(log, r"all services healthy", proc, timeout=120)
+        pid = int(re.search(r"started env_service on port \d+ \(pid (\d+)", text).group(1))
+        os.kill(pid, signal.SIGKILL)
+        text = wait_for(log, r"env_service exited with code -9; restart 1/2 in 0.2s[\s\S]*env_service is healthy",
+                        proc, timeout=120)
+        assert len(re.findall(r"started env_service", text)) == 2
+        port = yaml.safe_load((tmp_path / "runs" / "restart" / "config.yaml").read_text())["env_service"]["port"]
+        assert listening([port]) == [port], "the restarted service serves on the same port"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert listening([port]) == []
+    assert "===== launcher: starting env_service (restart 1/2)" in (tmp_path / "runs/restart/logs/env_service.log").read_text()
+
+
+def test_doctor_names_a_missing_api_key_and_passes_otherwise(tmp_path):
+    conf = write_config(tmp_path, """
+launcher:
+  runs_dir: RUNS_DIR
+  services: [env_service, judge]
+  ports: {env_service: auto, judge: auto}
+  trainer: false
+  ray: {enabled: false}
+env_service: {environments: [signal]}
+judge: {llm: {base_url: "https://llm.example/v1", model: m, api_key_env: EVOLVER_TEST_MISSING_KEY}}
+""")
+    env = {k: v for k, v in os.environ.items() if k != "EVOLVER_TEST_MISSING_KEY"}
+    done = subprocess.run([sys.executable, "launcher.py", "doctor", "--conf", str(conf)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1, done.stdout
+    assert "$EVOLVER_TEST_MISSING_KEY is not set" in done.stdout
+    assert "put EVOLVER_TEST_MISSING_KEY=... in .env" in done.stdout
+    assert re.search(r"ok\s+environments\s+tasks train/validation/test: signal 256/64/64", done.stdout)
+    env["EVOLVER_TEST_MISSING_KEY"] = "x"
+    done = subprocess.run([sys.executable, "launcher.py", "doctor", "--conf", str(conf)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip().endswith("doctor: ready")
