@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(LocalTrainer(config).run())
     else:
         result = run_on_ray(config)
-    print(json.dumps({k: v for k, v in result.items() if k != "history"}))
+    from trainer.summary import print_summary
+
+    print_summary(result)
+    # The last line is machine-readable (the launcher reads it); the same is in <output_dir>/summary.json.
+    print(json.dumps({k: v for k, v in result.items() if k != "history"}, default=str))
     return 0
 
 

@@ -30,7 +30,24 @@ class PolicyConfig(StrictModel):
 
 class ServicesConfig(StrictModel):
     env_url: str = Field(description="the environment service base URL")
+    experience_url: str | None = Field(default=None, description="experience manager (self-navigating)")
+    task_url: str | None = Field(default=None, description="task manager (self-questioning): training batches")
+    judge_url: str | None = Field(default=None, description="judge service (self-attributing): step labels")
     timeout_s: float = Field(default=120.0, gt=0)
+
+
+class ExperienceConfig(StrictModel):
+    workspace: str = Field(default="default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    top_k: int | None = Field(default=None, ge=1, description="None: the service's default")
+    min_similarity: float | None = Field(default=None, description="None: the service's calibrated threshold")
+    summarize: bool = Field(default=True, description="send each step's trajectories to be distilled")
+    summarize_mode: Literal["auto", "llm", "heuristic"] | None = None
+    feedback: bool = Field(default=True, description="usage feedback: reward and the no-experience baseline")
+
+
+class TaskSourceConfig(StrictModel):
+    synthetic_ratio: float | None = Field(default=None, ge=0, le=1, description="None: the service's mixture")
+    feedback: bool = Field(default=True, description="report pass rates to the curriculum")
 
 
 class EvalConfig(StrictModel):
@@ -76,13 +93,17 @@ class TrainerConfig(StrictModel):
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     services: ServicesConfig
+    experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
+    tasks: TaskSourceConfig = Field(default_factory=TaskSourceConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
     @model_validator(mode="after")
-    def _estimator_inputs(self) -> TrainerConfig:
-        if self.advantage.estimator == "adca_grpo":
-            raise ValueError("advantage.estimator=adca_grpo needs step labels from the judge service, whose "
-                             "client (advantage/client.py) is not wired into the trainer yet; use grpo or gigpo")
+    def _peers_for_mechanisms(self) -> TrainerConfig:
+        if self.advantage.estimator == "adca_grpo" and not self.services.judge_url:
+            raise ValueError("advantage.estimator=adca_grpo needs step labels: set services.judge_url "
+                             "(the judge service), or use grpo or gigpo")
+        if self.rollout.experience_ratio > 0 and not self.services.experience_url:
+            raise ValueError("rollout.experience_ratio > 0 needs services.experience_url (the experience manager)")
         return self

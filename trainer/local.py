@@ -15,6 +15,7 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ from common.schemas import Task
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.config import TrainerConfig
 from trainer.metrics import MetricsLog
-from trainer.peers import EnvPeer
+from trainer.peers import EnvPeer, ExperiencePeer, JudgePeer, TaskPeer
 from trainer.policy import EndpointPolicy, InProcessPolicy, Policy
-from trainer.rollout import GroupStats, Rollout, collect_groups, evaluate_policy
+from trainer.rollout import EvalSummary, GroupStats, Rollout, collect_groups, evaluate_policy
+from trainer.summary import run_summary, write_summary
 from trainer.update import PolicyUpdater, TrainSample
 
 
@@ -99,7 +101,11 @@ class LocalTrainer:
         self.step = 0
         self.policy: Policy | None = None
         self.env: EnvPeer | None = None
+        self.experience: ExperiencePeer | None = None
+        self.tasks: TaskPeer | None = None
+        self.judge: JudgePeer | None = None
         self.group_stats = GroupStats()
+        self.evaluations: dict[str, EvalSummary] = {}  # "before" / "after"
 
     # ------------------------------------------------------------------ setup
 
@@ -120,13 +126,28 @@ class LocalTrainer:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.updater = PolicyUpdater(self.model, cfg.optim, cfg.loss, pad_id=pad_id, total_updates=cfg.steps,
                                      device=self.device, ref_model=ref, seed=cfg.seed)
-        self.env = EnvPeer(cfg.services.env_url, timeout=cfg.services.timeout_s)
+        services = cfg.services
+        self.env = EnvPeer(services.env_url, timeout=services.timeout_s)
+        if services.experience_url:
+            self.experience = ExperiencePeer(services.experience_url, cfg.experience.workspace,
+                                             top_k=cfg.experience.top_k, min_similarity=cfg.experience.min_similarity,
+                                             summarize_mode=cfg.experience.summarize_mode)
+            await self.experience.start()
+        if services.task_url:
+            self.tasks = TaskPeer(services.task_url, synthetic_ratio=cfg.tasks.synthetic_ratio,
+                                  timeout=services.timeout_s)
+        if services.judge_url:
+            self.judge = JudgePeer(services.judge_url)
         train_ids = await self.env.task_ids(cfg.rollout.env, cfg.train_split)
         self.cursor = TaskCursor(train_ids, cfg.seed)
         held_out = await self.env.task_ids(cfg.rollout.env, cfg.eval.split)
         self.eval_tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.eval.split)
                            for t in held_out[:cfg.eval.tasks]]
         self.out.mkdir(parents=True, exist_ok=True)
+        run_id_file = self.out / "run_id"
+        if not (cfg.resume and run_id_file.is_file()):
+            run_id_file.write_text(uuid.uuid4().hex[:12])
+        self.run_id = run_id_file.read_text().strip()
         if cfg.resume:
             self._restore()
         if cfg.policy.kind == "endpoint":
@@ -151,6 +172,10 @@ class LocalTrainer:
         self.updater.load_state_dict(state["updater"])
         self.cursor.load(state["cursor"])
         self.group_stats = GroupStats(**state.get("group_stats", {}))
+        for name, counters in state.get("mechanisms", {}).items():
+            peer = self._peers().get(name)
+            if peer is not None:
+                peer.counters = type(peer.counters)(**counters)
         set_rng_state(state["rng"])
         self.step = int(state["step"])
         logger.info("resumed from {} at step {} (cursor epoch {} index {})", path.name, self.step,
@@ -159,6 +184,7 @@ class LocalTrainer:
     def save(self) -> Path:
         payload = {"model": self.model.state_dict(), "updater": self.updater.state_dict(),
                    "cursor": self.cursor.state(), "group_stats": vars(self.group_stats),
+                   "mechanisms": {name: vars(peer.counters) for name, peer in self._peers().items()},
                    "config": self.config.model_dump()}
         path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)
         logger.info("checkpoint {}", path)
@@ -166,12 +192,15 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ steps
 
-    async def evaluate(self) -> dict[str, float]:
+    async def evaluate(self, label: str | None = None) -> dict[str, float]:
+        """Held-out avg@k, best@k and invalid-action rate; `label` keeps the result for the summary."""
         cfg = self.config
         assert self.policy is not None and self.env is not None
         started = time.monotonic()
         summary = await evaluate_policy(self.eval_tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
                                         k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17)
+        if label:
+            self.evaluations[label] = summary
         metrics = summary.metrics("eval")
         metrics["time/eval_s"] = time.monotonic() - started
         return metrics
@@ -180,31 +209,66 @@ class LocalTrainer:
         cfg = self.config
         assert self.policy is not None and self.env is not None
         step = self.step
-        task_ids = self.cursor.next_batch(cfg.tasks_per_step)
-        tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split) for t in task_ids]
-        dropped_before = self.group_stats.dropped_groups
+        step_seed = cfg.seed * 100_003 + step
         t0 = time.monotonic()
+        if self.tasks is not None:
+            # The batch is a function of the step's seed (and the task manager's curriculum state).
+            tasks = await self.tasks.sample(cfg.tasks_per_step, cfg.rollout.env, seed=step_seed)
+            task_ids = [t.task_id for t in tasks]
+        else:
+            task_ids = self.cursor.next_batch(cfg.tasks_per_step)
+            tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split) for t in task_ids]
+        dropped_before = self.group_stats.dropped_groups
+        experience = self.experience if cfg.rollout.experience_ratio > 0 else None
         groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
-                                      seed=cfg.seed * 100_003 + step, stats=self.group_stats)
+                                      experience=experience, grader=self.tasks, seed=step_seed,
+                                      stats=self.group_stats)
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g]
         metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
                                      "rollout/dropped_groups": float(self.group_stats.dropped_groups - dropped_before),
-                                     "rollout/groups": float(len(groups))}
+                                     "rollout/groups": float(len(groups)),
+                                     "rollout/synthetic_frac": float(np.mean([t.synthetic for t in tasks]))}
         metrics.update(self._rollout_metrics(rollouts, t1 - t0))
+        if rollouts and self.judge is not None and cfg.advantage.estimator == "adca_grpo":
+            await self.judge.label([r.trajectory for r in rollouts])
+        t2 = time.monotonic()
         if rollouts:
             samples, adv_metrics = training_samples(rollouts, cfg, step)
             metrics.update(adv_metrics)
             metrics.update(await asyncio.to_thread(self.updater.update, samples))
-        t2 = time.monotonic()
-        version = await self.policy.load_weights(self.model)
         t3 = time.monotonic()
-        metrics.update({"time/update_s": t2 - t1, "time/weight_sync_s": t3 - t2, "time/step_s": t3 - t0,
-                        "policy/version": float(version)})
+        version = await self.policy.load_weights(self.model)
+        t4 = time.monotonic()
+        await self._feedback(groups, step)
+        t5 = time.monotonic()
+        metrics.update({"time/judge_s": t2 - t1, "time/update_s": t3 - t2, "time/weight_sync_s": t4 - t3,
+                        "time/feedback_s": t5 - t4, "time/step_s": t5 - t0, "policy/version": float(version)})
+        metrics.update(self._mechanism_metrics())
         with (self.out / "batches.jsonl").open("a") as f:
             f.write(json.dumps({"step": step + 1, "task_ids": task_ids, "cursor": self.cursor.state()}) + "\n")
         self.step += 1
         return metrics
+
+    async def _feedback(self, groups: list[list[Rollout]], step: int) -> None:
+        """After a step: trajectories and usage to the experience manager, pass rates to the task manager."""
+        cfg = self.config
+        trajectories = [[r.trajectory for r in g] for g in groups]
+        if self.experience is not None and (cfg.experience.summarize or cfg.experience.feedback):
+            # Request ids tie the calls to (run, step): a resumed run re-sending a step is not applied twice.
+            await self.experience.after_step(trajectories, summarize=cfg.experience.summarize,
+                                             feedback=cfg.experience.feedback,
+                                             request_id=f"{self.run_id}-step{step}")
+        if self.tasks is not None and cfg.tasks.feedback:
+            await self.tasks.feedback([t for g in trajectories for t in g], cfg.rollout.env)
+
+    def _peers(self) -> dict[str, Any]:
+        """The optional mechanism peers that are configured, by metric prefix."""
+        peers = {"experience": self.experience, "tasks": self.tasks, "judge": self.judge}
+        return {name: peer for name, peer in peers.items() if peer is not None}
+
+    def _mechanism_metrics(self) -> dict[str, float]:
+        return {f"{name}/{k}": float(v) for name, peer in self._peers().items() for k, v in peer.summary().items()}
 
     def _rollout_metrics(self, rollouts: list[Rollout], seconds: float) -> dict[str, float]:
         if not rollouts:
@@ -232,7 +296,7 @@ class LocalTrainer:
         try:
             history: list[dict[str, float]] = []
             if cfg.eval.before and self.step == 0:
-                before = await self.evaluate()
+                before = await self.evaluate("before")
                 self.metrics.log(0, before)
                 history.append({"step": 0, **before})
                 logger.info("eval before training: {}", _short(before))
@@ -242,7 +306,7 @@ class LocalTrainer:
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                     metrics.update(await self.evaluate())
                 if self.step == cfg.steps and cfg.eval.after:
-                    metrics.update(await self.evaluate())
+                    metrics.update(await self.evaluate("after"))
                 self.metrics.log(self.step, metrics)
                 history.append({"step": self.step, **metrics})
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
@@ -251,16 +315,18 @@ class LocalTrainer:
             if cfg.export_dir:
                 export_model(self.model, self.tokenizer, cfg.export_dir)
             plot = self.metrics.plot() if cfg.plot else None
-            return {"steps": self.step, "history": history, "plot": str(plot) if plot else None,
-                    "dropped_groups": self.group_stats.dropped_groups}
+            summary = await run_summary(self, plot)
+            write_summary(self.out, summary)
+            return {**summary, "history": history}
         finally:
             await self.close()
 
     async def close(self) -> None:
         if self.policy is not None:
             await self.policy.aclose()
-        if self.env is not None:
-            await self.env.aclose()
+        for peer in (self.env, self.experience, self.tasks, self.judge):
+            if peer is not None:
+                await peer.aclose()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
 

@@ -244,7 +244,8 @@ class EvalSummary:
     invalid_action_rate: float
     tasks: int
     k: int
-    per_task: dict[str, list[float]] = field(default_factory=dict)
+    per_task: dict[str, list[float]] = field(default_factory=dict)  # outcome of each of the k samples
+    per_task_invalid: dict[str, float] = field(default_factory=dict)  # invalid steps / steps, per task
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         return {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
@@ -261,15 +262,19 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     eval_config = config.model_copy(update={"experience_ratio": 0.0})
     groups = await collect_groups(tasks, env, generate, tokenizer, eval_config, seed=seed, sampling=sampling, n=k)
     per_task: dict[str, list[float]] = {}
-    steps = invalid = 0
+    task_steps: dict[str, int] = {}
+    task_invalid: dict[str, int] = {}
     for g in groups:
         for r in g:
-            per_task.setdefault(r.trajectory.task_id, []).append(float(r.trajectory.outcome or 0.0))
-            steps += len(r.trajectory.steps)
-            invalid += r.invalid_steps
+            task_id = r.trajectory.task_id
+            per_task.setdefault(task_id, []).append(float(r.trajectory.outcome or 0.0))
+            task_steps[task_id] = task_steps.get(task_id, 0) + len(r.trajectory.steps)
+            task_invalid[task_id] = task_invalid.get(task_id, 0) + r.invalid_steps
     if not per_task:
         return EvalSummary(0.0, 0.0, 0.0, 0, k)
     success = {t: [float(s >= success_threshold) for s in v] for t, v in per_task.items()}
     avg = sum(sum(v) / len(v) for v in success.values()) / len(success)
     best = sum(max(v) for v in success.values()) / len(success)
-    return EvalSummary(avg, best, invalid / max(steps, 1), len(success), k, per_task)
+    invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
+    per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
+    return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid)

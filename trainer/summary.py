@@ -1,0 +1,139 @@
+"""The end-of-run summary: what each mechanism did and held-out success before and after training.
+
+Written to `<output_dir>/summary.json` and printed as rich tables by `python -m trainer` (the
+launcher runs the trainer as a child and shows the same file). Confidence intervals are 95%, over
+held-out tasks (the unit that varies between runs): normal approximation of the mean of per-task
+values, and for the change the mean of paired per-task differences (same tasks before and after).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from trainer.rollout import EvalSummary
+
+if TYPE_CHECKING:
+    from trainer.local import LocalTrainer
+
+Z95 = 1.959964
+
+
+def interval(values: list[float]) -> dict[str, float]:
+    """Mean and 95% confidence interval of the mean (normal approximation; zero width for n < 2)."""
+    n = len(values)
+    if n == 0:
+        return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
+    mean = sum(values) / n
+    if n < 2:
+        return {"mean": mean, "lo": mean, "hi": mean, "n": n}
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = Z95 * sd / math.sqrt(n)
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+
+
+def per_task_values(summary: EvalSummary, threshold: float = 1.0) -> dict[str, dict[str, float]]:
+    """Per held-out task: avg@k (success share of its k samples), best@k (any success), invalid rate."""
+    out = {}
+    for task_id, scores in summary.per_task.items():
+        success = [float(s >= threshold) for s in scores]
+        out[task_id] = {f"avg@{summary.k}": sum(success) / len(success), f"best@{summary.k}": max(success),
+                        "invalid_action_rate": summary.per_task_invalid.get(task_id, 0.0)}
+    return out
+
+
+def eval_table(before: EvalSummary | None, after: EvalSummary | None) -> dict[str, Any]:
+    """Rows metric -> before / after / paired change, each a mean with its 95% interval."""
+    runs = {name: per_task_values(s) for name, s in (("before", before), ("after", after)) if s is not None}
+    if not runs:
+        return {"rows": [], "tasks": 0, "k": None}
+    k = (after or before).k  # type: ignore[union-attr]
+    rows = []
+    for metric in (f"avg@{k}", f"best@{k}", "invalid_action_rate"):
+        row: dict[str, Any] = {"metric": metric}
+        for name, values in runs.items():
+            row[name] = interval([v[metric] for v in values.values()])
+        if "before" in runs and "after" in runs:
+            paired = sorted(set(runs["before"]) & set(runs["after"]))
+            row["delta"] = interval([runs["after"][t][metric] - runs["before"][t][metric] for t in paired])
+        rows.append(row)
+    return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k}
+
+
+async def _service_stats(peer: Any, name: str) -> dict[str, Any] | None:
+    try:
+        return await peer.stats()
+    except Exception as exc:  # the summary must not fail a finished run
+        logger.warning("{} stats unavailable: {}", name, exc)
+        return None
+
+
+async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any]:
+    mechanisms: dict[str, Any] = {}
+    if trainer.tasks is not None:
+        stats = await _service_stats(trainer.tasks, "task manager")
+        funnel = (stats or {}).get("funnel", {})
+        mechanisms["self_questioning"] = {
+            **trainer.tasks.summary(), "tasks_proposed": funnel.get("proposed"), "tasks_kept": funnel.get("kept"),
+            "service": stats}
+    if trainer.experience is not None:
+        mechanisms["self_navigating"] = {**trainer.experience.summary(),
+                                         "pool": await _service_stats(trainer.experience, "experience manager")}
+    if trainer.judge is not None:
+        mechanisms["self_attributing"] = {**trainer.judge.summary(),
+                                          "service": await _service_stats(trainer.judge, "judge")}
+    stats = trainer.group_stats
+    return {
+        "steps": trainer.step, "output_dir": str(trainer.out), "run_id": trainer.run_id,
+        "dropped_groups": stats.dropped_groups, "failed_attempts": stats.failed_attempts, "rollouts": stats.rollouts,
+        "plot": str(plot) if plot else None,
+        "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after")),
+        "mechanisms": mechanisms,
+    }
+
+
+def write_summary(directory: Path, summary: dict[str, Any]) -> Path:
+    path = Path(directory) / "summary.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    tmp.replace(path)
+    return path
+
+
+def _cell(value: dict[str, float] | None, signed: bool = False) -> str:
+    if not value or value.get("n", 0) == 0:
+        return "-"
+    sign = "+" if signed else ""
+    return f"{value['mean']:{sign}.3f} [{value['lo']:{sign}.3f}, {value['hi']:{sign}.3f}]"
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Rich tables: held-out before/after with 95% intervals, then each mechanism's counters."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    ev = summary.get("eval") or {}
+    if ev.get("rows"):
+        table = Table(title=f"held-out tasks ({ev['tasks']}, k={ev['k']}): mean [95% CI]")
+        for column in ("metric", "before", "after", "change (paired)"):
+            table.add_column(column)
+        for row in ev["rows"]:
+            table.add_row(row["metric"], _cell(row.get("before")), _cell(row.get("after")),
+                          _cell(row.get("delta"), signed=True))
+        console.print(table)
+    for name, values in (summary.get("mechanisms") or {}).items():
+        table = Table(title=name)
+        table.add_column("counter")
+        table.add_column("value", justify="right")
+        for key, value in values.items():
+            if isinstance(value, dict | list) or value is None:
+                continue
+            table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        console.print(table)
+    console.print(f"steps {summary.get('steps')}, dropped groups {summary.get('dropped_groups')}, "
+                  f"curves {summary.get('plot')}, summary {Path(summary.get('output_dir', '.')) / 'summary.json'}")
