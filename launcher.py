@@ -160,10 +160,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor_main(argv[1:])
     args = _run_parser().parse_args(argv)
+    if args.env_file and not Path(args.env_file).is_file():
+        print(f"launcher: --env-file {args.env_file}: no such file", file=sys.stderr)
+        return 2
     load_dotenv_file(args.env_file)
     if shutil.which("git") is None:
         print("[launcher] note: git is not installed; the manifest will have no commit", file=sys.stderr)
-    return run(args)
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # before the supervisor took over the signals: nothing was started yet
+        print("launcher: interrupted before anything started", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

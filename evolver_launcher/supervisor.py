@@ -27,7 +27,8 @@ import httpx
 from evolver_launcher.plan import ChildSpec
 from evolver_launcher.settings import RestartPolicy
 
-WAITING, STARTING, READY, BACKOFF, DONE, FAILED = "waiting", "starting", "ready", "backoff", "done", "failed"
+WAITING, STARTING, READY, BACKOFF, DONE, FAILED, STOPPED = (
+    "waiting", "starting", "ready", "backoff", "done", "failed", "stopped")
 POLL_S = 0.2
 HEALTH_EVERY_S = 0.5
 CONFIG_ERROR_EXIT = 2  # argparse/config errors: restarting cannot help
@@ -302,7 +303,7 @@ class Supervisor:
                     time.sleep(0.05)
             self._reap(child)
             if child.state not in (DONE, FAILED):
-                child.state = DONE if child.spec.foreground and child.exit_codes[-1:] == [0] else WAITING
+                child.state = STOPPED
 
     @staticmethod
     def _reap(child: Child) -> None:
