@@ -70,6 +70,8 @@ def describe_plan(plan) -> str:
         port = f"port {child.port}" if child.port else "no port"
         threads = f"{child.threads} threads" if child.threads else "threads: Ray's"
         after = ", ".join(child.depends_on) or "-"
+        if child.gate_note:
+            after += f", then {child.gate_note}"
         lines += [f"  {i}. {child.name}: {port}, {threads}, starts after: {after}, ready: {ready}",
                   f"     $ {' '.join(child.argv)}",
                   f"     log: {child.log_path}"]
@@ -124,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("[launcher] all services healthy; Ctrl-C stops them", flush=True)
 
+    _attach_synthesis(plan)
     supervisor = Supervisor(plan.children, restart=launcher.restart, health_timeout_s=launcher.health_timeout_s,
                             stop_timeout_s=launcher.stop_timeout_s, tail_lines=launcher.log_tail_lines,
                             cwd=REPO_ROOT, on_all_ready=on_all_ready)
@@ -135,6 +138,19 @@ def run(args: argparse.Namespace) -> int:
     write_manifest(manifest_path, manifest)
     _final_words(plan, code, time.monotonic() - started)
     return code
+
+
+def _attach_synthesis(plan) -> None:
+    """Self-questioning before training: the trainer waits for the task manager's synthesis jobs."""
+    trainer = next((c for c in plan.children if c.name == "trainer" and c.gate_note), None)
+    if trainer is None:
+        return
+    from evolver_launcher.synthesis import SynthesisGate
+
+    settings = plan.launcher.synthesis
+    trainer.gate = SynthesisGate(plan.child("task_manager").health_url.removesuffix("/healthz"),
+                                 plan.data["task_manager"]["environments"], settings.episodes, settings.timeout_s,
+                                 say=lambda message: print(f"[launcher] {message}", flush=True))
 
 
 def _tensorboard_dir(plan) -> Path:

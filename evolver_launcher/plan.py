@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,10 @@ class ChildSpec:
     restartable: bool = True
     stop_timeout_s: float | None = None  # SIGTERM grace; None: the launcher's stop_timeout_s
     restart_argv_extra: list[str] = field(default_factory=list)
+    # Called (non-blocking) once the dependencies are ready; the child starts when it returns True.
+    gate: Callable[[], bool] | None = None
+    gate_owner: str | None = None  # the child whose log explains a gate that fails
+    gate_note: str | None = None  # what the gate waits for, for the plan
 
 
 @dataclass
@@ -380,6 +385,11 @@ def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], 
             name="trainer", argv=[python, "-m", "trainer", "--conf", str(config_path)],
             log_path=logs / "trainer.log", env=env, depends_on=[c.name for c in children], threads=threads,
             foreground=True, restartable=launcher.restart.trainer, restart_argv_extra=["trainer.resume=true"]))
+        if launcher.synthesis.episodes and "task_manager" in services:
+            environments = resolved["task_manager"]["environments"]
+            children[-1].gate_owner = "task_manager"
+            children[-1].gate_note = (f"a task-manager synthesis job of {launcher.synthesis.episodes} episodes on "
+                                      f"{', '.join(environments)}")
     return children
 
 

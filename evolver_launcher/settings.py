@@ -59,6 +59,12 @@ class RayLaunch(StrictModel):
     object_store_memory_mb: int = Field(default=512, ge=80, description="shared memory the object store reserves")
 
 
+class SynthesisLaunch(StrictModel):
+    episodes: int = Field(default=0, ge=0, description="exploration episodes per environment before training "
+                                                        "(task manager synthesis job); 0: none")
+    timeout_s: float = Field(default=900.0, gt=0)
+
+
 class LauncherSettings(StrictModel):
     experiment: str | None = Field(default=None, description="run name (default: the YAML file's name)")
     runs_dir: str = "runs"
@@ -74,6 +80,7 @@ class LauncherSettings(StrictModel):
     stop_timeout_s: float = Field(default=15.0, gt=0, description="SIGTERM grace before SIGKILL")
     log_tail_lines: int = Field(default=40, ge=1)
     ray: RayLaunch = Field(default_factory=RayLaunch)
+    synthesis: SynthesisLaunch = Field(default_factory=SynthesisLaunch)
 
     @field_validator("experiment")
     @classmethod

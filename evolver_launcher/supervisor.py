@@ -154,7 +154,7 @@ class Supervisor:
             time.sleep(POLL_S)
 
     def _advance(self, child: Child, now: float) -> None:
-        if child.state == WAITING and self._deps_ready(child):
+        if child.state == WAITING and self._deps_ready(child) and self._gate_open(child):
             self._start(child)
         elif child.state == BACKOFF and now >= child.next_start:
             self._start(child)
@@ -165,6 +165,17 @@ class Supervisor:
                 self._exited(child, code)
             elif child.state == STARTING:
                 self._check_health(child, now)
+
+    def _gate_open(self, child: Child) -> bool:
+        gate = child.spec.gate
+        if gate is None:
+            return True
+        try:
+            return gate()
+        except Exception as exc:  # the gate's own failure ends the run like a child's
+            owner = next((c for c in self.children if c.name == child.spec.gate_owner), child)
+            raise RunFailed(owner.name, f"before {child.name} could start: {exc}", owner.spec.log_path,
+                            tail(owner.spec.log_path, self.tail_lines)) from exc
 
     def _deps_ready(self, child: Child) -> bool:
         states = {c.name: c.state for c in self.children}

@@ -1,0 +1,71 @@
+"""Self-questioning before training: one synthesis job per environment on the task manager.
+
+AgentEvolver generates its synthetic tasks before the first training step; so does a run here when
+`launcher.synthesis.episodes > 0`. The jobs run in a background thread while the supervisor keeps
+watching every child; the trainer starts once they are done (a failed job stops the run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+from task_manager.client import TaskClient
+
+
+class SynthesisFailed(RuntimeError):
+    pass
+
+
+class SynthesisGate:
+    """Callable gate for the trainer: False while the jobs run, True when done; raises if one failed."""
+
+    def __init__(self, url: str, environments: list[str], episodes: int, timeout_s: float,
+                 say: Callable[[str], None]) -> None:
+        self.url, self.environments, self.episodes, self.timeout_s = url, environments, episodes, timeout_s
+        self.say = say
+        self.results: dict[str, dict] = {}
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._error: str | None = None
+
+    def __call__(self) -> bool:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="synthesis", daemon=True)
+            self._thread.start()
+        if self._error:
+            raise SynthesisFailed(self._error)
+        return self._done.is_set()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._jobs())
+        except Exception as exc:  # reported by the supervisor, with the task manager's log
+            self._error = f"{type(exc).__name__}: {exc}"
+        else:
+            self._done.set()
+
+    async def _jobs(self) -> None:
+        client = TaskClient(self.url, timeout=60)
+        try:
+            stats = await client.stats()
+            for env in self.environments:
+                have = ((stats.get("environments") or {}).get(env) or {}).get("synthetic", 0)
+                if have:
+                    self.say(f"self-questioning: {have} synthetic {env} tasks already in the store (resumed run)")
+                    continue
+                started = time.monotonic()
+                self.say(f"self-questioning: exploring {env} for {self.episodes} episodes before training")
+                job = await client.submit_job(env, episodes=self.episodes)
+                info = await client.wait_job(job.job_id, timeout=self.timeout_s, poll=1.0)
+                if info.status != "done":
+                    raise SynthesisFailed(f"synthesis job {job.job_id} on {env} ended {info.status}: {info.error}")
+                progress = info.progress
+                self.results[env] = progress
+                self.say(f"self-questioning on {env}: {progress.get('episodes_done')} episodes, "
+                         f"{progress.get('proposed')} tasks proposed, {progress.get('verified')} verified, "
+                         f"{progress.get('kept')} kept ({time.monotonic() - started:.0f}s)")
+        finally:
+            await client.aclose()
