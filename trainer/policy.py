@@ -100,9 +100,10 @@ class EndpointError(RuntimeError):
 class EndpointPolicy:
     """An OpenAI-compatible `/v1/completions` server that takes and returns token ids.
 
-    llm_server reads `prompt_token_ids` and answers per choice `token_ids`, `token_logprobs` and a
-    top-level `policy_version`. vLLM takes the ids as `prompt` and, with `return_tokens_as_token_ids`,
-    names each token `token_id:<id>` in `logprobs.tokens`; both shapes are read.
+    The prompt goes as a list of token ids in `prompt` (OpenAI's token-array prompt), which both read.
+    llm_server answers per choice `token_ids`, `token_logprobs` and a top-level `policy_version`; vLLM,
+    with `return_tokens_as_token_ids`, names each token `token_id:<id>` in `logprobs.tokens`; both
+    shapes are read.
     """
 
     def __init__(self, base_url: str, model: str, *, timeout: float = 300.0, api_key_env: str | None = None,
@@ -118,7 +119,7 @@ class EndpointPolicy:
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
         body: dict[str, Any] = {
-            "model": self.model, "prompt": prompt_ids, "prompt_token_ids": prompt_ids,
+            "model": self.model, "prompt": prompt_ids,
             "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "logprobs": 1, "return_tokens_as_token_ids": True, "skip_special_tokens": True,
         }

@@ -98,7 +98,7 @@ class _GroupExperience:
             return self._value
 
 
-def _is_invalid(info: dict[str, Any]) -> bool:
+def is_invalid_action(info: dict[str, Any]) -> bool:
     """Environments report malformed actions as `valid: False`, `invalid: True` or an `error` field."""
     return info.get("valid") is False or bool(info.get("invalid")) or "error" in info
 
@@ -151,7 +151,7 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
             versions.append(out.policy_version)
             generated += len(out.token_ids)
             result = await env.step(instance_id, action)
-            invalid += int(_is_invalid(result.info))
+            invalid += int(is_invalid_action(result.info))
             steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
                               observation=result.observation, reward=result.reward, done=result.done,
                               info={**result.info, "finish_reason": out.finish_reason}))

@@ -1,0 +1,111 @@
+"""`python -m trainer.evaluate` on a checkpoint, an exported model and an OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common.models import export_model, load_model
+from tests.helpers import REPO, run_service
+from trainer.checkpoint import save_checkpoint
+from trainer.evaluate import main
+
+ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
+TASKS = 8
+
+
+@pytest.fixture(scope="module")
+def env_url(tmp_path_factory):
+    conf = tmp_path_factory.mktemp("env") / "env.yaml"
+    conf.write_text(ENV_YAML)
+    with run_service("env_service", ["--conf", str(conf)]) as service:
+        yield service.url
+
+
+def common_args(env_url: str, split: str = "test") -> list[str]:
+    return ["--env-url", env_url, "--env", "signal", "--split", split, "--tasks", str(TASKS), "--max-turns", "2",
+            "--max-new-tokens", "2", "--max-context", "256", "--threads", "1"]
+
+
+def test_checkpoint_and_its_export_score_the_same(env_url, tmp_path, capsys):
+    torch.manual_seed(0)
+    model, tokenizer = load_model("tiny")
+    with torch.no_grad():  # weights unlike the base tiny model, so loading the checkpoint matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_checkpoint(tmp_path / "checkpoints", 7, {"model": model.state_dict(), "config": {"model": "tiny"}})
+    export_model(model, tokenizer, tmp_path / "export")
+
+    assert main([*common_args(env_url), "--checkpoint", str(tmp_path / "checkpoints"), "--k", "2",
+                 "--out", str(tmp_path / "ckpt.json")]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*common_args(env_url), "--model", str(tmp_path / "export"), "--k", "2",
+                 "--out", str(tmp_path / "export.json")]) == 0
+    from_checkpoint = json.loads((tmp_path / "ckpt.json").read_text())
+    from_export = json.loads((tmp_path / "export.json").read_text())
+
+    assert printed["policy"] == {"checkpoint": str(tmp_path / "checkpoints"), "step": 7}
+    assert from_checkpoint["tasks"] == TASKS and from_checkpoint["k"] == 2
+    assert all(len(v) == 2 for v in from_checkpoint["per_task"].values())
+    # Greedy decoding of the same weights: the same answers, task by task.
+    assert from_checkpoint["per_task"] == from_export["per_task"]
+    for key in ("avg@2", "best@2", "invalid_action_rate"):
+        assert 0.0 <= from_checkpoint[key] <= 1.0
+        ci = from_checkpoint["ci95"][key]
+        assert ci["lo"] <= ci["mean"] <= ci["hi"]
+    assert from_checkpoint["best@2"] >= from_checkpoint["avg@2"]
+
+
+def test_endpoint_with_token_ids_and_chat_only(env_url, tiny_server, tmp_path):
+    results = {}
+    for mode in ("tokens", "chat"):
+        extra = ["--tokenizer", "tiny"] if mode == "tokens" else ["--chat"]
+        out = tmp_path / f"{mode}.json"
+        proc = subprocess.run([sys.executable, "-m", "trainer.evaluate", *common_args(env_url, "validation"),
+                               "--endpoint", tiny_server.url, "--served-model", "tiny", *extra, "--out", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["tasks"] == TASKS
+        results[mode] = json.loads(out.read_text())
+    for result in results.values():
+        assert result["tasks"] == TASKS and result["greedy"]
+        # Two turns per episode, the second's answer is read with the first_char fallback when it names
+        # no option: the invalid-action rate is reported beside success (at most one invalid step of two).
+        assert 0.0 <= result["invalid_action_rate"] <= 0.5
+    assert results["chat"]["policy"] == {"endpoint": tiny_server.url, "chat": True}
+
+
+def test_bad_checkpoint_path_is_a_clear_error(env_url, tmp_path, capsys):
+    assert main([*common_args(env_url), "--checkpoint", str(tmp_path / "missing.pt")]) == 2
+    assert "missing.pt does not exist" in capsys.readouterr().err
+
+
+def test_training_through_a_served_endpoint_pushes_each_update(env_url, tmp_path):
+    """policy.kind=endpoint: rollouts from llm_server, new weights pushed after every step."""
+    import asyncio
+
+    import httpx
+
+    from trainer.config import TrainerConfig
+    from trainer.local import LocalTrainer
+
+    with run_service("llm_server", ["--model", "tiny", "--threads", "1"]) as server:
+        config = TrainerConfig.model_validate({
+            "model": "tiny", "seed": 2, "steps": 2, "tasks_per_step": 2, "output_dir": str(tmp_path / "run"),
+            "torch_threads": 1, "progress": False, "tensorboard": False, "plot": False,
+            "rollout": {"env": "signal", "n": 2, "max_turns": 2, "max_new_tokens": 2, "max_context": 256},
+            "policy": {"kind": "endpoint", "url": server.url, "served_model": "tiny"},
+            "optim": {"lr": 1e-3}, "services": {"env_url": env_url},
+            "eval": {"before": False, "after": False}, "ray": {"enabled": False},
+        })
+        result = asyncio.run(LocalTrainer(config).run())
+        served_version = httpx.get(f"{server.url}/v1/weights", timeout=10).json()["policy_version"]
+    assert result["steps"] == 2 and served_version == 2
+    records = [r for r in result["history"] if "policy/version" in r]
+    assert [r["policy/version"] for r in records] == [1.0, 2.0]
+    # Every sample of a step came from the weights pushed after the previous step.
+    assert all(r["rollout/version_lag_max"] == 0.0 for r in records)
