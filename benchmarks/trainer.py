@@ -75,10 +75,11 @@ def main() -> None:
         result = asyncio.run(LocalTrainer(config).run())
     steps = [h for h in result["history"] if "time/step_s" in h]
     total = sum(h["time/step_s"] for h in steps)
-    shares = {name: round(sum(h[key] for h in steps) / total, 3) for name, key in
-              (("rollout", "time/rollout_s"), ("update", "time/update_s"), ("weight_sync", "time/weight_sync_s"))}
-    shares["judge"] = 0.0  # no judge in this run (grpo needs no step labels)
-    shares["waiting"] = max(0.0, round(1.0 - sum(shares.values()), 3))  # env/HTTP time outside the timed parts
+    shares = {name: round(sum(h.get(key, 0.0) for h in steps) / total, 3) for name, key in
+              (("rollout", "time/rollout_s"), ("judge", "time/judge_s"), ("update", "time/update_s"),
+               ("weight_sync", "time/weight_sync_s"), ("feedback", "time/feedback_s"))}
+    # judge and feedback are 0 here: grpo needs no step labels and no peer services are configured.
+    shares["waiting"] = max(0.0, round(1.0 - sum(shares.values()), 3))  # time outside the timed parts
     print(json.dumps({
         "benchmark": "trainer", "model": args.model, "tasks_per_step": args.tasks, "n": args.n,
         "max_new_tokens": args.max_new_tokens,

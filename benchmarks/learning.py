@@ -1,0 +1,122 @@
+"""Does training help? SmolLM2 on a CPU-sized environment: held-out success before and after, paired.
+
+    .venv/bin/python benchmarks/learning.py [--env signal] [--seeds 0,1,2] [--eval-tasks 64] [--minutes 60]
+    .venv/bin/python benchmarks/learning.py --probe --env gym      # starting success only
+
+For each seed: a fresh SmolLM2 policy is evaluated greedily on the first `--eval-tasks` tasks of the
+test split, trained with the local GRPO trainer for at most `--steps` steps or `--minutes` minutes
+(whichever ends first), and evaluated again on the same tasks. The change is paired per task
+(after - before); its 95% confidence interval is reported per seed and pooled over seeds x tasks.
+Starts its own env service. Not part of CI (about an hour per seed on 2 CPU cores). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.helpers import run_service  # noqa: E402
+from trainer.config import TrainerConfig  # noqa: E402
+from trainer.local import LocalTrainer  # noqa: E402
+from trainer.summary import interval  # noqa: E402
+
+# Per environment: its env-service config and the rollout budget that fits SmolLM2 on 2 cores.
+ENVIRONMENTS = {
+    "signal": {"config": {}, "rollout": {"max_turns": 2, "max_new_tokens": 12, "max_context": 512}},
+    "gym": {"config": {"envs": ["FrozenLake-v1"], "splits": {"train": 200, "validation": 64, "test": 64}},
+            "rollout": {"max_turns": 8, "max_new_tokens": 16, "max_context": 1536}},
+    "flights": {"config": {"splits": {"train": 200, "validation": 64, "test": 64}}, "rollout": {"max_turns": 4, "max_new_tokens": 64, "max_context": 2048}},
+}
+
+
+def trainer_config(args: argparse.Namespace, env_url: str, seed: int, out: str) -> TrainerConfig:
+    spec = ENVIRONMENTS[args.env]
+    return TrainerConfig.model_validate({
+        "model": args.model, "seed": seed, "steps": args.steps, "tasks_per_step": args.tasks_per_step,
+        "output_dir": out, "progress": False, "tensorboard": False, "plot": True,
+        "rollout": {"env": args.env, "n": args.n, "temperature": 1.0, **spec["rollout"],
+                    **({"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {})},
+        "policy": {"max_batch": 32},
+        "optim": {"lr": args.lr, "epochs": 1, "minibatches": 2, "micro_batch_size": 4, "warmup_steps": 2},
+        "loss": {"kl_coef": args.kl},
+        "services": {"env_url": env_url},
+        "eval": {"split": "test", "tasks": args.eval_tasks, "k": 1, "greedy": True},
+        "ray": {"enabled": False},
+    })
+
+
+def successes(trainer: LocalTrainer, label: str) -> dict[str, float]:
+    summary = trainer.evaluations[label]
+    return {task: float(scores[0] >= 1.0) for task, scores in summary.per_task.items()}
+
+
+async def one_seed(args: argparse.Namespace, env_url: str, seed: int) -> dict:
+    out = tempfile.mkdtemp(prefix=f"bench-learning-{args.env}-{seed}-")
+    trainer = LocalTrainer(trainer_config(args, env_url, seed, out))
+    await trainer.setup()
+    started = time.monotonic()
+    try:
+        await trainer.evaluate("before")
+        before = successes(trainer, "before")
+        rewards: list[float] = []
+        if not args.probe:
+            deadline = started + args.minutes * 60
+            while trainer.step < args.steps and time.monotonic() < deadline:
+                metrics = await trainer.train_step()
+                rewards.append(round(metrics.get("rollout/reward_mean", 0.0), 3))
+                print(f"seed {seed} step {trainer.step}: reward {rewards[-1]} "
+                      f"({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
+            await trainer.evaluate("after")
+            after = successes(trainer, "after")
+        else:
+            after = {}
+        paired = [after[t] - before[t] for t in before if t in after]
+        return {"seed": seed, "steps": trainer.step, "minutes": round((time.monotonic() - started) / 60, 1),
+                "before": interval(list(before.values())), "after": interval(list(after.values())) if after else None,
+                "change": interval(paired) if paired else None, "train_reward": rewards,
+                "paired": paired, "output_dir": out}
+    finally:
+        await trainer.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--env", default="signal", choices=sorted(ENVIRONMENTS))
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--eval-tasks", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--minutes", type=float, default=60.0, help="training time per seed")
+    parser.add_argument("--tasks-per-step", type=int, default=4)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--kl", type=float, default=0.0)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--probe", action="store_true", help="only the starting success of the first seed")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")][:1 if args.probe else None]
+
+    conf = Path(tempfile.mkdtemp()) / "env.yaml"
+    conf.write_text(yaml.safe_dump({"env_service": {"environments": {args.env: ENVIRONMENTS[args.env]["config"]}}}))
+    with run_service("env_service", ["--conf", str(conf)]) as service:
+        runs = [asyncio.run(one_seed(args, service.url, seed)) for seed in seeds]
+    pooled = [d for r in runs for d in r.pop("paired")]
+    print(json.dumps({
+        "benchmark": "learning", "env": args.env, "model": args.model, "probe": args.probe,
+        "eval_tasks": args.eval_tasks, "seeds": runs,
+        "pooled_change": interval(pooled) if pooled else None,
+        "ci_above_zero": bool(pooled) and interval(pooled)["lo"] > 0,
+    }))
+
+
+if __name__ == "__main__":
+    main()
