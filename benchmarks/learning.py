@@ -81,8 +81,9 @@ async def one_seed(args: argparse.Namespace, env_url: str, seed: int) -> dict:
             after = {}
         paired = [after[t] - before[t] for t in before if t in after]
         return {"seed": seed, "steps": trainer.step, "minutes": round((time.monotonic() - started) / 60, 1),
-                "before": interval(list(before.values())), "after": interval(list(after.values())) if after else None,
-                "change": interval(paired) if paired else None, "train_reward": rewards,
+                "before": interval(list(before.values()), (0, 1)),
+                "after": interval(list(after.values()), (0, 1)) if after else None,
+                "change": interval(paired, (-1, 1)) if paired else None, "train_reward": rewards,
                 "paired": paired, "output_dir": out}
     finally:
         await trainer.close()
@@ -113,8 +114,8 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "learning", "env": args.env, "model": args.model, "probe": args.probe,
         "eval_tasks": args.eval_tasks, "seeds": runs,
-        "pooled_change": interval(pooled) if pooled else None,
-        "ci_above_zero": bool(pooled) and interval(pooled)["lo"] > 0,
+        "pooled_change": interval(pooled, (-1, 1)) if pooled else None,
+        "ci_above_zero": bool(pooled) and interval(pooled, (-1, 1))["lo"] > 0,
     }))
 
 

@@ -143,7 +143,7 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
 
 def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
     values = per_task_values(summary)
-    metrics = {m: interval([v[m] for v in values.values()]) for m in
+    metrics = {m: interval([v[m] for v in values.values()], (0.0, 1.0)) for m in
                (f"avg@{summary.k}", f"best@{summary.k}", "invalid_action_rate")}
     return {**meta, f"avg@{summary.k}": summary.avg_at_k, f"best@{summary.k}": summary.best_at_k,
             "invalid_action_rate": summary.invalid_action_rate, "tasks": summary.tasks, "k": summary.k,

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 Z95 = 1.959964
 
 
-def interval(values: list[float]) -> dict[str, float]:
-    """Mean and 95% confidence interval of the mean (normal approximation; zero width for n < 2)."""
+def interval(values: list[float], bounds: tuple[float, float] = (-math.inf, math.inf)) -> dict[str, float]:
+    """Mean and 95% confidence interval of the mean (normal approximation, clipped to `bounds`, the
+    range the values can take; zero width for n < 2)."""
     n = len(values)
     if n == 0:
         return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
@@ -33,7 +34,7 @@ def interval(values: list[float]) -> dict[str, float]:
         return {"mean": mean, "lo": mean, "hi": mean, "n": n}
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = Z95 * sd / math.sqrt(n)
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+    return {"mean": mean, "lo": max(bounds[0], mean - half), "hi": min(bounds[1], mean + half), "n": n}
 
 
 def per_task_values(summary: EvalSummary, threshold: float = 1.0) -> dict[str, dict[str, float]]:
@@ -56,10 +57,11 @@ def eval_table(before: EvalSummary | None, after: EvalSummary | None) -> dict[st
     for metric in (f"avg@{k}", f"best@{k}", "invalid_action_rate"):
         row: dict[str, Any] = {"metric": metric}
         for name, values in runs.items():
-            row[name] = interval([v[metric] for v in values.values()])
+            row[name] = interval([v[metric] for v in values.values()], (0.0, 1.0))
         if "before" in runs and "after" in runs:
             paired = sorted(set(runs["before"]) & set(runs["after"]))
-            row["delta"] = interval([runs["after"][t][metric] - runs["before"][t][metric] for t in paired])
+            row["delta"] = interval([runs["after"][t][metric] - runs["before"][t][metric] for t in paired],
+                                    (-1.0, 1.0))
         rows.append(row)
     return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k}
 

@@ -1,0 +1,34 @@
+"""The end-of-run summary's before/after table: per-task values, paired changes, 95% intervals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer.rollout import EvalSummary
+from trainer.summary import eval_table, interval
+
+
+def test_interval_is_the_normal_approximation_clipped_to_the_range():
+    got = interval([0.0, 1.0, 1.0, 0.0])
+    half = 1.959964 * math.sqrt(1 / 3) / 2  # sample sd of [0, 1, 1, 0] is sqrt(1/3)
+    assert got["mean"] == 0.5 and got["lo"] == pytest.approx(0.5 - half) and got["hi"] == pytest.approx(0.5 + half)
+    clipped = interval([0.0, 0.0, 0.0, 1.0], (0.0, 1.0))
+    assert clipped["lo"] == 0.0 and clipped["hi"] < 1.0
+    assert interval([0.3]) == {"mean": 0.3, "lo": 0.3, "hi": 0.3, "n": 1}
+
+
+def test_table_pairs_tasks_and_reads_k_samples():
+    before = EvalSummary(0.25, 0.5, 0.5, 2, 2, per_task={"a": [1.0, 0.0], "b": [0.0, 0.0]},
+                         per_task_invalid={"a": 0.5, "b": 0.5})
+    after = EvalSummary(0.75, 1.0, 0.0, 2, 2, per_task={"a": [1.0, 1.0], "b": [0.0, 1.0]},
+                        per_task_invalid={"a": 0.0, "b": 0.0})
+    table = eval_table(before, after)
+    rows = {row["metric"]: row for row in table["rows"]}
+    assert table["tasks"] == 2 and table["k"] == 2
+    assert rows["avg@2"]["before"]["mean"] == 0.25 and rows["avg@2"]["after"]["mean"] == 0.75
+    assert rows["avg@2"]["delta"]["mean"] == 0.5  # task a: 0.5 -> 1, task b: 0 -> 0.5
+    assert rows["best@2"]["delta"]["mean"] == 0.5 and rows["best@2"]["delta"]["n"] == 2
+    assert rows["invalid_action_rate"]["delta"]["mean"] == -0.5
+    assert "delta" not in eval_table(None, after)["rows"][0]
