@@ -121,3 +121,17 @@ def test_bad_config_names_the_key(tmp_path):
     result = subprocess.run([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "trainer.stpes: unknown key" in result.stderr
+
+
+def test_mechanisms_need_their_services():
+    from pydantic import ValidationError
+
+    from trainer.config import TrainerConfig
+
+    base = {"rollout": {"env": "signal"}, "services": {"env_url": "http://x"}}
+    with pytest.raises(ValidationError, match="adca_grpo needs step labels: set services.judge_url"):
+        TrainerConfig.model_validate({**base, "advantage": {"estimator": "adca_grpo"}})
+    with pytest.raises(ValidationError, match="experience_ratio > 0 needs services.experience_url"):
+        TrainerConfig.model_validate({**base, "rollout": {"env": "signal", "experience_ratio": 0.5}})
+    TrainerConfig.model_validate({**base, "advantage": {"estimator": "adca_grpo"},
+                                  "services": {"env_url": "http://x", "judge_url": "http://j"}})
