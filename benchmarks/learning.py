@@ -29,9 +29,11 @@ from trainer.config import TrainerConfig  # noqa: E402
 from trainer.local import LocalTrainer  # noqa: E402
 from trainer.summary import interval  # noqa: E402
 
+SIGNAL_OPTIONS = ["north", "south", "east", "west", "up", "down", "left", "right"]
 # Per environment: its env-service config and the rollout budget that fits SmolLM2 on 2 cores.
 ENVIRONMENTS = {
-    "signal": {"config": {}, "rollout": {"max_turns": 2, "max_new_tokens": 12, "max_context": 512}},
+    "signal": {"config": {"options": SIGNAL_OPTIONS}, "rollout": {"max_turns": 2, "max_new_tokens": 12,
+                                                                  "max_context": 512}},
     "gym": {"config": {"envs": ["FrozenLake-v1"], "splits": {"train": 200, "validation": 64, "test": 64}},
             "rollout": {"max_turns": 8, "max_new_tokens": 16, "max_context": 1536}},
     "flights": {"config": {"splits": {"train": 200, "validation": 64, "test": 64}}, "rollout": {"max_turns": 4, "max_new_tokens": 64, "max_context": 2048}},
@@ -102,17 +104,19 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--kl", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--env-config", default=None, help="JSON replacing the environment's service config")
     parser.add_argument("--probe", action="store_true", help="only the starting success of the first seed")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")][:1 if args.probe else None]
 
     conf = Path(tempfile.mkdtemp()) / "env.yaml"
-    conf.write_text(yaml.safe_dump({"env_service": {"environments": {args.env: ENVIRONMENTS[args.env]["config"]}}}))
+    env_config = json.loads(args.env_config) if args.env_config else ENVIRONMENTS[args.env]["config"]
+    conf.write_text(yaml.safe_dump({"env_service": {"environments": {args.env: env_config}}}))
     with run_service("env_service", ["--conf", str(conf)]) as service:
         runs = [asyncio.run(one_seed(args, service.url, seed)) for seed in seeds]
     pooled = [d for r in runs for d in r.pop("paired")]
     print(json.dumps({
-        "benchmark": "learning", "env": args.env, "model": args.model, "probe": args.probe,
+        "benchmark": "learning", "env": args.env, "env_config": env_config, "model": args.model, "probe": args.probe,
         "eval_tasks": args.eval_tasks, "seeds": runs,
         "pooled_change": interval(pooled, (-1, 1)) if pooled else None,
         "ci_above_zero": bool(pooled) and interval(pooled, (-1, 1))["lo"] > 0,
