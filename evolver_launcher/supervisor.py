@@ -138,6 +138,11 @@ class Supervisor:
             if self.stop_signal is not None:
                 self.say(f"got {signal.Signals(self.stop_signal).name}: stopping everything this launcher started")
                 return 128 + self.stop_signal
+            services = [c for c in self.children if not c.spec.foreground]
+            if not self._announced_ready and all(c.state == READY for c in services):
+                self._announced_ready = True  # before the foreground child's gate or start speaks
+                if self.on_all_ready:
+                    self.on_all_ready()
             now = time.monotonic()
             for child in self.children:
                 self._advance(child, now)
@@ -146,15 +151,10 @@ class Supervisor:
             foreground = [c for c in self.children if c.spec.foreground]
             if foreground and all(c.state == DONE for c in foreground):
                 return 0
-            services = [c for c in self.children if not c.spec.foreground]
-            if not self._announced_ready and all(c.state == READY for c in services):
-                self._announced_ready = True
-                if self.on_all_ready:
-                    self.on_all_ready()
             time.sleep(POLL_S)
 
     def _advance(self, child: Child, now: float) -> None:
-        if child.state == WAITING and self._deps_ready(child) and self._gate_open(child):
+        if child.state == WAITING and self._deps_ready(child) and self._announced(child) and self._gate_open(child):
             self._start(child)
         elif child.state == BACKOFF and now >= child.next_start:
             self._start(child)
@@ -165,6 +165,10 @@ class Supervisor:
                 self._exited(child, code)
             elif child.state == STARTING:
                 self._check_health(child, now)
+
+    def _announced(self, child: Child) -> bool:
+        """The foreground child starts after "all services healthy" was said (the next loop turn)."""
+        return self._announced_ready or not child.spec.foreground
 
     def _gate_open(self, child: Child) -> bool:
         gate = child.spec.gate
