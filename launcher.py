@@ -13,6 +13,7 @@ stops everything it started on exit, Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -80,6 +81,27 @@ def describe_plan(plan) -> str:
     return "\n".join(lines)
 
 
+def _lock_run_dir(plan):
+    """Hold an exclusive lock on the run folder for the launcher's lifetime (released when it dies)."""
+    import fcntl
+
+    plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = (plan.run_dir.parent / f".{plan.run_dir.name}.lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ConfigError(f"launcher.experiment: another launcher (pid {holder}) is running {plan.run_dir}; "
+                          f"wait for it, or pick another launcher.experiment") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
 def _prepare_run_dir(plan) -> None:
     run_dir: Path = plan.run_dir
     if run_dir.exists() and not plan.launcher.resume and any(run_dir.iterdir()):
@@ -106,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
     from evolver_launcher.manifest import build_manifest, served_environments, write_manifest
     from evolver_launcher.supervisor import Supervisor
 
+    try:
+        lock = _lock_run_dir(plan)
+    except ConfigError as exc:
+        print(f"launcher: {exc}", file=sys.stderr)
+        return 2
     _prepare_run_dir(plan)
     manifest_path = plan.run_dir / "manifest.json"
     manifest = build_manifest(plan, sys.argv)
@@ -137,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
                           "children": supervisor.status()}
     write_manifest(manifest_path, manifest)
     _final_words(plan, code, time.monotonic() - started)
+    lock.close()
     return code
 
 

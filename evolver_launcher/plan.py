@@ -8,6 +8,7 @@ bundled LLM server's URL for roles that ask for it) and returns the children in 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -379,6 +380,9 @@ def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], 
     if launcher.trainer:
         threads = thread_budget(launcher, "trainer")
         env = _base_env(threads)
+        # The trainer's end-of-run tables are rich tables written to a log file: render them as wide
+        # as the launcher's terminal, where they are echoed.
+        env["COLUMNS"] = str(max(100, shutil.get_terminal_size((120, 24)).columns))
         if ray.address:
             env["RAY_ADDRESS"] = ray.address
         children.append(ChildSpec(

@@ -190,6 +190,10 @@ env_service: {environments: [signal]}
     try:
         text = wait_for(log, r"all services healthy", proc, timeout=120)
         pid = int(re.search(r"started env_service on port \d+ \(pid (\d+)", text).group(1))
+        second = subprocess.run([sys.executable, "launcher.py", "--conf", str(conf)], cwd=REPO, capture_output=True,
+                                text=True, timeout=120)
+        assert second.returncode == 2
+        assert f"another launcher (pid {proc.pid}) is running" in second.stderr, "one launcher per run folder"
         os.kill(pid, signal.SIGKILL)
         text = wait_for(log, r"env_service exited with code -9; restart 1/2 in 0.2s[\s\S]*env_service is healthy",
                         proc, timeout=120)
