@@ -64,7 +64,10 @@ class RayBackend(Backend):
     async def start(self) -> None:
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(address=self.settings.address, include_dashboard=False, configure_logging=False,
+            # Join the configured cluster or $RAY_ADDRESS (the launcher's); else start a fresh local
+            # one: a bare ray.init() would join whatever cluster a stale /tmp/ray session names.
+            address = self.settings.address or os.environ.get("RAY_ADDRESS") or "local"
+            ray.init(address=address, include_dashboard=False, configure_logging=False,
                      log_to_driver=True, ignore_reinit_error=True)
             self._started_ray = True
         self._actors = [self._spawn() for _ in range(self.settings.actors)]
