@@ -105,3 +105,12 @@ class InProcessServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+@contextmanager
+def run_env_service(env_yaml: str, directory: Path) -> Iterator[ServiceProcess]:
+    """`python -m env_service` configured by the YAML text `env_yaml` (written into `directory`)."""
+    conf = Path(directory) / "env.yaml"
+    conf.write_text(env_yaml)
+    with run_service("env_service", ["--conf", str(conf)]) as service:
+        yield service

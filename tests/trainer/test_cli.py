@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_service
+from tests.helpers import REPO, run_env_service
 
 ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
 
@@ -41,9 +41,7 @@ trainer:
 
 @pytest.fixture(scope="module")
 def env_url(tmp_path_factory):
-    conf = tmp_path_factory.mktemp("env") / "env.yaml"
-    conf.write_text(ENV_YAML)
-    with run_service("env_service", ["--conf", str(conf)]) as service:
+    with run_env_service(ENV_YAML, tmp_path_factory.mktemp("env")) as service:
         yield service.url
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.models import export_model, load_model
-from tests.helpers import REPO, run_service
+from tests.helpers import REPO, run_env_service, run_service
 from trainer.checkpoint import save_checkpoint
 from trainer.evaluate import main
 
@@ -20,9 +20,7 @@ TASKS = 8
 
 @pytest.fixture(scope="module")
 def env_url(tmp_path_factory):
-    conf = tmp_path_factory.mktemp("env") / "env.yaml"
-    conf.write_text(ENV_YAML)
-    with run_service("env_service", ["--conf", str(conf)]) as service:
+    with run_env_service(ENV_YAML, tmp_path_factory.mktemp("env")) as service:
         yield service.url
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from env_service.client import EnvClient
-from tests.helpers import run_service
+from tests.helpers import run_env_service
 from trainer.config import TrainerConfig
 from trainer.local import LocalTrainer
 
@@ -42,9 +42,7 @@ WINDOW = 3  # steps averaged for "the mean reward"
 
 @pytest.fixture(scope="module")
 def env_url(tmp_path_factory):
-    conf = tmp_path_factory.mktemp("env") / "env.yaml"
-    conf.write_text(ENV_YAML)
-    with run_service("env_service", ["--conf", str(conf)]) as service:
+    with run_env_service(ENV_YAML, tmp_path_factory.mktemp("env")) as service:
         yield service.url
 
 

@@ -9,7 +9,7 @@ import torch
 
 from common.models import load_model
 from common.schemas import Task
-from tests.helpers import run_service
+from tests.helpers import run_env_service
 from trainer.loss import PolicyLossConfig, policy_loss
 from trainer.peers import EnvPeer
 from trainer.policy import InProcessPolicy, Sampling
@@ -22,9 +22,7 @@ ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
 
 @pytest.fixture(scope="module")
 def env_url(tmp_path_factory):
-    conf = tmp_path_factory.mktemp("env") / "env.yaml"
-    conf.write_text(ENV_YAML)
-    with run_service("env_service", ["--conf", str(conf)]) as service:
+    with run_env_service(ENV_YAML, tmp_path_factory.mktemp("env")) as service:
         yield service.url
 
 

@@ -26,7 +26,7 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 import trainer.verl_plugin  # noqa: E402,F401
-from tests.helpers import run_service  # noqa: E402
+from tests.helpers import run_env_service, run_service  # noqa: E402
 from trainer.verl_plugin.agent_loop import TASK_KEY, EvolverEnvAgentLoop  # noqa: E402
 
 VOCAB = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "play", "signal", "look", "at",
@@ -85,9 +85,7 @@ class ScriptedServerManager:
 
 @pytest.fixture(scope="module")
 def env_url(tmp_path_factory):
-    conf = tmp_path_factory.mktemp("env") / "env.yaml"
-    conf.write_text(ENV_YAML)
-    with run_service("env_service", ["--conf", str(conf)]) as service:
+    with run_env_service(ENV_YAML, tmp_path_factory.mktemp("env")) as service:
         yield service.url
 
 
