@@ -14,15 +14,23 @@ signal to climb from; with `fallback: none` (the default) such an answer is inva
 The wording (`system`, `query`, `cue`) is configurable: a tiny random-initialised model learns to
 read the cue in a few dozen steps only when the context is short and the cue is loud (repeated),
 because attention at initialisation is nearly uniform over the context.
+
+`labels` turns the task into a lookup, hard enough for a pretrained model: the query names one label
+("Which way does the river point?") and the observation lists `fields` readings ("Wind: down. River:
+south. ..."), each a different option, in a seeded order. Every task has its own labels, words and
+order, so held-out tasks are new prompts rather than repeats of the training ones. SmolLM2-135M
+answers with the first reading it sees about as often as with the asked one (about 0.2 success).
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from common.config import StrictModel, validate
 from common.schemas import ChatMessage, Split
@@ -32,16 +40,25 @@ SYSTEM = ("You are playing Signal. First say anything to see the signal. "
           "Then answer with the signal word only.")
 QUERY = "Look at the signal, then answer with its word: {choices}."
 CUE = "Answer now. The signal is {signal}"
+LOOKUP_SYSTEM = ("You are playing Signal. First say anything to see the readings. "
+                 "Then answer with the requested word only.")
+LOOKUP_QUERY = "Which way does the {label} point? First look, then answer with one word: {choices}."
+LOOKUP_CUE = "{signal} Answer now."
 
 
 class SignalConfig(StrictModel):
     options: list[str] = Field(default_factory=lambda: ["north", "south", "east", "west"], min_length=2)
     fallback: Literal["none", "first_char"] = "none"
-    system: str = Field(default=SYSTEM, min_length=1)
-    query: str = Field(default=QUERY, description="the user turn; {choices} lists the options")
-    cue: str = Field(default=CUE, description="the first observation; must contain {signal}")
+    system: str | None = Field(default=None, min_length=1, description="None: the mode's default")
+    query: str | None = Field(default=None, description="the user turn; {choices} lists the options, "
+                                                        "{label} names the asked label (lookup mode)")
+    cue: str | None = Field(default=None, description="the first observation; must contain {signal} "
+                                                      "(the signal word, or the readings in lookup mode)")
     cue_repeat: int = Field(default=1, ge=1, le=64,
                             description="the signal word shown this many times (a louder cue for tiny models)")
+    labels: list[str] = Field(default_factory=list,
+                              description="lookup mode: the query asks for one of these labels' readings")
+    fields: int = Field(default=4, ge=2, description="lookup mode: readings shown per task")
     tasks_per_split: dict[str, int] = Field(default_factory=lambda: {"train": 256, "validation": 64, "test": 64})
     seed: int = 0
 
@@ -53,18 +70,43 @@ class SignalConfig(StrictModel):
             raise ValueError(f"options must be distinct lowercase words, got {options}")
         return cleaned
 
-    @field_validator("cue")
+    @field_validator("labels")
     @classmethod
-    def _cue_shows_signal(cls, cue: str) -> str:
-        if "{signal}" not in cue:
+    def _distinct_labels(cls, labels: list[str]) -> list[str]:
+        cleaned = [label.strip().lower() for label in labels]
+        if any(not re.fullmatch(r"[a-z]+", label) for label in cleaned) or len(set(cleaned)) != len(cleaned):
+            raise ValueError(f"labels must be distinct lowercase words, got {labels}")
+        return cleaned
+
+    @model_validator(mode="after")
+    def _mode_defaults(self) -> SignalConfig:
+        lookup = bool(self.labels)
+        self.system = self.system or (LOOKUP_SYSTEM if lookup else SYSTEM)
+        self.query = self.query or (LOOKUP_QUERY if lookup else QUERY)
+        self.cue = self.cue or (LOOKUP_CUE if lookup else CUE)
+        if "{signal}" not in self.cue:
             raise ValueError("cue must contain {signal}: the observation has to show the signal")
-        return cue
+        if not lookup:
+            return self
+        if self.fields > min(len(self.labels), len(self.options)):
+            raise ValueError(f"fields={self.fields} needs at least that many labels ({len(self.labels)}) "
+                             f"and options ({len(self.options)})")
+        if "{label}" not in self.query:
+            raise ValueError("lookup mode (labels set) needs a query containing {label}: the asked label")
+        return self
+
+
+@dataclass(frozen=True)
+class SignalTask:
+    signal: str
+    label: str = ""
+    readings: str = ""  # lookup mode: "Wind: down. River: south. ..."
 
 
 class SignalInstance(EnvInstance):
-    def __init__(self, config: SignalConfig, signal: str, query: str | None) -> None:
-        self.config, self.signal = config, signal
-        self.query = query or config.query.format(choices=", ".join(config.options))
+    def __init__(self, config: SignalConfig, task: SignalTask, query: str | None) -> None:
+        self.config, self.task, self.signal = config, task, task.signal
+        self.query = query or config.query.format(choices=", ".join(config.options), label=task.label)
         self.turn = 0
         self.answer: str | None = None
         self.valid = False
@@ -75,7 +117,8 @@ class SignalInstance(EnvInstance):
     def step(self, action: ChatMessage) -> StepResult:
         self.turn += 1
         if self.turn == 1:
-            return StepResult(observation=ChatMessage(role="user", content=self.config.cue.format(signal=" ".join([self.signal] * self.config.cue_repeat))))
+            shown = self.task.readings or " ".join([self.signal] * self.config.cue_repeat)
+            return StepResult(observation=ChatMessage(role="user", content=self.config.cue.format(signal=shown)))
         if self.turn == 2:
             self.answer, self.valid = self._read_answer(action.text())
             correct = self.answer == self.signal
@@ -100,7 +143,7 @@ class SignalInstance(EnvInstance):
     def evaluate(self, params: dict[str, Any] | None = None) -> EvalResult:
         return EvalResult(score=float(self.answer == self.signal),
                           info={"answer": self.answer, "signal": self.signal, "valid": self.valid,
-                                "turns": self.turn})
+                                "turns": self.turn, **({"label": self.task.label} if self.task.label else {})})
 
     def state(self) -> dict[str, Any] | None:
         return {"turn": self.turn, "answer": self.answer}
@@ -112,28 +155,46 @@ class SignalEnvironment(Environment):
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
         self.settings = validate(SignalConfig, self.config, root="signal")
-        self._signals: dict[str, str] = {}
+        self._tasks: dict[str, SignalTask] = {}
         self._splits: dict[str, list[str]] = {}
         for split, count in self.settings.tasks_per_split.items():
             # Balanced: signal i % K for the i-th task, in an order shuffled by a seeded hash.
             ids = [f"signal-{split}-{i:04d}" for i in range(count)]
             options = self.settings.options
-            order = sorted(range(count), key=lambda i: hashlib.sha256(f"{self.settings.seed}:{split}:{i}".encode())
-                           .hexdigest())
+            order = sorted(range(count), key=lambda i: self._digest(split, i))
+            # The asked label is balanced the same way, in an independent order.
+            label_rank = {i: rank for rank, i in enumerate(sorted(range(count), key=lambda i: self._digest(split, i, "label")))}
             for rank, i in enumerate(order):
-                self._signals[ids[i]] = options[rank % len(options)]
+                signal = options[rank % len(options)]
+                self._tasks[ids[i]] = (self._lookup_task(signal, label_rank[i], split, i) if self.settings.labels
+                                       else SignalTask(signal))
             self._splits[split] = ids
+
+    def _digest(self, split: str, index: int, salt: str = "") -> str:
+        return hashlib.sha256(f"{self.settings.seed}:{split}:{index}{salt}".encode()).hexdigest()
+
+    def _lookup_task(self, signal: str, label_rank: int, split: str, index: int) -> SignalTask:
+        rng = random.Random(self._digest(split, index))
+        asked = self.settings.labels[label_rank % len(self.settings.labels)]
+        labels = [asked, *rng.sample([la for la in self.settings.labels if la != asked], self.settings.fields - 1)]
+        words = [signal, *rng.sample([o for o in self.settings.options if o != signal], self.settings.fields - 1)]
+        shown = list(zip(labels, words, strict=True))
+        rng.shuffle(shown)
+        readings = " ".join(f"{label.capitalize()}: {word}." for label, word in shown)
+        return SignalTask(signal=signal, label=labels[0], readings=readings)
 
     def task_ids(self, split: Split) -> list[str]:
         return list(self._splits.get(split, []))
 
     def create(self, task_id: str, params: dict[str, Any] | None = None) -> SignalInstance:
-        if task_id not in self._signals:
+        if task_id not in self._tasks:
             raise KeyError(task_id)
-        return SignalInstance(self.settings, self._signals[task_id], (params or {}).get("query"))
+        return SignalInstance(self.settings, self._tasks[task_id], (params or {}).get("query"))
 
     def profile(self) -> dict[str, Any]:
-        return {"name": self.name, "background": "Remember a signal word shown once and answer with it.",
+        background = ("Read the reading of the asked label among several and answer with it." if self.settings.labels
+                      else "Remember a signal word shown once and answer with it.")
+        return {"name": self.name, "background": background,
                 "entities": [{"name": "signal", "description": "a word shown after the first turn",
                               "attrs": {"options": self.settings.options}, "opts": []}],
                 "task_preference": {"num_entities": 1, "num_opts": 1, "relation_difficulty": 1}}
