@@ -102,10 +102,13 @@ async def one_seed(args: argparse.Namespace, env_url: str, seed: int) -> dict:
         else:
             after = {}
         paired = [after[t] - before[t] for t in before if t in after]
+        answers = {label: trainer.evaluations[label].per_task_answer for label in trainer.evaluations}
+        examples = [{"task_id": t, **{label: answers[label].get(t) for label in answers}} for t in list(before)[:4]]
         return {"seed": seed, "steps": trainer.step, "minutes": round((time.monotonic() - started) / 60, 1),
                 "before": interval(list(before.values()), (0, 1)),
                 "after": interval(list(after.values()), (0, 1)) if after else None,
                 "change": interval(paired, (-1, 1)) if paired else None, "invalid_action_rate": invalid,
+                "examples": examples,
                 "train_reward": rewards, "paired": dict(zip(before, paired, strict=False)) if paired else {},
                 "output_dir": out}
     finally:

@@ -92,13 +92,14 @@ def load_checkpoint_model(path: str | Path, model_spec: str | None = None) -> tu
 
 
 async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: RolloutConfig, *, temperature: float,
-                        seed: int) -> tuple[float, int, int]:
-    """One episode over chat messages (no token ids): (outcome, steps, invalid steps)."""
+                        seed: int) -> tuple[float, int, int, str]:
+    """One episode over chat messages (no token ids): (outcome, steps, invalid steps, last action)."""
     created = await env.create(config.env, task)
     try:
         messages = [{"role": m.role, "content": m.text()} for m in
                     (ChatMessage.model_validate(m) if not isinstance(m, ChatMessage) else m for m in created.messages)]
         steps = invalid = 0
+        action = ""
         for turn in range(config.max_turns):
             reply = await llm.chat(messages, max_tokens=config.max_new_tokens, temperature=temperature,
                                    seed=seed * 1000 + turn)
@@ -111,7 +112,7 @@ async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: Rollou
             if result.done:
                 break
         outcome = float((await env.evaluate(created.instance_id, config.evaluate_params)).score)
-        return outcome, steps, invalid
+        return outcome, steps, invalid, action
     finally:
         await env.release(created.instance_id)
 
@@ -120,17 +121,17 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
                         temperature: float, seed: int) -> EvalSummary:
     limit = asyncio.Semaphore(config.concurrency)
 
-    async def one(task: Task, i: int) -> tuple[str, float, int, int]:
+    async def one(task: Task, i: int) -> tuple[str, float, int, int, str]:
         async with limit:
-            outcome, steps, invalid = await _chat_episode(task, env, llm, config, temperature=temperature,
-                                                          seed=seed + i)
-            return task.task_id, outcome, steps, invalid
+            return task.task_id, *await _chat_episode(task, env, llm, config, temperature=temperature, seed=seed + i)
 
     results = await asyncio.gather(*(one(t, i) for t in tasks for i in range(k)))
     per_task: dict[str, list[float]] = {}
     steps: dict[str, int] = {}
     invalid: dict[str, int] = {}
-    for task_id, outcome, n_steps, n_invalid in results:
+    answers: dict[str, str] = {}
+    for task_id, outcome, n_steps, n_invalid, answer in results:
+        answers.setdefault(task_id, answer)
         per_task.setdefault(task_id, []).append(outcome)
         steps[task_id] = steps.get(task_id, 0) + n_steps
         invalid[task_id] = invalid.get(task_id, 0) + n_invalid
@@ -138,7 +139,7 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
     n = max(len(success), 1)
     return EvalSummary(sum(sum(v) / len(v) for v in success.values()) / n, sum(max(v) for v in success.values()) / n,
                        sum(invalid.values()) / max(sum(steps.values()), 1), len(success), k, per_task,
-                       {t: invalid[t] / max(steps[t], 1) for t in per_task})
+                       {t: invalid[t] / max(steps[t], 1) for t in per_task}, answers)
 
 
 def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +148,7 @@ def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
                (f"avg@{summary.k}", f"best@{summary.k}", "invalid_action_rate")}
     return {**meta, f"avg@{summary.k}": summary.avg_at_k, f"best@{summary.k}": summary.best_at_k,
             "invalid_action_rate": summary.invalid_action_rate, "tasks": summary.tasks, "k": summary.k,
-            "ci95": metrics, "per_task": summary.per_task}
+            "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -246,6 +246,7 @@ class EvalSummary:
     k: int
     per_task: dict[str, list[float]] = field(default_factory=dict)  # outcome of each of the k samples
     per_task_invalid: dict[str, float] = field(default_factory=dict)  # invalid steps / steps, per task
+    per_task_answer: dict[str, str] = field(default_factory=dict)  # the first sample's last action text
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         return {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
@@ -264,12 +265,15 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     per_task: dict[str, list[float]] = {}
     task_steps: dict[str, int] = {}
     task_invalid: dict[str, int] = {}
+    answers: dict[str, str] = {}
     for g in groups:
         for r in g:
             task_id = r.trajectory.task_id
             per_task.setdefault(task_id, []).append(float(r.trajectory.outcome or 0.0))
             task_steps[task_id] = task_steps.get(task_id, 0) + len(r.trajectory.steps)
             task_invalid[task_id] = task_invalid.get(task_id, 0) + r.invalid_steps
+            if task_id not in answers and r.trajectory.steps:
+                answers[task_id] = r.trajectory.steps[-1].action.text()
     if not per_task:
         return EvalSummary(0.0, 0.0, 0.0, 0, k)
     success = {t: [float(s >= success_threshold) for s in v] for t, v in per_task.items()}
@@ -277,4 +281,4 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     best = sum(max(v) for v in success.values()) / len(success)
     invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
     per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
-    return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid)
+    return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers)

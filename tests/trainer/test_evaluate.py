@@ -51,6 +51,8 @@ def test_checkpoint_and_its_export_score_the_same(env_url, tmp_path, capsys):
     assert all(len(v) == 2 for v in from_checkpoint["per_task"].values())
     # Greedy decoding of the same weights: the same answers, task by task.
     assert from_checkpoint["per_task"] == from_export["per_task"]
+    assert from_checkpoint["answers"] == from_export["answers"]
+    assert sorted(from_checkpoint["answers"]) == sorted(from_checkpoint["per_task"])
     for key in ("avg@2", "best@2", "invalid_action_rate"):
         assert 0.0 <= from_checkpoint[key] <= 1.0
         ci = from_checkpoint["ci95"][key]
@@ -71,6 +73,7 @@ def test_endpoint_with_token_ids_and_chat_only(env_url, tiny_server, tmp_path):
         results[mode] = json.loads(out.read_text())
     for result in results.values():
         assert result["tasks"] == TASKS and result["greedy"]
+        assert len(result["answers"]) == TASKS and all(isinstance(a, str) for a in result["answers"].values())
         # Two turns per episode, the second's answer is read with the first_char fallback when it names
         # no option: the invalid-action rate is reported beside success (at most one invalid step of two).
         assert 0.0 <= result["invalid_action_rate"] <= 0.5
