@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from common.config import StrictModel, validate
 from common.schemas import ChatMessage, Split
@@ -62,20 +62,12 @@ class SignalConfig(StrictModel):
     tasks_per_split: dict[str, int] = Field(default_factory=lambda: {"train": 256, "validation": 64, "test": 64})
     seed: int = 0
 
-    @field_validator("options")
+    @field_validator("options", "labels")
     @classmethod
-    def _distinct_words(cls, options: list[str]) -> list[str]:
-        cleaned = [o.strip().lower() for o in options]
-        if any(not re.fullmatch(r"[a-z]+", o) for o in cleaned) or len(set(cleaned)) != len(cleaned):
-            raise ValueError(f"options must be distinct lowercase words, got {options}")
-        return cleaned
-
-    @field_validator("labels")
-    @classmethod
-    def _distinct_labels(cls, labels: list[str]) -> list[str]:
-        cleaned = [label.strip().lower() for label in labels]
-        if any(not re.fullmatch(r"[a-z]+", label) for label in cleaned) or len(set(cleaned)) != len(cleaned):
-            raise ValueError(f"labels must be distinct lowercase words, got {labels}")
+    def _distinct_words(cls, words: list[str], info: ValidationInfo) -> list[str]:
+        cleaned = [w.strip().lower() for w in words]
+        if any(not re.fullmatch(r"[a-z]+", w) for w in cleaned) or len(set(cleaned)) != len(cleaned):
+            raise ValueError(f"{info.field_name} must be distinct lowercase words, got {words}")
         return cleaned
 
     @model_validator(mode="after")
