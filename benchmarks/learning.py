@@ -74,12 +74,6 @@ def successes(trainer: LocalTrainer, label: str) -> dict[str, float]:
     return {task: float(scores[0] >= 1.0) for task, scores in summary.per_task.items()}
 
 
-def invalid_rate(trainer: LocalTrainer, label: str) -> float:
-    """Share of held-out answers that named no valid option: a format fix shows here, not as skill."""
-    invalid = trainer.evaluations[label].per_task_invalid
-    return round(sum(invalid.values()) / max(1, len(invalid)), 4)
-
-
 async def one_seed(args: argparse.Namespace, env_url: str, seed: int) -> dict:
     out = tempfile.mkdtemp(prefix=f"bench-learning-{args.env}-{seed}-")
     trainer = LocalTrainer(trainer_config(args, env_url, seed, out))
@@ -87,7 +81,7 @@ async def one_seed(args: argparse.Namespace, env_url: str, seed: int) -> dict:
     started = time.monotonic()
     try:
         await trainer.evaluate("before")
-        before, invalid = successes(trainer, "before"), {"before": invalid_rate(trainer, "before")}
+        before, invalid = successes(trainer, "before"), {"before": trainer.evaluations["before"].invalid_action_rate}
         rewards: list[float] = []
         if not args.probe:
             deadline = started + args.minutes * 60
@@ -98,18 +92,18 @@ async def one_seed(args: argparse.Namespace, env_url: str, seed: int) -> dict:
                       f"({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
             await trainer.evaluate("after")
             after = successes(trainer, "after")
-            invalid["after"] = invalid_rate(trainer, "after")
+            invalid["after"] = trainer.evaluations["after"].invalid_action_rate
         else:
             after = {}
-        paired = [after[t] - before[t] for t in before if t in after]
+        paired = {t: after[t] - before[t] for t in before if t in after}
         answers = {label: trainer.evaluations[label].per_task_answer for label in trainer.evaluations}
         examples = [{"task_id": t, **{label: answers[label].get(t) for label in answers}} for t in list(before)[:4]]
         return {"seed": seed, "steps": trainer.step, "minutes": round((time.monotonic() - started) / 60, 1),
                 "before": interval(list(before.values()), (0, 1)),
                 "after": interval(list(after.values()), (0, 1)) if after else None,
-                "change": interval(paired, (-1, 1)) if paired else None, "invalid_action_rate": invalid,
+                "change": interval(list(paired.values()), (-1, 1)) if paired else None, "invalid_action_rate": invalid,
                 "examples": examples,
-                "train_reward": rewards, "paired": dict(zip(before, paired, strict=False)) if paired else {},
+                "train_reward": rewards, "paired": paired,
                 "output_dir": out}
     finally:
         await trainer.close()
