@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException
 
 from common.service import create_app
 from studio.charts import line_chart, series_from
-from studio.rollouts import Rollouts, pass_rates_by_step, turns
+from studio.rollouts import Rollouts, pass_rates_by_step, token_spans, turns
 from studio.runs import JsonLines, Run, RunsRoot, StudioError, log_tail
 from studio.settings import StudioSettings
 from studio.sources import load_pool, load_tasks, search_pool
@@ -182,7 +182,8 @@ def build_app(settings: StudioSettings, token: str | None = None) -> FastAPI:
                                                   record["advantages"], strict=False) if s < 0]
         return page("trajectory.jinja", run=run, r=record, entry=entry, turns=steps, injected=injected,
                     prompt_messages=record["messages"][:first_action], group=rollouts.group(run, entry),
-                    orphan=orphan)
+                    orphan=token_spans(orphan) if orphan else None,
+                    prompt_spans=token_spans([(t, 0, None) for t in record["prompt_tokens"]]))
 
     @app.get("/runs/{name}/tasks", response_class=HTMLResponse)
     async def tasks_page(name: str, request: Request) -> Response:

@@ -61,6 +61,19 @@ def replay_journal(records: list[dict[str, Any]], workspace: str) -> list[Experi
     return [Experience.model_validate(e) for e in pool.values()]
 
 
+_replayed: dict[tuple[Path, str], tuple[tuple[int, int], list[Experience]]] = {}
+
+
+def pool_from_journal(path: Path, workspace: str, lines: JsonLines) -> list[Experience]:
+    """The replayed pool, recomputed only when the journal changed (size or mtime)."""
+    st = path.stat()
+    key = (st.st_size, st.st_mtime_ns)
+    hit = _replayed.get((path, workspace))
+    if hit is None or hit[0] != key:
+        hit = _replayed[(path, workspace)] = (key, replay_journal(lines.read(path), workspace))
+    return hit[1]
+
+
 async def load_pool(run: Run, lines: JsonLines) -> Pool:
     workspace = workspace_of(run)
     url = run.service_url("experience_manager")
@@ -78,7 +91,7 @@ async def load_pool(run: Run, lines: JsonLines) -> Pool:
     path = journal_path(run)
     if path is None or not path.is_file():
         return Pool([], "no experience manager in this run" + source_note, workspace)
-    return Pool(replay_journal(lines.read(path), workspace), f"run folder ({path.name}){source_note}", workspace)
+    return Pool(pool_from_journal(path, workspace, lines), f"run folder ({path.name}){source_note}", workspace)
 
 
 async def search_pool(run: Run, query: str) -> RetrievalResult | str:
