@@ -150,7 +150,8 @@ def build_app(settings: StudioSettings, token: str | None = None) -> FastAPI:
         run = root.run(name)
         return page("run.jinja", run=run, live=_live_context(run, lines), logs=_logs(run),
                     manifest=_manifest_view(run), config_text=run.config_text,
-                    rollouts=len(rollouts.index(run)))
+                    rollouts=len(rollouts.index(run)),
+                    tensorboard=run.trainer_dir / "tensorboard" if (run.trainer_dir / "tensorboard").is_dir() else None)
 
     @app.get("/runs/{name}/live", response_class=HTMLResponse)
     async def run_live(name: str) -> Response:

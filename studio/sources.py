@@ -152,25 +152,30 @@ async def _live_tasks(url: str, offset: int, limit: int) -> TaskView:
 
 
 def _stored_tasks(path: Path, offset: int, limit: int) -> TaskView:
+    """Synthetic tasks from the store, then the original tasks the trainer reported pass rates for (the
+    store keeps originals only as curriculum entries: the environment owns them)."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
     db.row_factory = sqlite3.Row
     try:
-        total = int(db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0])
-        rows = db.execute(f"SELECT {TASK_COLUMNS} FROM tasks ORDER BY created_at, task_id LIMIT ? OFFSET ?",
-                          (limit, offset)).fetchall()
+        rows = [dict(r) for r in db.execute(f"SELECT {TASK_COLUMNS} FROM tasks ORDER BY created_at, task_id")]
         jobs = [{"progress": json.loads(r["progress"])} for r in db.execute("SELECT progress FROM jobs")]
         rates = {}
-        for r in db.execute("SELECT task_id, recent, total FROM pass_rates"):
+        for r in db.execute("SELECT task_id, recent, total FROM pass_rates ORDER BY task_id"):
             recent = json.loads(r["recent"])
             rates[r["task_id"]] = (sum(recent) / len(recent) if recent else 0.0, int(r["total"]))
     finally:
         db.close()
+    stored = {f"{r['env_type']}/{r['task_id']}" for r in rows}
+    for key in rates:  # pass rates are kept per "env/task_id"
+        if key not in stored and "/" in key:
+            env, task_id = key.split("/", 1)
+            rows.append({"task_id": task_id, "env_type": env, "synthetic": False, "query": None})
     tasks = []
-    for r in rows:
-        rate = rates.get(r["task_id"])
-        tasks.append({**dict(r), "synthetic": bool(r["synthetic"]), "pass_rate": rate[0] if rate else None,
+    for r in rows[offset:offset + limit]:
+        rate = rates.get(f"{r['env_type']}/{r['task_id']}")
+        tasks.append({**r, "synthetic": bool(r["synthetic"]), "pass_rate": rate[0] if rate else None,
                       "rollouts": rate[1] if rate else 0})
-    return TaskView(tasks, total, _funnel(jobs), _sum_reasons(jobs, "rejected"), _sum_reasons(jobs, "dropped"),
+    return TaskView(tasks, len(rows), _funnel(jobs), _sum_reasons(jobs, "rejected"), _sum_reasons(jobs, "dropped"),
                     rates, f"run folder ({path.name}, read-only)")
 
 

@@ -167,7 +167,13 @@ def test_pages_and_links_match_the_run_files(finished_run, studio, browser, arti
     funnel = dict(zip(page.locator("table.funnel td:first-child").all_inner_texts(),
                       page.locator("table.funnel td.n").all_inner_texts(), strict=True))
     assert int(funnel["kept"]) == store["kept"] > 0 and int(funnel["proposed"]) == store["proposed"]
-    assert f"Tasks ({store['count']})" in page.content()
+    assert f"Tasks ({store['count']})" in page.content()  # synthetic ones and originals with pass rates
+    shown_rates = dict(zip(page.locator("table.tasks tr[data-task] td:first-child").all_inner_texts(),
+                           page.locator("table.tasks tr[data-task] td.n:nth-last-child(2)").all_inner_texts(),
+                           strict=True))
+    expected = {task: f"{store['rates'][f'flights/{task}']:.4g}" if f"flights/{task}" in store["rates"] else "-"
+                for task in shown_rates}
+    assert shown_rates == expected and any(rate != "-" for rate in shown_rates.values())
     html = page.content()
     assert store["reference_actions"]
     for action in store["reference_actions"]:
@@ -257,8 +263,11 @@ def _task_store(run_dir: Path) -> dict:
     try:
         jobs = [json.loads(row[0]) for row in db.execute("SELECT progress FROM jobs")]
         references = [json.loads(row[0]) for row in db.execute("SELECT reference FROM tasks WHERE reference IS NOT NULL")]
-        count = db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
+        stored = {f"{env}/{task}" for env, task in db.execute("SELECT env_type, task_id FROM tasks")}
+        rates = {key: sum(json.loads(recent)) / len(json.loads(recent))
+                 for key, recent in db.execute("SELECT task_id, recent FROM pass_rates")}
+        count = len(stored) + sum(key not in stored for (key,) in db.execute("SELECT task_id FROM pass_rates"))
     finally:
         db.close()
     return {"kept": sum(j.get("kept", 0) for j in jobs), "proposed": sum(j.get("proposed", 0) for j in jobs),
-            "count": count, "reference_actions": [a for r in references for a in r["actions"]]}
+            "count": count, "rates": rates, "reference_actions": [a for r in references for a in r["actions"]]}
