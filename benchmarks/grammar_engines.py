@@ -1,5 +1,6 @@
 """xgrammar vs llguidance on SmolLM2's tokenizer: the measurement behind llm_server's choice of grammar engine.
 
+    pip install xgrammar==0.2.8   # not a dependency of evolver; without it only llguidance is measured
     python benchmarks/grammar_engines.py [--model smollm2] [--repeats 5]
 
 For each engine, on one CPU thread: the one-off tokenizer set-up, the compile time of a typical
@@ -141,6 +142,12 @@ def _apply_cost(vocab: int, repeats: int = 200) -> float:
     return round((time.perf_counter() - start) / repeats * 1e6, 1)
 
 
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -160,7 +167,8 @@ def main() -> None:
     result = {"benchmark": "grammar_engines", "model": args.model, "vocab": vocab, "repeats": args.repeats,
               "cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2),
               "llguidance": _llguidance(tokenizer, answer_ids, args.repeats),
-              "xgrammar": _xgrammar(tokenizer, answer_ids, args.repeats, vocab),
+              "xgrammar": _xgrammar(tokenizer, answer_ids, args.repeats, vocab) if _installed("xgrammar")
+              else "not installed (pip install xgrammar==0.2.8 to compare)",
               "apply_bitmask_us_per_row": _apply_cost(vocab)}
     print(json.dumps(result))
 
