@@ -60,6 +60,12 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
+def _summary(compiles: list[float], masks: list[float], tokens: int) -> dict:
+    return {"compile_ms_median": _ms(statistics.median(compiles)), "compile_ms_first": _ms(compiles[0]),
+            "mask_us_per_token_median": round(statistics.median(masks) * 1e6, 1),
+            "mask_us_per_token_p95": round(sorted(masks)[int(0.95 * len(masks))] * 1e6, 1), "tokens": tokens}
+
+
 def _llguidance(tokenizer: Any, answer_ids: dict[str, list[int]], repeats: int) -> dict:
     import llguidance
     import torch
@@ -87,11 +93,7 @@ def _llguidance(tokenizer: Any, answer_ids: dict[str, list[int]], repeats: int) 
                 ok = matcher.consume_token(token)
                 masks.append(time.perf_counter() - start)
                 assert ok, f"llguidance rejected a token of the valid {name} answer: {matcher.get_error()}"
-        out["schemas"][name] = {"compile_ms_median": _ms(statistics.median(compiles)),
-                                "compile_ms_first": _ms(compiles[0]),
-                                "mask_us_per_token_median": round(statistics.median(masks) * 1e6, 1),
-                                "mask_us_per_token_p95": round(sorted(masks)[int(0.95 * len(masks))] * 1e6, 1),
-                                "tokens": len(answer_ids[name])}
+        out["schemas"][name] = _summary(compiles, masks, len(answer_ids[name]))
     return out
 
 
@@ -120,11 +122,7 @@ def _xgrammar(tokenizer: Any, answer_ids: dict[str, list[int]], repeats: int, vo
                 ok = matcher.accept_token(token)
                 masks.append(time.perf_counter() - start)
                 assert ok, f"xgrammar rejected a token of the valid {name} answer"
-        out["schemas"][name] = {"compile_ms_median": _ms(statistics.median(compiles)),
-                                "compile_ms_first": _ms(compiles[0]),
-                                "mask_us_per_token_median": round(statistics.median(masks) * 1e6, 1),
-                                "mask_us_per_token_p95": round(sorted(masks)[int(0.95 * len(masks))] * 1e6, 1),
-                                "tokens": len(answer_ids[name])}
+        out["schemas"][name] = _summary(compiles, masks, len(answer_ids[name]))
     return out
 
 
