@@ -156,7 +156,9 @@ class GrammarCompiler:
     """Compiles grammar text for one tokenizer on its own threads, with an LRU cache and a time limit."""
 
     def __init__(self, tokenizer: Any, eos_ids: list[int], *, cache_size: int = 256, timeout_s: float = 10.0,
-                 threads: int = 1) -> None:
+                 threads: int = 2) -> None:
+        # Two builders: one slow schema (up to the time limit) does not make every other new schema wait.
+        # llguidance releases the GIL while it builds, so they run beside the engine thread.
         self.tokenizer = ll_tokenizer(tokenizer, eos_ids)
         self.vocab_size = int(self.tokenizer.vocab_size)
         self.cache_size, self.timeout_s = cache_size, timeout_s

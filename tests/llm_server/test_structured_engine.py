@@ -3,6 +3,7 @@ generate, how they finish, which logprobs they report, and that free rows in the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -25,6 +26,8 @@ from common.grammar import (
     tool_call_grammar,
 )
 from common.models import load_model
+from common.service import ServiceError
+from llm_server.structured import compile_grammar
 
 TIMEOUT = 300
 
@@ -165,4 +168,10 @@ def test_slow_compile_times_out_then_lands_in_the_cache(engine: Engine) -> None:
         time.sleep(0.05)
     assert slow.compile(grammar).template is not None and slow.stats.cache_hits == 1
     assert slow.stats.compiles == 1
+    # Over HTTP the same is a 400 naming the field (llm_server.structured maps it).
+    other = choice_grammar([f"another option {i}" for i in range(3000)])
+    with pytest.raises(ServiceError) as info:
+        asyncio.run(compile_grammar(slow, "structured_outputs", other))
+    assert info.value.status == 400 and info.value.code == "grammar_too_complex"
+    assert info.value.message.startswith("structured_outputs: the constraint took longer than 0.001 s")
     slow.close()
