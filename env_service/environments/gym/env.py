@@ -21,6 +21,7 @@ from env_service.environments.gym.text import (
     parse_action,
     render_text,
 )
+from env_service.environments.textgames.base import seed_and_query
 
 DEFAULT_GAMES = ("FrozenLake-v1", "Taxi-v4", "CliffWalking-v1")
 DEFAULT_SPLITS = {"train": 100, "validation": 20, "test": 20}
@@ -138,14 +139,7 @@ class GymEnvironment(Environment):
 
     def create(self, task_id: str, params: dict[str, Any] | None = None) -> GymInstance:
         game, seed = self.parse_task(task_id)
-        params = params or {}
-        if "seed" in params:
-            if not isinstance(params["seed"], int) or isinstance(params["seed"], bool):
-                raise ValueError("params.seed must be an integer")
-            seed = params["seed"]
-        query = params.get("query")
-        if query is not None and (not isinstance(query, str) or not query.strip()):
-            raise ValueError("params.query must be a non-empty string")
+        seed, query = seed_and_query(params, seed)
         return GymInstance(game, seed, query)
 
     def tool_docs(self, task_id: str | None = None) -> list[dict[str, Any]]:

@@ -46,6 +46,19 @@ class TaskSplits:
         return env_id, split, SPLIT_SEED_BASE[split] + int(index)  # type: ignore[return-value]
 
 
+def seed_and_query(params: dict[str, Any] | None, seed: int) -> tuple[int, str | None]:
+    """The episode seed (`params.seed` overrides the task's) and the replacement query, validated."""
+    params = params or {}
+    if "seed" in params:
+        if not isinstance(params["seed"], int) or isinstance(params["seed"], bool):
+            raise ValueError("params.seed must be an integer")
+        seed = params["seed"]
+    query = params.get("query")
+    if query is not None and (not isinstance(query, str) or not query.strip()):
+        raise ValueError("params.query must be a non-empty string")
+    return seed, query
+
+
 @dataclass
 class Turn:
     """What a suite's engine answered to one parsed action."""
@@ -181,14 +194,7 @@ class SuiteEnvironment(Environment):
 
     def create(self, task_id: str, params: dict[str, Any] | None = None) -> TextGameInstance:
         env_id, split, seed = self.splits.parse(task_id)
-        params = params or {}
-        if "seed" in params:
-            if not isinstance(params["seed"], int) or isinstance(params["seed"], bool):
-                raise ValueError("params.seed must be an integer")
-            seed = params["seed"]
-        query = params.get("query")
-        if query is not None and (not isinstance(query, str) or not query.strip()):
-            raise ValueError("params.query must be a non-empty string")
+        seed, query = seed_and_query(params, seed)
         return self.instance(env_id, split, seed, query)
 
     def profile(self) -> dict[str, Any]:
