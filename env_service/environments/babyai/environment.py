@@ -79,6 +79,12 @@ class BabyAIEnvironment(SuiteEnvironment):
                              f"{', '.join(known[:8])} ... ({len(known)} BabyAI levels)")
         return env_id
 
+    def profile(self) -> dict[str, Any]:
+        profile = super().profile()
+        for entity in profile["entities"]:  # one fixed action vocabulary: the self-questioning prompt can name it
+            entity["opts"] = [{"name": a, "description": f"minigrid action {i}"} for i, a in enumerate(ACTIONS)]
+        return profile
+
     def instance(self, env_id: str, split: Split, seed: int, query: str | None) -> BabyAIInstance:
         import gymnasium
 
