@@ -291,6 +291,9 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
         _set_default(ray_section, "address", ray.address)
     if launcher.resume:
         trainer["resume"] = True
+    if "llm_server" in services and policy.get("kind") == "endpoint":
+        # The trainer pushes weights from <output_dir>/weights; the server loads from nowhere else.
+        _set_default(_section(data, "llm_server"), "weights_dir", str(Path(trainer["output_dir"]) / "weights"))
 
 
 def _check_dormant(name: str, section: Any) -> None:
