@@ -169,13 +169,13 @@ class _GuardMiddleware:
                 if self.token and path not in OPEN_PATHS:
                     got = headers.get(b"authorization", b"")
                     if not hmac.compare_digest(got, self._expected):
-                        await self._reject(send_wrapped, 401, "unauthorized",
+                        await self._reject(send_wrapped, path, 401, "unauthorized",
                                            "missing or wrong bearer token (set Authorization: Bearer $EVOLVER_API_TOKEN)",
                                            [(b"www-authenticate", b"Bearer")])
                         return
                 length = headers.get(b"content-length")
                 if length is not None and length.isdigit() and int(length) > self.max_body:
-                    await self._reject(send_wrapped, 413, "payload_too_large",
+                    await self._reject(send_wrapped, path, 413, "payload_too_large",
                                        f"request body of {int(length)} bytes exceeds the limit of {self.max_body} bytes")
                     return
                 chunked = length is None and b"chunked" in headers.get(b"transfer-encoding", b"")
@@ -184,7 +184,7 @@ class _GuardMiddleware:
                     # FastAPI turns any error raised while it reads the body into a 400.
                     receive = await self._buffered(receive)
                     if receive is None:
-                        await self._reject(send_wrapped, 413, "payload_too_large",
+                        await self._reject(send_wrapped, path, 413, "payload_too_large",
                                            f"request body exceeds the limit of {self.max_body} bytes")
                         return
                 if (chunked or length not in (None, b"0")) and is_json_content(headers.get(b"content-type")):
@@ -252,8 +252,10 @@ class _GuardMiddleware:
 
         return replay
 
-    async def _reject(self, send: Send, status: int, code: str, message: str, extra_headers: list | None = None) -> None:
-        await self._send_json(send, status, error_body(code, message), extra_headers)
+    async def _reject(self, send: Send, path: str, status: int, code: str, message: str,
+                      extra_headers: list | None = None) -> None:
+        # Through the renderers: a compatible route keeps its protocol's shape for 401 and 413 too.
+        await self._send_json(send, status, self._body(path, status, code, message, None), extra_headers)
 
     @staticmethod
     async def _send_json(send: Send, status: int, payload: dict, extra_headers: list | None = None) -> None:
