@@ -28,6 +28,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--default-max-tokens", type=int, default=None)
     parser.add_argument("--max-request-tokens", type=int, default=None)
+    parser.add_argument("--weights-dir", default=None,
+                        help="POST /v1/weights loads only from inside this directory (default: $TMPDIR/evolver-weights)")
 
 
 def main(argv: list[str] | None = None) -> None:
