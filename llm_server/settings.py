@@ -23,3 +23,6 @@ class LLMServerSettings(ServiceSettings):
     weights_dir: str = Field(default=str(DEFAULT_WEIGHTS_DIR),
                              description="POST /v1/weights loads only from inside this directory (the launcher "
                                          "sets the trainer's weights folder)")
+    grammar_cache_size: int = Field(default=256, ge=1, description="compiled structured-output grammars kept (LRU)")
+    grammar_timeout_s: float = Field(default=10.0, gt=0,
+                                     description="a constraint that compiles longer than this gets a 400")
