@@ -60,6 +60,7 @@ def judge(tmp_path_factory) -> Iterator[ServiceProcess]:
 def llm_server(tmp_path_factory) -> Iterator[ServiceProcess]:
     work = tmp_path_factory.mktemp("fuzz-llm")
     conf = _conf(work, {"llm_server": {"model": "tiny", "max_batch": 8, "max_request_tokens": 64,
-                                       "default_max_tokens": 8, "weights_dir": str(work)}})
+                                       "default_max_tokens": 8, "weights_dir": str(work),
+                                       "grammar_timeout_s": 2.0}})
     with run_service("llm_server", ["--conf", conf, "--log-level", "WARNING"], timeout=120) as service:
         yield service
