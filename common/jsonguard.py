@@ -18,9 +18,13 @@ from typing import Any
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 DEFAULT_MAX_DEPTH = 64
 
-# Cheap triggers for the full check: a \uD800-\uDFFF escape, a long digit run, the non-JSON
-# constants, a huge exponent. Bodies without any of them (nearly all) skip the second parse.
-_SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|\d{19}|NaN|Infinity|[eE][+-]?\d{3}")
+# Cheap triggers for the full check, as substring scans (Python's `re` would cost ~0.1 us a byte):
+# a \uD800-\uDFFF escape, a run of 19+ digits, the non-JSON constants, a 3-digit exponent. Bodies
+# without any of them (nearly all) skip the second parse.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# digits -> "0", e/E -> "e", +/- -> "+", anything else -> " ": numbers' shapes become plain substrings.
+_SHAPES = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b"eE"
+                else ord("+") if b in b"+-" else ord(" ") for b in range(256))
 
 
 def is_json_content(content_type: bytes | None) -> bool:
@@ -41,7 +45,7 @@ def find_unrepresentable(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> tup
     """
     if not body:
         return None
-    if not _SUSPECT.search(body) and body.count(b"[") + body.count(b"{") <= max_depth:
+    if not _suspect(body) and body.count(b"[") + body.count(b"{") <= max_depth:
         return None
     try:
         value = json.loads(body)
@@ -50,6 +54,15 @@ def find_unrepresentable(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> tup
     except ValueError:
         return None
     return _walk(value, max_depth)
+
+
+def _suspect(body: bytes) -> bool:
+    if b"\\u" in body and _SURROGATE_ESCAPE.search(body):
+        return True
+    if b"NaN" in body or b"Infinity" in body:
+        return True
+    shapes = body.translate(_SHAPES)
+    return b"0" * 19 in shapes or b"e000" in shapes or b"e+000" in shapes
 
 
 def _walk(root: Any, max_depth: int) -> tuple[str, str] | None:
