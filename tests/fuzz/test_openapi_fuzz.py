@@ -55,7 +55,9 @@ def fuzz(service: ServiceProcess) -> None:
                 run()
             except Unsatisfiable:  # nothing to make invalid (no parameters, or only free-form strings)
                 continue
-            except Exception as exc:  # collect: one service's report names every broken operation
+            except BaseException as exc:  # collect: one service's report names every broken operation
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):  # Schemathesis' FailureGroup is no Exception
+                    raise
                 failures.append(f"{operation.label} ({mode.value}): {exc}"[:3000])
     assert operations > 0
     assert not failures, f"{len(failures)} failing operation(s):\n\n" + "\n\n".join(failures)
