@@ -2,9 +2,11 @@
 
 Each operation gets generated valid and invalid requests over real sockets. Checks: no 5xx, the status
 code, content type, headers and body each as the document says, and schema-invalid requests refused
-with a 4xx. Not checked: `positive_data_acceptance` (a schema-valid request may still name an unknown
-environment or instance, a 4xx the document cannot express) and `allow_header_conformance` (Starlette
-lists only the first matching route's methods in a 405's Allow header).
+with a 4xx. Not checked: `positive_data_acceptance`: 31 operations (measured with 12 examples each)
+still answer 400/422 to some schema-valid requests, for constraints their documents do not state
+(id patterns, fields optional in the model but required by the route, semantic checks); and
+`allow_header_conformance` (Starlette lists only the first matching route's methods in a 405's
+Allow header).
 """
 
 from __future__ import annotations
