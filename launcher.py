@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         print("dry run: nothing was started")
         return 0
 
+    from evolver_launcher.leftovers import new_launch_id, reap_abandoned, registry_path, write_registry
     from evolver_launcher.manifest import build_manifest, served_environments, write_manifest
     from evolver_launcher.supervisor import Supervisor
 
@@ -133,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"launcher: {exc}", file=sys.stderr)
         return 2
+    launch_id = new_launch_id()
+    reap_abandoned(plan.run_dir.parent, registry_path(plan.run_dir), lambda m: print(f"[launcher] {m}", flush=True))
+    cleanup = [plan.ray.address_file] if plan.ray.address_file else []
+    registry = write_registry(plan.run_dir, launch_id, cleanup)
     _prepare_run_dir(plan)
     manifest_path = plan.run_dir / "manifest.json"
     manifest = build_manifest(plan, sys.argv)
@@ -158,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     _attach_synthesis(plan)
     supervisor = Supervisor(plan.children, restart=launcher.restart, health_timeout_s=launcher.health_timeout_s,
                             stop_timeout_s=launcher.stop_timeout_s, tail_lines=launcher.log_tail_lines,
-                            cwd=REPO_ROOT, on_all_ready=on_all_ready)
+                            cwd=REPO_ROOT, on_all_ready=on_all_ready, launch_id=launch_id, cleanup_files=cleanup)
     supervisor.install_signal_handlers()
     started = time.monotonic()
     code = supervisor.run()
@@ -166,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
                           "children": supervisor.status()}
     write_manifest(manifest_path, manifest)
     _final_words(plan, code, time.monotonic() - started)
+    registry.unlink(missing_ok=True)
     lock.close()
     return code
 

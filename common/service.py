@@ -12,9 +12,10 @@ import argparse
 import hmac
 import inspect
 import os
+import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -24,13 +25,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import Field
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.config import ConfigError, StrictModel, apply_flags, load_config, load_dotenv_file
+from common.jsonguard import DEFAULT_MAX_DEPTH, find_unrepresentable, is_json_content
 from common.logging import setup_logging
 
+_SLASHES = re.compile(r"/{2,}")
 OPEN_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 
@@ -59,8 +62,50 @@ class ORJSONResponse(JSONResponse):
 ErrorRenderer = Callable[[str, int, str, str, Any], dict | None]
 
 
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx a service sends (unless a compatible route keeps its protocol's own shape)."""
+
+    error: ErrorInfo
+
+
 def error_body(code: str, message: str, details: Any = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details}}
+
+
+def add_error_renderer(app: FastAPI, renderer: ErrorRenderer, paths: Iterable[str],
+                       model: type[BaseModel]) -> None:
+    """Render errors on `paths` with `renderer`, and document them in OpenAPI as `model`."""
+    app.state.error_renderers.append(renderer)
+    app.state.error_models.update(dict.fromkeys(paths, model))
+
+
+def _document_errors(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's OpenAPI, with the 4xx bodies the services really send (not FastAPI's `detail` list)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = FastAPI.openapi(app)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in {ErrorResponse, *app.state.error_models.values()}:
+        definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(definition.pop("$defs", {}))
+        components[model.__name__] = definition
+    for path, operations in schema.get("paths", {}).items():
+        model = app.state.error_models.get(path, ErrorResponse)
+        content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses["422"] = {"description": "Invalid request: the fields to fix are named", "content": content}
+            responses["4XX"] = {"description": "Client error", "content": content}
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    app.openapi_schema = schema
+    return schema
 
 
 def _render_error(request: Request, status: int, code: str, message: str, details: Any = None,
@@ -101,6 +146,10 @@ class _GuardMiddleware:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
+        if "//" in path:
+            # Clients that join a base URL ending in "/" with "/route" send "//route"
+            # (AgentEvolver's env client does): route them as the single-slash path.
+            path = scope["path"] = _SLASHES.sub("/", path)
         headers = dict(scope["headers"])
         request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex[:12]
         scope.setdefault("state", {})["request_id"] = request_id
@@ -120,22 +169,32 @@ class _GuardMiddleware:
                 if self.token and path not in OPEN_PATHS:
                     got = headers.get(b"authorization", b"")
                     if not hmac.compare_digest(got, self._expected):
-                        await self._reject(send_wrapped, 401, "unauthorized",
+                        await self._reject(send_wrapped, path, 401, "unauthorized",
                                            "missing or wrong bearer token (set Authorization: Bearer $EVOLVER_API_TOKEN)",
                                            [(b"www-authenticate", b"Bearer")])
                         return
                 length = headers.get(b"content-length")
                 if length is not None and length.isdigit() and int(length) > self.max_body:
-                    await self._reject(send_wrapped, 413, "payload_too_large",
+                    await self._reject(send_wrapped, path, 413, "payload_too_large",
                                        f"request body of {int(length)} bytes exceeds the limit of {self.max_body} bytes")
                     return
-                if length is None and b"chunked" in headers.get(b"transfer-encoding", b""):
+                chunked = length is None and b"chunked" in headers.get(b"transfer-encoding", b"")
+                if chunked:
                     # No declared size: read up to the limit before the app sees anything, because
                     # FastAPI turns any error raised while it reads the body into a 400.
                     receive = await self._buffered(receive)
                     if receive is None:
-                        await self._reject(send_wrapped, 413, "payload_too_large",
+                        await self._reject(send_wrapped, path, 413, "payload_too_large",
                                            f"request body exceeds the limit of {self.max_body} bytes")
+                        return
+                if (chunked or length not in (None, b"0")) and is_json_content(headers.get(b"content-type")):
+                    body, receive = await self._read_body(receive)
+                    problem = find_unrepresentable(body, DEFAULT_MAX_DEPTH)
+                    if problem is not None:
+                        field, why = problem
+                        await self._send_json(send_wrapped, 422, self._body(
+                            path, 422, "validation_error", f"invalid request: {field}: {why}",
+                            [{"field": field, "message": why, "type": "json_value"}]))
                         return
                 await self.app(scope, receive, send_wrapped)
             except Exception:
@@ -144,14 +203,35 @@ class _GuardMiddleware:
                 if started[0]:
                     raise
                 message = f"internal error while serving {path} (request id {request_id}; see the service log)"
-                body = next((b for r in self.renderers if (b := r(path, 500, "internal_error", message, None))),
-                            error_body("internal_error", message))
-                await self._send_json(send_wrapped, 500, body)
+                await self._send_json(send_wrapped, 500, self._body(path, 500, "internal_error", message, None))
             finally:
                 route = scope.get("route")
                 route_path = getattr(route, "path", None) or ("<unmatched>" if status_holder[0] == 404 else path)
                 self.metrics.requests.labels(route_path, scope.get("method", ""), str(status_holder[0])).inc()
                 self.metrics.latency.labels(route_path).observe(time.perf_counter() - start)
+
+    def _body(self, path: str, status: int, code: str, message: str, details: Any) -> dict:
+        return next((b for r in self.renderers if (b := r(path, status, code, message, details))),
+                    error_body(code, message, details))
+
+    @staticmethod
+    async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
+        """The whole body (its size is already bounded) and a `receive` that replays it."""
+        chunks: list[bytes] = []
+        messages: list[Message] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        return b"".join(chunks), replay
 
     async def _buffered(self, receive: Receive) -> Receive | None:
         messages: list[Message] = []
@@ -172,8 +252,10 @@ class _GuardMiddleware:
 
         return replay
 
-    async def _reject(self, send: Send, status: int, code: str, message: str, extra_headers: list | None = None) -> None:
-        await self._send_json(send, status, error_body(code, message), extra_headers)
+    async def _reject(self, send: Send, path: str, status: int, code: str, message: str,
+                      extra_headers: list | None = None) -> None:
+        # Through the renderers: a compatible route keeps its protocol's shape for 401 and 413 too.
+        await self._send_json(send, status, self._body(path, status, code, message, None), extra_headers)
 
     @staticmethod
     async def _send_json(send: Send, status: int, payload: dict, extra_headers: list | None = None) -> None:
@@ -207,6 +289,8 @@ def create_app(
     app.state.service_name = name
     app.state.metrics_registry = metrics.registry
     app.state.error_renderers = []
+    app.state.error_models = {}
+    app.openapi = lambda: _document_errors(app)  # type: ignore[method-assign]
     app.state.ready_check = ready
 
     @app.exception_handler(ServiceError)
@@ -239,7 +323,7 @@ def create_app(
         body = {"status": "ok" if ok else "starting", "service": name}
         return ORJSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["service"])
+    @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
     async def metrics_route() -> Response:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

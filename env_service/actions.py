@@ -18,7 +18,9 @@ Accepted formats (checked in this order):
    the content is then ignored.
 2. `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Qwen/Hermes style),
    one or more; `arguments` may also be a JSON-encoded string; a block may hold a JSON list of calls.
-3. Python-style calls with keyword arguments: `search_flight(origin='SFO', destination='JFK')`,
+3. Python-style calls: `search_flight(origin='SFO', destination='JFK')`; positional arguments
+   (`sort('final_report.pdf')`, as BFCL's own ground truth and many models write them) are named
+   from the function's parameters, which the environment supplies (`parameters=`),
    several on separate lines or separated by `;`, or a list of them (BFCL's format:
    `[cd(folder='x'), mv(source='a', destination='b')]`). Argument values are Python literals
    (strings, numbers, True/False/None, lists, dicts; JSON's true/false/null are accepted too).
@@ -35,6 +37,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,18 +62,45 @@ class ParsedCall:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     call_id: str | None = None  # the OpenAI tool_call id, when the call came as one
+    positional: tuple[Any, ...] = ()  # not yet named; parse_actions names them from the function's parameters
 
     def to_python(self) -> str:
         """The call as Python source with keyword arguments, e.g. `cd(folder='x')`."""
-        args = ", ".join(f"{key}={value!r}" for key, value in self.arguments.items())
+        args = ", ".join([*(repr(value) for value in self.positional),
+                          *(f"{key}={value!r}" for key, value in self.arguments.items())])
         return f"{self.name}({args})"
 
 
-def parse_actions(message: ChatMessage) -> list[ParsedCall]:
-    """All tool calls in `message`, in order. `[]` when it holds none; ActionParseError when malformed."""
+# The ordered parameter names of a function, or None when the environment has no such function.
+ParameterLookup = Callable[[str], Sequence[str] | None]
+
+
+def parse_actions(message: ChatMessage, parameters: ParameterLookup | None = None) -> list[ParsedCall]:
+    """All tool calls in `message`, in order. `[]` when it holds none; ActionParseError when malformed.
+
+    `parameters` names positional arguments; without it (or for an unknown function) they are an error.
+    """
     if message.tool_calls:
         return [_from_openai(tc.function.name, tc.function.arguments, tc.id) for tc in message.tool_calls]
-    return parse_text_actions(message.text())
+    return [_bind(call, parameters) for call in parse_text_actions(message.text())]
+
+
+def _bind(call: ParsedCall, parameters: ParameterLookup | None) -> ParsedCall:
+    if not call.positional:
+        return call
+    names = parameters(call.name) if parameters is not None else None
+    if names is None:
+        raise ActionParseError(f"{call.name}(...): positional arguments need a known function; pass every "
+                               f"argument by name, e.g. {call.name}(argument_name=value)")
+    names = list(names)
+    if len(call.positional) > len(names):
+        raise ActionParseError(f"{call.name}() takes {len(names)} argument(s) ({', '.join(names)}), "
+                               f"got {len(call.positional)} positional")
+    bound = dict(zip(names, call.positional, strict=False))  # fewer positionals than parameters is fine
+    twice = sorted(set(bound) & set(call.arguments))
+    if twice:
+        raise ActionParseError(f"{call.name}(...): {', '.join(twice)} given both by position and by name")
+    return ParsedCall(call.name, {**bound, **call.arguments}, call.call_id)
 
 
 def parse_text_actions(text: str) -> list[ParsedCall]:
@@ -138,16 +168,17 @@ def _calls_of_expression(node: ast.expr) -> list[ParsedCall]:
     if not isinstance(node, ast.Call):
         raise ActionParseError(f"expected a function call, got {ast.unparse(node)[:120]!r}; {_EXAMPLE}")
     name = _dotted_name(node.func)
-    if node.args:
-        raise ActionParseError(
-            f"{name}(...): positional arguments are not supported; pass every argument by name, "
-            f"e.g. {name}(argument_name=value)")
+    positional = []
+    for n, argument in enumerate(node.args):
+        if isinstance(argument, ast.Starred):
+            raise ActionParseError(f"{name}(...): *args is not supported; pass every argument by name")
+        positional.append(_literal(argument, f"{name}(... argument {n + 1} ...)"))
     arguments: dict[str, Any] = {}
     for keyword in node.keywords:
         if keyword.arg is None:
             raise ActionParseError(f"{name}(...): **kwargs is not supported; pass every argument by name")
         arguments[keyword.arg] = _literal(keyword.value, f"{name}(..., {keyword.arg}=...)")
-    return [ParsedCall(name, arguments)]
+    return [ParsedCall(name, arguments, positional=tuple(positional))]
 
 
 def _dotted_name(node: ast.expr) -> str:

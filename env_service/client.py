@@ -22,6 +22,7 @@ import gymnasium
 import numpy as np
 
 from common.http import ServiceClient
+from common.jsonguard import INT_MAX
 from common.schemas import ChatMessage, Split
 from env_service.protocol import (
     CreateResponse,
@@ -142,6 +143,8 @@ class HttpGymEnv(gymnasium.Env):
         self.action_space = action if self.native else gymnasium.spaces.Text(100_000)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        if seed is not None and not 0 <= seed <= INT_MAX:  # the server could not carry it back (JSON rule)
+            raise ValueError(f"seed must be in [0, {INT_MAX}], got {seed}")
         super().reset(seed=seed)
         episode_seed = seed if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         self._release()

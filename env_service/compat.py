@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from common.schemas import ChatMessage
-from common.service import ORJSONResponse, ServiceError
+from common.service import ErrorInfo, ORJSONResponse, ServiceError, add_error_renderer
 from env_service.environments.base import SPLITS
 from env_service.manager import InstanceManager
 
@@ -32,6 +32,16 @@ class AgentEvolverRequest(BaseModel):
     instance_id: str | None = None
     messages: dict[str, Any] | list[dict[str, Any]] = {}
     params: dict[str, Any] = {}
+
+
+class CompatError(BaseModel):
+    """An error on the AgentEvolver routes: its `success: false` shape, `detail` a plain string."""
+
+    success: bool
+    data: None = None
+    message: str
+    detail: str
+    error: ErrorInfo
 
 
 def render_compat_error(path: str, status: int, code: str, message: str, details: Any) -> dict | None:
@@ -63,7 +73,7 @@ def _action(messages: dict[str, Any] | list[dict[str, Any]]) -> ChatMessage:
 
 
 def add_compat_routes(app: FastAPI, manager: InstanceManager) -> None:
-    app.state.error_renderers.append(render_compat_error)
+    add_error_renderer(app, render_compat_error, COMPAT_PATHS, CompatError)
 
     @app.post("/get_env_profile", tags=["agentevolver"])
     async def get_env_profile(body: AgentEvolverRequest) -> ORJSONResponse:

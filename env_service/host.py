@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loguru import logger
+
 from common.schemas import ChatMessage
 from env_service.environments.base import EnvInstance, Environment, EvalResult, StepResult
 
@@ -36,14 +38,17 @@ class InstanceHost:
             raise HostError(404, "unknown_task", f"environment {env_name!r} has no task {task_id!r} "
                             f"(list them with GET /v1/environments/{env_name}/tasks?split=train)",
                             {"env": env_name, "task_id": task_id, "reason": str(exc)}) from None
-        except (ValueError, TypeError) as exc:
-            raise HostError(400, "bad_params", f"cannot create {env_name}/{task_id}: {exc}") from None
+        except Exception as exc:  # the environment refused these params: the client's to fix
+            raise _rejected(env_name, task_id, "create", exc) from None
         try:
             messages = instance.reset()
             _check_initial_state(env_name, messages)
-        except Exception:
+        except HostError:
             _close_quietly(instance)
             raise
+        except Exception as exc:  # e.g. gymnasium refusing a negative seed inside reset()
+            _close_quietly(instance)
+            raise _rejected(env_name, task_id, "reset", exc) from None
         if instance_id in self._discarded:
             self._discarded.discard(instance_id)
             _close_quietly(instance)
@@ -52,15 +57,31 @@ class InstanceHost:
         return messages
 
     def step(self, instance_id: str, action: ChatMessage) -> StepResult:
-        return self._get(instance_id).step(action)
+        instance = self._get(instance_id)
+        try:
+            return instance.step(action)
+        except Exception as exc:
+            # The contract says a bad action gets an explanatory observation; an environment that
+            # raises instead gives a failed, final step (its state is unknown now), not a 500.
+            _log_environment_error("step", exc)
+            reason = f"{type(exc).__name__}: {exc}"
+            return StepResult(observation=ChatMessage(role="user", content=f"The action failed: {reason}"),
+                              done=True, info={"error": {"code": "environment_error", "message": reason}})
 
     def evaluate(self, instance_id: str, params: dict[str, Any]) -> EvalResult:
-        return self._get(instance_id).evaluate(params)
+        instance = self._get(instance_id)
+        try:
+            return instance.evaluate(params)
+        except Exception as exc:
+            raise _rejected(instance_id, None, "evaluate", exc) from None
 
     def state(self, instance_id: str) -> dict[str, Any]:
         instance = self._get(instance_id)
-        snapshot = instance.state()
-        return {"state": snapshot, "state_hash": instance.state_hash() if snapshot is not None else None}
+        try:
+            snapshot = instance.state()
+            return {"state": snapshot, "state_hash": instance.state_hash() if snapshot is not None else None}
+        except Exception as exc:
+            raise _rejected(instance_id, None, "state", exc) from None
 
     def release(self, instance_id: str) -> bool:
         instance = self.instances.pop(instance_id, None)
@@ -93,10 +114,21 @@ def _check_initial_state(env_name: str, messages: list[ChatMessage]) -> None:
                         "the contract is exactly [system, user]")
 
 
+def _rejected(where: str, task_id: str | None, call: str, exc: Exception) -> HostError:
+    """An environment's own exception as a 4xx naming what failed; the traceback goes to the log."""
+    _log_environment_error(call, exc)
+    what = f"{where}/{task_id}" if task_id else where
+    return HostError(400 if call in ("create", "reset") else 409, "environment_error",
+                     f"{call} of {what} failed in the environment: {type(exc).__name__}: {exc}",
+                     {"call": call, "exception": type(exc).__name__})
+
+
+def _log_environment_error(call: str, exc: Exception) -> None:
+    logger.opt(exception=exc).warning("environment raised during {}", call)
+
+
 def _close_quietly(instance: EnvInstance) -> None:
     try:
         instance.close()
     except Exception:  # closing must never fail a release; the instance is gone either way
-        from loguru import logger
-
         logger.opt(exception=True).warning("closing an environment instance failed")

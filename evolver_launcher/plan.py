@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class ChildSpec:
     foreground: bool = False  # the trainer: the run ends when it ends; its output is echoed
     restartable: bool = True
     stop_timeout_s: float | None = None  # SIGTERM grace; None: the launcher's stop_timeout_s
+    ray_head: bool = False  # stopped in Ray's own order (raylet first, gcs_server last)
     restart_argv_extra: list[str] = field(default_factory=list)
     # Called (non-blocking) once the dependencies are ready; the child starts when it returns True.
     gate: Callable[[], bool] | None = None
@@ -62,6 +64,13 @@ class RayPlan:
     address: str | None = None  # host:port of the GCS the trainer joins
     dashboard_url: str | None = None
     ports: dict[str, int] = field(default_factory=dict)  # of a started head: gcs, dashboard, client, agent
+    # A started head's own --temp-dir: its session files and address file never land in /tmp/ray,
+    # where a later bare `ray.init()` would find them and try to join a dead cluster.
+    temp_dir: str | None = None
+
+    @property
+    def address_file(self) -> Path | None:
+        return Path(self.temp_dir) / "ray_current_cluster" if self.temp_dir else None
 
 
 @dataclass
@@ -304,6 +313,9 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
         _set_default(ray_section, "address", ray.address)
     if launcher.resume:
         trainer["resume"] = True
+    if "llm_server" in services and policy.get("kind") == "endpoint":
+        # The trainer pushes weights from <output_dir>/weights; the server loads from nowhere else.
+        _set_default(_section(data, "llm_server"), "weights_dir", str(Path(trainer["output_dir"]) / "weights"))
 
 
 def _check_dormant(name: str, section: Any) -> None:
@@ -357,7 +369,9 @@ def _plan_ray(launcher: LauncherSettings, book: PortBook, environ: dict[str, str
     # Ray's fixed defaults (10001, 52365) would collide with any other Ray on the machine.
     ports["client_server"] = book.resolve("launcher.ray.client_server_port", launcher.ray.client_server_port)
     ports["dashboard_agent"] = book.resolve("launcher.ray.dashboard_agent_port", "auto")
-    return RayPlan("start", address=f"127.0.0.1:{ports['gcs']}", dashboard_url=dashboard_url, ports=ports)
+    temp_dir = str(Path(tempfile.gettempdir()) / f"evolver-ray-{ports['gcs']}")  # short: Ray's socket paths
+    return RayPlan("start", address=f"127.0.0.1:{ports['gcs']}", dashboard_url=dashboard_url, ports=ports,
+                   temp_dir=temp_dir)
 
 
 def _base_env(threads: int) -> dict[str, str]:
@@ -426,7 +440,8 @@ def _ray_child(config: RunConfig, ray: RayPlan, logs: Path) -> ChildSpec:
             "--object-store-memory", str(launcher.ray.object_store_memory_mb * 1024 * 1024),
             "--ray-client-server-port", str(ports["client_server"]),
             "--dashboard-agent-listen-port", str(ports["dashboard_agent"]),
-            "--disable-usage-stats", "--include-dashboard", "true" if launcher.ray.dashboard else "false"]
+            "--disable-usage-stats", "--include-dashboard", "true" if launcher.ray.dashboard else "false",
+            "--temp-dir", str(ray.temp_dir)]
     if ray.dashboard_url:
         argv += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"])]
     # A crashed head takes the trainer's actors with it: no restart, the run stops with its log.
@@ -434,4 +449,4 @@ def _ray_child(config: RunConfig, ray: RayPlan, logs: Path) -> ChildSpec:
                      env={"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}, port=ports["gcs"],
                      health_url=f"{ray.dashboard_url}/api/version" if ray.dashboard_url else None,
                      health_tcp=None if ray.dashboard_url else ("127.0.0.1", ports["gcs"]),
-                     restartable=False, stop_timeout_s=3.0)  # gcs_server ignores SIGTERM (measured)
+                     restartable=False, ray_head=True)

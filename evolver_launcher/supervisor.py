@@ -4,8 +4,10 @@ Every child gets its own session (so its own process group) and a log file. Read
 200 from the child's health URL, never a log line. A child that exits is restarted with doubling
 backoff up to `max_restarts`; after that (or when it cannot become healthy) the run stops and the
 last lines of that child's log are printed. Stopping sends SIGTERM to each group in reverse start
-order, then SIGKILL to what is left after the grace period. Only groups this supervisor created
-are ever signalled.
+order (a Ray head in Ray's own order: raylet first, gcs_server last), then SIGKILL to what is left
+after the grace period; last, whatever still carries this launch's marker in its environment (a Ray
+worker that left its group). Only processes this supervisor started, or their descendants, are ever
+signalled.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TextIO
 
 import httpx
 
+from evolver_launcher.leftovers import MARKER, marked_processes, stop_ray_processes, terminate
 from evolver_launcher.plan import ChildSpec
 from evolver_launcher.settings import RestartPolicy
 
@@ -50,6 +53,18 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    members.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return members
 
 
 def tail(path: Path, lines: int) -> str:
@@ -91,7 +106,8 @@ class RunFailed(Exception):
 class Supervisor:
     def __init__(self, specs: list[ChildSpec], *, restart: RestartPolicy, health_timeout_s: float,
                  stop_timeout_s: float, tail_lines: int = 40, cwd: Path | None = None,
-                 out: TextIO | None = None, on_all_ready: Callable[[], None] | None = None) -> None:
+                 out: TextIO | None = None, on_all_ready: Callable[[], None] | None = None,
+                 launch_id: str | None = None, cleanup_files: list[Path] | None = None) -> None:
         self.children = [Child(spec) for spec in specs]
         self.restart, self.health_timeout_s, self.stop_timeout_s = restart, health_timeout_s, stop_timeout_s
         self.tail_lines, self.cwd = tail_lines, cwd
@@ -101,6 +117,8 @@ class Supervisor:
         self._started_order: list[Child] = []
         self._announced_ready = False
         self._http = httpx.Client(timeout=2.0, trust_env=False)  # never through a proxy: these are local
+        self.launch_id = launch_id
+        self.cleanup_files = cleanup_files or []
 
     # ------------------------------------------------------------------ messages
 
@@ -197,7 +215,8 @@ class Supervisor:
                       f"{' '.join(argv)}\n".encode())
             log.flush()
             child.echo_offset = log.tell() if not child.restarts else child.echo_offset
-            child.proc = subprocess.Popen(argv, cwd=self.cwd, env={**os.environ, **spec.env}, stdin=subprocess.DEVNULL,
+            env = {**os.environ, **spec.env, **({MARKER: self.launch_id} if self.launch_id else {})}
+            child.proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=_die_with_parent)
         child.pgid = child.proc.pid  # start_new_session: the child leads its own group
@@ -301,8 +320,13 @@ class Supervisor:
                 self._reap(child)
                 continue
             self.say(f"stopping {child.name}")
-            self._kill_group(child, signal.SIGTERM)
             grace = min(self.stop_timeout_s, child.spec.stop_timeout_s or self.stop_timeout_s)
+            if child.spec.ray_head:
+                stubborn = stop_ray_processes(_group_members(child.pgid), grace, reap=lambda c=child: self._reap(c))
+                if stubborn:
+                    self.say(f"{child.name}: {len(stubborn)} Ray process(es) ignored SIGTERM for their share "
+                             f"of {grace:.0f}s: SIGKILL")
+            self._kill_group(child, signal.SIGTERM)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
                 self._reap(child)
@@ -319,6 +343,13 @@ class Supervisor:
             self._reap(child)
             if child.state not in (DONE, FAILED):
                 child.state = STOPPED
+        if self.launch_id:
+            strays = marked_processes(self.launch_id)
+            if strays:
+                self.say(f"stopping {len(strays)} process(es) the children started outside their groups")
+                terminate(strays, min(self.stop_timeout_s, 5.0))
+        for path in self.cleanup_files:
+            path.unlink(missing_ok=True)
 
     @staticmethod
     def _reap(child: Child) -> None:

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.schemas import ExperienceKind, ExperienceUsage, Provenance, Trajectory, WireModel
-from common.service import ServiceError, create_app
+from common.service import ServiceError, add_error_renderer, create_app
 from experience_manager.engine import ExperienceEngine, body_digest
 from experience_manager.settings import ExperienceManagerSettings
 from experience_manager.text import ID_PATTERN, REQUEST_ID_PATTERN, forbidden_markup, valid_id
@@ -207,6 +207,15 @@ def reme_memory(experience: dict[str, Any], similarity: float | None = None) -> 
             "metadata": {k: v for k, v in metadata.items() if v is not None}}
 
 
+class ReMeError(BaseModel):
+    """An error on the ReMe-compatible routes, in ReMe's response shape."""
+
+    answer: str
+    messages: list[Any]
+    success: bool
+    metadata: dict[str, Any]
+
+
 def reme_error(path: str, status: int, code: str, message: str, details: Any) -> dict | None:
     if path not in REME_PATHS:
         return None
@@ -231,7 +240,7 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
     app = create_app("experience_manager", description="Distill, store, retrieve and score agent experiences.",
                      ready=lambda: engine.ready, max_body_bytes=settings.max_body_bytes, lifespan=lifespan)
     app.state.engine = engine
-    app.state.error_renderers.append(reme_error)
+    add_error_renderer(app, reme_error, REME_PATHS, ReMeError)
     threshold = settings.summary.success_threshold
 
     def check_limit(n: int) -> None:

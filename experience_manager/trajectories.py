@@ -54,7 +54,8 @@ def _arguments(raw: Any) -> dict:
 
 def _tool_uses(message: dict[str, Any]) -> list[ToolUse]:
     uses = []
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:  # clients send anything here: 5, a dict, a string
         if not isinstance(call, dict):
             continue
         function = call.get("function") if isinstance(call.get("function"), dict) else call

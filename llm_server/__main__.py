@@ -33,6 +33,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--default-max-tokens", type=int, default=None)
     parser.add_argument("--max-request-tokens", type=int, default=None)
+    parser.add_argument("--weights-dir", default=None,
+                        help="POST /v1/weights loads only from inside this directory (default: $TMPDIR/evolver-weights)")
     parser.add_argument("--grammar-cache-size", type=int, default=None, help="compiled grammars kept (256)")
     parser.add_argument("--grammar-timeout-s", type=float, default=None,
                         help="a structured-output constraint that compiles longer gets a 400 (10)")

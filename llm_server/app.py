@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -29,7 +28,7 @@ from llm_server.protocol import (
 from llm_server.settings import LLMServerSettings
 from llm_server.structured import capabilities, compile_grammar, requested_grammar
 from llm_server.tools import parse_tool_calls
-from llm_server.weights import read_state_dict
+from llm_server.weights import allowed_path, read_state_dict
 
 
 class ServedModel:
@@ -104,7 +103,8 @@ def build_app(served: ServedModel) -> FastAPI:
 
     @app.post("/v1/weights", tags=["trainer"], response_model=WeightUpdateResponse)
     async def update_weights(request: WeightUpdateRequest) -> WeightUpdateResponse:
-        tensors = await asyncio.to_thread(read_state_dict, Path(request.path).expanduser())
+        path = allowed_path(request.path, served.settings.weights_dir)
+        tensors = await asyncio.to_thread(read_state_dict, path)
         try:
             await asyncio.to_thread(served.engine.check_state_dict, tensors)
         except ValueError as exc:

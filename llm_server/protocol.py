@@ -12,6 +12,8 @@ Structured outputs (`response_format`, vLLM's `structured_outputs` and `guided_*
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,8 +107,14 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+# Where weights may be read from when llm_server.weights_dir is not set; the trainer's endpoint
+# policy writes under it by default, so the two agree without configuration.
+DEFAULT_WEIGHTS_DIR = Path(tempfile.gettempdir()) / "evolver-weights"
+
+
 class WeightUpdateRequest(StrictModel):
-    path: str = Field(description="an HF/safetensors directory, or a .safetensors / .pt / .bin state-dict file")
+    path: str = Field(description="an HF/safetensors directory, or a .safetensors / .pt / .bin state-dict file, "
+                                  "inside the server's weights_dir")
     policy_version: int | None = Field(default=None, ge=0,
                                        description="the version to report from now on (default: current + 1)")
 

@@ -9,6 +9,24 @@ import torch
 from common.service import ServiceError
 
 
+def allowed_path(requested: str, weights_dir: str) -> Path:
+    """`requested` resolved (symlinks and `..` included) if it lies inside `weights_dir`, else a 403.
+
+    The refusal is the same whether or not the file exists, so the route probes nothing outside.
+    """
+    root = Path(weights_dir).expanduser().resolve()
+    try:
+        path = Path(requested).expanduser()
+        path = (path if path.is_absolute() else root / path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        path = None
+    if path is None or not path.is_relative_to(root):
+        raise ServiceError(403, "weights_path_forbidden",
+                           f"weights are loaded only from inside the server's weights_dir ({root}); "
+                           "write them there, or set llm_server.weights_dir")
+    return path
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Tensors from an HF directory (all *.safetensors in it) or one .safetensors/.pt/.bin file."""
     from safetensors.torch import load_file

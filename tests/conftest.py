@@ -30,6 +30,8 @@ def smollm2_server() -> Iterator[ServiceProcess]:
 def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     # Settings from the run YAML's `llm_server` section, the model from a flag (flags win over the YAML).
     conf = Path(tmp_path_factory.mktemp("llm_server")) / "run.yaml"
-    conf.write_text("llm_server:\n  model: smollm2\n  max_batch: 8\n  max_request_tokens: 256\n")
+    # Weights load only from inside weights_dir: every test's tmp_path lies under the base temp dir.
+    conf.write_text("llm_server:\n  model: smollm2\n  max_batch: 8\n  max_request_tokens: 256\n"
+                    f"  weights_dir: {tmp_path_factory.getbasetemp()}\n")
     with run_service("llm_server", ["--conf", str(conf), "--model", "tiny"], timeout=120) as server:
         yield server

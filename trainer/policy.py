@@ -20,6 +20,7 @@ import httpx
 import torch
 
 from common.generation import Engine, SamplingParams
+from llm_server.protocol import DEFAULT_WEIGHTS_DIR
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,10 @@ class EndpointPolicy:
         self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
                                          limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
         self.policy_version = 0
-        self.weights_dir = Path(weights_dir) if weights_dir else Path(tempfile.mkdtemp(prefix="evolver-weights-"))
+        if weights_dir is None:  # inside the server's default weights_dir, the only place it loads from
+            DEFAULT_WEIGHTS_DIR.mkdir(parents=True, exist_ok=True)
+            weights_dir = tempfile.mkdtemp(prefix="policy-", dir=DEFAULT_WEIGHTS_DIR)
+        self.weights_dir = Path(weights_dir)
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
         body: dict[str, Any] = {

@@ -2,10 +2,15 @@
 
 Per task group g:
   E_i      = group normalisation of the outcome R_i (as GRPO, one value per trajectory)
-  R_{i,t}  = sum_{k >= t} gamma^(k - t) r_{i,k},  r_{i,k} = step reward + [k = K_i - 1] * R_i
+  R_{i,t}  = sum_{k >= t} gamma^(k - t) r_{i,k},  r_{i,k} = the environment's step reward (as verl-agent:
+             the environments put the final score in the last step's reward already, so adding R_i
+             again would count it twice); only a batch without step rewards puts R_i on its last step
   S_{i,t}  = R_{i,t} normalised within its anchor group: the steps of group g whose anchor key (the
              state acted in) is equal, across and within trajectories; a singleton anchor group gets 0
   A_{i,t}  = E_i + step_weight * S_{i,t}                    broadcast to the tokens of step t
+
+A task group of one: under `std="verl"` E_i is the raw outcome (mean 0, std 1, as verl-agent), under
+`population`/`unbiased` it is 0; its steps are singleton anchor groups, so S_{i,t} = 0 either way.
 """
 
 from __future__ import annotations
@@ -41,9 +46,12 @@ def gigpo(batch: AdvantageBatch, config: GigpoConfig, training_step: int) -> Adv
     returns: list[np.ndarray] = []
     for i, k in enumerate(steps):
         env_rewards = batch.step_rewards[i] if batch.step_rewards is not None else None
-        rewards = np.zeros(k) if env_rewards is None else np.asarray(env_rewards, dtype=np.float64).copy()
-        if k:
-            rewards[-1] += outcome[i]
+        if env_rewards is not None:
+            rewards = np.asarray(env_rewards, dtype=np.float64)
+        else:
+            rewards = np.zeros(k)
+            if k:
+                rewards[-1] = outcome[i]
         returns.append(discounted_returns(rewards, config.gamma))
 
     # Flatten every (row, step) and group them by (task group, anchor key).

@@ -231,7 +231,8 @@ def test_gigpo_std_norm_with_step_rewards():
         [OUT[4] + z(b_s0, 0.18), OUT[4] + z(b_x, 0.2), OUT[4] + z(b_x, 0.0)],
         [OUT[5] + z(b_s0, 0.0)],
     ]
-    rewards = [[0, 0, 0], [0, 0], [0], [0, 0], [0, 0.2, 0], [0]]
+    # As the environments give them: the final score is the last step's reward (OUTCOME), not added again.
+    rewards = [[0, 0, 1.0], [0, 0], [1.0], [0, 0.5], [0, 0.2, 0], [0]]
     config = GigpoConfig(gamma=0.9, step_weight=1.0, std="population", normalize_by_std=True)
     close(compute_advantages("gigpo", make_batch(labels=None, step_rewards=rewards), config), per_step(want))
 

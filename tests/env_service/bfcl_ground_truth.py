@@ -1,8 +1,9 @@
 """BFCL ground truth as assistant messages, for replay tests of the `bfcl` environment.
 
-160 of BFCL's ground-truth calls pass arguments positionally (`cd('archives')`). The shared action
-parser accepts keyword arguments only, so those calls are rewritten with the parameter names of
-the backend method they call (read from its signature): the same call, spelled by name.
+In BFCL's own format (`[cd('archives'), mv(source='a', destination='b')]`) the calls go unchanged,
+positional arguments included (160 calls): the environment names them from the backend methods'
+signatures. The JSON formats (`<tool_call>`, OpenAI tool_calls) can only carry named arguments, so
+for those the names are read from the same signatures here.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def turn_message(calls: list[str], classes: list[str], style: str = "bfcl") -> d
 
     style: "bfcl" (`[f(a=1), g(b=2)]`), "tool_call" (`<tool_call>` blocks) or "openai" (tool_calls).
     """
-    named = [keyword_call(c, classes) for c in calls]
     if style == "bfcl":
-        return {"role": "assistant", "content": "[" + ", ".join(named) + "]"}
+        return {"role": "assistant", "content": "[" + ", ".join(calls) + "]"}
+    named = [keyword_call(c, classes) for c in calls]
     parsed = [ast.parse(c, mode="eval").body for c in named]
     as_json = [{"name": p.func.id, "arguments": {k.arg: ast.literal_eval(k.value) for k in p.keywords}}
                for p in parsed]
@@ -62,3 +63,8 @@ def turn_message(calls: list[str], classes: list[str], style: str = "bfcl") -> d
 
 
 NO_CALL = {"role": "assistant", "content": "Done with this request."}
+
+
+def is_positional(call: str) -> bool:
+    node = ast.parse(call, mode="eval").body
+    return isinstance(node, ast.Call) and bool(node.args)

@@ -1,7 +1,7 @@
 """Acceptance: BFCL multi-turn through the AgentEvolver routes of a real `python -m env_service`.
 
-Replaying the ground truth of all 800 tasks (each turn's calls in one message, then a reply with
-no call) scores 1.0 on every task; a wrong sequence scores 0.0 with a state-mismatch reason.
+Replaying the ground truth of all 800 tasks unchanged (each turn's calls in one message in BFCL's
+own format, positional arguments included, then a reply with no call) scores 1.0 on every task; a wrong sequence scores 0.0 with a state-mismatch reason.
 The client is aiohttp (installed with ray[default]): for ~9,000 requests httpx's async client
 spends about ten times more CPU than the server, on the same two cores.
 """
@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from env_service.environments.bfcl.data import all_tasks
-from tests.env_service.bfcl_ground_truth import NO_CALL, turn_message
+from tests.env_service.bfcl_ground_truth import NO_CALL, is_positional, turn_message
 from tests.helpers import ServiceProcess, run_service
 
 CONCURRENCY = 24
@@ -71,6 +71,8 @@ async def replay_ground_truth(client: aiohttp.ClientSession, task_id: str) -> tu
 async def test_all_800_ground_truths_score_one_over_agentevolver_routes(server):
     task_ids = list(all_tasks())
     assert len(task_ids) == 800
+    calls = [c for t in all_tasks().values() for turn in t.ground_truth for c in turn]
+    assert sum(map(is_positional, calls)) == 160  # sent as BFCL wrote them
     async with session(server.url) as client:
         queue: asyncio.Queue[str] = asyncio.Queue()
         for task_id in task_ids:

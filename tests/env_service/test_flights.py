@@ -111,7 +111,8 @@ def test_malformed_calls_get_an_observation_not_an_exception(env):
     instance = env.create("train-0001")
     instance.reset()
     for text, expected in [("search_flight(origin='SFO'", "never closed"),
-                           ("search_flight('SFO', 'JFK')", "positional"),
+                           ("search_flight('SFO', 'JFK', '2025-06-03', 4)", "takes 3 argument(s)"),
+                           ("search_flight('SFO', origin='JFK')", "origin given both by position and by name"),
                            ("<tool_call>{oops}</tool_call>", "not valid JSON"),
                            ("fly_me(to='moon')", "unknown tool"),
                            ("search_flight(origin='SFO')", "missing required argument"),
@@ -149,3 +150,20 @@ def test_action_parser_formats():
             ToolCall(function=ToolFunction(name="f", arguments="{bad"))]))
     with pytest.raises(ActionParseError, match="expected a function call"):
         parse_actions(say("[f(a=1), 3]"))
+
+
+def test_positional_arguments_are_named_from_the_functions_parameters(env):
+    names = {"sort": ("file_name",), "mv": ("source", "destination")}.get
+    assert parse_actions(say("[sort('final_report.pdf'), mv('a', destination='b')]"), names) == [
+        ParsedCall("sort", {"file_name": "final_report.pdf"}), ParsedCall("mv", {"source": "a", "destination": "b"})]
+    with pytest.raises(ActionParseError, match="positional arguments need a known function"):
+        parse_actions(say("sort('final_report.pdf')"))  # nothing to name them by
+    with pytest.raises(ActionParseError, match="need a known function"):
+        parse_actions(say("rm('x')"), names)
+    # In flights, a positional call does exactly what the keyword call does.
+    by_position, by_name = env.create("train-0000"), env.create("train-0000")
+    by_position.reset()
+    by_name.reset()
+    a = by_position.step(say("search_flight('BOS', 'MIA', '2025-06-04')"))
+    b = by_name.step(say("search_flight(origin='BOS', destination='MIA', date='2025-06-04')"))
+    assert a.observation.content == b.observation.content and a.observation.content.startswith("[{")

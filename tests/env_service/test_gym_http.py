@@ -45,6 +45,11 @@ def test_seeded_reset_reproduces_a_slippery_episode(server):
             env.reset(seed=11)
             runs.append([env.step(2)[0] for _ in range(5)])
         assert runs[0] == runs[1]
+        # The largest seed JSON carries round-trips (the state read back included); one more is refused here.
+        observation, _ = env.reset(seed=2**64 - 1)
+        assert env.observation_space.contains(observation)
+        with pytest.raises(ValueError, match="seed must be in"):
+            env.reset(seed=2**64)
     finally:
         env.close()
 

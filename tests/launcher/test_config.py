@@ -181,3 +181,14 @@ def test_a_verl_run_points_at_its_script_and_its_services_still_plan(example, tm
                               f"launcher.services=[{','.join(services)}]", "launcher.ray.enabled=false"])
     assert [c.name for c in plan.children] == [s for s in ("env_service", "experience_manager", "judge")
                                                if s in services]
+
+
+def test_served_policy_weights_come_only_from_the_trainers_folder_and_ray_has_its_own_temp_dir(tmp_path):
+    plan = plan_for(small_config(tmp_path, policy="  policy: {kind: endpoint, url: llm_server}\n"))
+    run_dir = tmp_path / "runs" / "unit"
+    assert plan.data["llm_server"]["weights_dir"] == str(run_dir / "trainer" / "weights")
+    ray = plan.child("ray").argv
+    assert ray[ray.index("--temp-dir") + 1] == plan.ray.temp_dir
+    assert plan.ray.address_file == Path(plan.ray.temp_dir) / "ray_current_cluster"
+    in_process = plan_for(small_config(tmp_path))
+    assert in_process.data["llm_server"].get("weights_dir") != str(run_dir / "trainer" / "weights")

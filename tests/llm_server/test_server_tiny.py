@@ -78,6 +78,26 @@ async def test_bad_weights_are_refused_and_nothing_changes(tiny_server: ServiceP
         assert await llm.policy_version() == version
 
 
+async def test_weight_paths_outside_weights_dir_are_refused_alike(tiny_server: ServiceProcess,
+                                                                  tmp_path: Path) -> None:
+    """A `..` walk to a system file and a path to nothing get the same 403: no probing of other files."""
+    async with LLMServerClient(tiny_server.url) as llm:
+        version = await llm.policy_version()
+        answers = []
+        for path in ("/etc/passwd", str(tmp_path) + "/../" * 12 + "etc/passwd", "/etc/no-such-file-here",
+                     "../../../../../../../../etc/shadow"):
+            with pytest.raises(ServiceCallError) as refused:
+                await llm.update_weights(path)
+            answers.append((refused.value.status, refused.value.code, refused.value.message))
+        assert answers[0][:2] == (403, "weights_path_forbidden")
+        assert len(set(answers)) == 1 and "passwd" not in answers[0][2]
+        (tmp_path / "escape").symlink_to("/etc")  # a link inside the directory does not lead out of it
+        with pytest.raises(ServiceCallError) as linked:
+            await llm.update_weights(str(tmp_path / "escape" / "passwd"))
+        assert linked.value.status == 403
+        assert await llm.policy_version() == version
+
+
 def test_openai_client_and_chat_features(tiny_server: ServiceProcess) -> None:
     client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
     response = client.chat.completions.create(

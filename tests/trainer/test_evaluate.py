@@ -94,7 +94,8 @@ def test_training_through_a_served_endpoint_pushes_each_update(env_url, tmp_path
     from trainer.config import TrainerConfig
     from trainer.local import LocalTrainer
 
-    with run_service("llm_server", ["--model", "tiny", "--threads", "1"]) as server:
+    weights = tmp_path / "run" / "weights"  # where the trainer writes them; the server loads only from there
+    with run_service("llm_server", ["--model", "tiny", "--threads", "1", "--weights-dir", str(weights)]) as server:
         config = TrainerConfig.model_validate({
             "model": "tiny", "seed": 2, "steps": 2, "tasks_per_step": 2, "output_dir": str(tmp_path / "run"),
             "torch_threads": 1, "progress": False, "tensorboard": False, "plot": False,

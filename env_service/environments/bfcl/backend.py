@@ -67,6 +67,13 @@ class EpisodeBackend:
             name for obj in self.instances.values()
             for name, _ in inspect.getmembers(obj, predicate=inspect.ismethod) if not name.startswith("_"))
 
+    def parameters(self, name: str) -> tuple[str, ...] | None:
+        """The parameter names of backend method `name`, in signature order (names positional arguments)."""
+        if name not in self.callable_names:
+            return None
+        method = next(getattr(obj, name) for obj in self.instances.values() if hasattr(obj, name))
+        return tuple(inspect.signature(method).parameters)
+
     def _execute(self, calls: list[str]) -> tuple[list[str], dict[str, Any]]:
         return execute_multi_turn_func_call(calls, self.task.initial_config, self.task.involved_classes,
                                             self.model_name, self.task.task_id,

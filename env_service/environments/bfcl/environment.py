@@ -127,7 +127,7 @@ class BfclInstance(EnvInstance):
             return StepResult(observation=ChatMessage(role="user", content=EPISODE_OVER), done=True,
                               info={"turn": self.turn})
         try:
-            calls = parse_actions(action)
+            calls = parse_actions(action, self.backend.parameters)
         except ActionParseError as exc:
             # Counted as a step, so a turn of nothing but malformed calls still ends.
             return self._count_step(ChatMessage(role="tool", content=f"Could not parse your function call: {exc}"),

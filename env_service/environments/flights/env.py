@@ -14,6 +14,13 @@ from env_service.environments.flights.desk import TOOL_SPECS, FlightDesk, ToolEr
 from env_service.environments.flights.tasks import ORDER_REF, FlightTask, TaskGenerator
 from env_service.environments.flights.world import AIRPORTS, DATES, generate_world
 
+
+def _parameters(name: str) -> tuple[str, ...] | None:
+    """A tool's parameters in its doc's order: names positional arguments (`search_flight('SFO', 'JFK')`)."""
+    spec = TOOL_SPECS.get(name)
+    return tuple(spec[1]) if spec is not None else None
+
+
 DEFAULT_SPLITS: dict[str, int] = {"train": 240, "validation": 40, "test": 80}
 
 SYSTEM_PROMPT = """You are a travel agent at an airline booking desk. Help the user by calling tools.
@@ -169,7 +176,7 @@ class FlightsInstance(EnvInstance):
                               info={"error": "episode_finished"})
         self.steps += 1
         try:
-            calls = parse_actions(action)
+            calls = parse_actions(action, _parameters)
         except ActionParseError as exc:
             return self._limit(StepResult(observation=ChatMessage(
                 role="tool", content=f"Error: could not parse your tool call: {exc}"), info={"error": "parse_error"}))
