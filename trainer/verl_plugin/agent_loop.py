@@ -133,7 +133,7 @@ def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_le
     traj = rollout.trajectory
     labels = [lab.value for lab in sorted(traj.labels, key=lambda lab: lab.step)] if traj.labels else None
     shared = {
-        "task_id": traj.task_id, "trajectory_id": traj.trajectory_id, "experience_flag": traj.used_experience,
+        "task_id": traj.task_id, "trajectory_id": traj.trajectory_id, "experience_flag": traj.experience_flag,
         "experience_ids": list(traj.experience_ids), "step_labels": labels, "num_steps": len(traj.steps),
         "step_rewards": [s.reward for s in traj.steps],
         "anchor_keys": _anchor_keys(traj), "truncated": traj.truncated, "num_segments": len(rollout.segments),

@@ -17,9 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel, validate
-from trainer.loss import PolicyLossConfig
-from trainer.rollout import RolloutConfig
-from trainer.update import OptimConfig
+from trainer.settings import OptimConfig, PolicyLossConfig, RolloutConfig
 from trainer.verl_plugin.settings import VERL_AGENT_LOOP, VERL_ESTIMATORS, VERL_POLICY_LOSS, VERL_TRAINER
 
 

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel, validate
-from trainer.rollout import RolloutConfig
+from trainer.settings import RolloutConfig
 
 # Our estimator names in veRL's registry (veRL refuses to re-register its own `grpo`).
 VERL_ESTIMATORS: dict[str, str] = {"grpo": "evolver_grpo", "adca_grpo": "evolver_adca_grpo", "gigpo": "evolver_gigpo"}
