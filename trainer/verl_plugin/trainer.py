@@ -56,7 +56,7 @@ def extras_to_non_tensor(extras: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return columns
 
 
-def experience_flags(non_tensor: dict[str, np.ndarray], rows: int) -> torch.Tensor:
+def experience_flag_tensor(non_tensor: dict[str, np.ndarray], rows: int) -> torch.Tensor:
     """(B,) float 1.0 where the sample saw injected experience."""
     if "experience_flag" not in non_tensor:
         return torch.zeros(rows)
@@ -67,7 +67,7 @@ def use_stripped_logprobs(data: DataProto) -> int:
     """Flagged rows' rollout log-probs := the actor's log-probs on the stripped prompt (see the module doc).
 
     Returns the number of rows replaced."""
-    flags = experience_flags(data.non_tensor_batch, len(data)).bool()
+    flags = experience_flag_tensor(data.non_tensor_batch, len(data)).bool()
     if not flags.any() or "rollout_log_probs" not in data.batch.keys() or "old_log_probs" not in data.batch.keys():
         return 0
     rollout, old = data.batch["rollout_log_probs"], data.batch["old_log_probs"]
@@ -96,7 +96,7 @@ def evolver_advantage_step(data: DataProto, config: Any, *, global_steps: int, k
     rollout_corr = algorithm.get("rollout_correction", None)
     bypass = bool(rollout_corr and rollout_corr.get("bypass_mode", False))
     corrected = rollout_corr is not None and "rollout_log_probs" in data.batch and not bypass
-    if rollout_corr is not None and bypass and bool(experience_flags(data.non_tensor_batch, len(data)).any()):
+    if rollout_corr is not None and bypass and bool(experience_flag_tensor(data.non_tensor_batch, len(data)).any()):
         raise ValueError("algorithm.rollout_correction.bypass_mode takes rollout log-probs as the old policy, but "
                          "experience rollouts generated with experience in context and train without it: turn "
                          "bypass_mode off (or rollout.experience_ratio to 0)")
@@ -183,6 +183,6 @@ class EvolverPPOTrainer(PPOTrainerSync):
             if "rollout_is_weights" in data.batch:
                 fields.append("rollout_is_weights")
         output = {field: response_to_nested(data.batch[field], response_mask) for field in fields}
-        output[EXPERIENCE_FLAG_FIELD] = experience_flags(data.non_tensor_batch, len(batch))
+        output[EXPERIENCE_FLAG_FIELD] = experience_flag_tensor(data.non_tensor_batch, len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
                                fields=TensorDict(output, batch_size=len(batch)))
