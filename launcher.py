@@ -147,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
             write_manifest(manifest_path, manifest)
         if plan.ray.dashboard_url:
             print(f"[launcher] Ray dashboard (jobs, actors, logs): {plan.ray.dashboard_url}", flush=True)
+        if plan.studio_url:
+            print(f"[launcher] studio (curves, tasks, trajectories, experiences): {plan.studio_url}", flush=True)
         if launcher.trainer:
             print(f"[launcher] all services healthy; training curves: tensorboard --logdir "
                   f"{_tensorboard_dir(plan)}", flush=True)
@@ -190,6 +192,7 @@ def _final_words(plan, code: int, seconds: float) -> None:
     print(f"[launcher] run {plan.experiment!r} {verdict} after {seconds / 60:.1f} min; everything it started is "
           f"stopped", flush=True)
     print(f"[launcher] run folder: {plan.run_dir} (config.yaml, manifest.json, logs/)")
+    print(f"[launcher] browse it: python -m studio --runs {plan.run_dir.parent}")
     if plan.launcher.trainer:
         out = Path(plan.data["trainer"]["output_dir"])
         print(f"[launcher] TensorBoard: tensorboard --logdir {_tensorboard_dir(plan)}")

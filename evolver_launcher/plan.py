@@ -73,6 +73,7 @@ class Plan:
     data: dict[str, Any]  # the resolved config as plain data (written to config_path)
     children: list[ChildSpec]
     ray: RayPlan
+    studio_url: str | None = None  # the run's page in the studio, when launcher.studio.enabled
 
     @property
     def launcher(self) -> LauncherSettings:
@@ -238,7 +239,19 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
     resolved.update({k: v for k, v in dormant.items() if v is not None})  # kept as written, for the record
     config_path = run_dir / "config.yaml"
     children = _children(config, resolved, services, urls, ray, run_dir, config_path)
-    return Plan(experiment, run_dir, config_path, config, resolved, children, ray)
+    studio_url = None
+    if launcher.studio.enabled:
+        studio = _studio_child(launcher, book.resolve("launcher.studio.port", launcher.studio.port), run_dir)
+        children.append(studio)  # after the trainer, which therefore does not wait for it
+        studio_url = f"http://{_connect_host(host)}:{studio.port}/runs/{experiment}"
+    return Plan(experiment, run_dir, config_path, config, resolved, children, ray, studio_url)
+
+
+def _studio_child(launcher: LauncherSettings, port: int, run_dir: Path) -> ChildSpec:
+    argv = [sys.executable, "-m", "studio", "--runs", str(run_dir.parent), "--host", launcher.host,
+            "--port", str(port), "--refresh-s", str(launcher.studio.refresh_s)]
+    return ChildSpec(name="studio", argv=argv, log_path=run_dir / "logs" / "studio.log", env=_base_env(1),
+                     port=port, health_url=f"http://{_connect_host(launcher.host)}:{port}/healthz", threads=1)
 
 
 def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[str, str], ray: RayPlan,

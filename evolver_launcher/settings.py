@@ -8,6 +8,7 @@
       threads: {llm_server: 1, trainer: 2, default: 1}
       restart: {max_restarts: 2, backoff_s: 1.0}
       ray: {dashboard_port: 8265}
+      studio: {enabled: true, port: 8090}   # the web view: http://127.0.0.1:8090/runs/<experiment>
 
 Each service section (`llm_server`, `env_service`, `task_manager`, `experience_manager`, `judge`,
 `trainer`) is validated by that service's own settings model, so a typo anywhere fails before
@@ -65,6 +66,14 @@ class SynthesisLaunch(StrictModel):
     timeout_s: float = Field(default=900.0, gt=0)
 
 
+class StudioLaunch(StrictModel):
+    """The studio (web view of runs) as a child of the run; its URL is printed beside the Ray dashboard's."""
+
+    enabled: bool = Field(default=False, description="start `python -m studio` over runs_dir with the run")
+    port: Port = Field(default="auto", description="a free port, or auto")
+    refresh_s: float = Field(default=5.0, gt=0, description="how often a live run page polls")
+
+
 class LauncherSettings(StrictModel):
     experiment: str | None = Field(default=None, description="run name (default: the YAML file's name)")
     runs_dir: str = "runs"
@@ -81,6 +90,7 @@ class LauncherSettings(StrictModel):
     log_tail_lines: int = Field(default=40, ge=1)
     ray: RayLaunch = Field(default_factory=RayLaunch)
     synthesis: SynthesisLaunch = Field(default_factory=SynthesisLaunch)
+    studio: StudioLaunch = Field(default_factory=StudioLaunch)
 
     @field_validator("experiment")
     @classmethod

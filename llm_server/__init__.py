@@ -12,11 +12,17 @@ Routes (all JSON; errors are `{"error": {"code", "message", "details"}}`):
 - Every completion response: top-level `prompt_token_ids` and `policy_version`; per choice
   `token_ids` (EOS / stop token included when it ended the row) and `token_logprobs`
   (log_softmax of the raw logits at each sampled token, whatever the temperature / top_p).
+- Structured outputs on both routes: OpenAI `response_format` (`json_schema`, `json_object`), vLLM
+  `structured_outputs` (`choice`, `regex`, `json`, `grammar`; also the older `guided_*` fields), and on
+  chat `tool_choice: "required"` or a named tool (one forced `<tool_call>`). A per-row llguidance mask
+  inside the batch (`common/grammar.py`); logprobs stay those of the raw model; malformed constraints
+  and ones that compile longer than `--grammar-timeout-s` are 400s. `/v1/models` lists the capability.
 - `POST /tokenize` / `POST /detokenize`: vLLM's shapes, same template as chat.
 - `POST /v1/weights {"path", "policy_version"?}`: load an HF directory or state-dict file once the
   running rows finish; `GET /v1/weights`: the current `policy_version`.
 - `GET /v1/stats` (and `/metrics`): requests, rows, prefill_batches, decode_steps, forward_batches,
-  prompt_tokens, generated_tokens, max_rows_in_batch, weight_updates, active_rows, queued_requests.
+  prompt_tokens, generated_tokens, max_rows_in_batch, weight_updates, active_rows, queued_requests,
+  and `structured_outputs` (constrained rows/tokens, mixed decode steps, mask time, grammar cache).
 
 Typed client: `llm_server.client.LLMServerClient`.
 """

@@ -26,6 +26,10 @@ class EngineCollector:
             ("llm_prompt_tokens", s.prompt_tokens, "prompt tokens prefilled"),
             ("llm_generated_tokens", s.generated_tokens, "tokens generated"),
             ("llm_weight_updates", s.weight_updates, "weight updates applied"),
+            ("llm_constrained_rows", s.constrained_rows, "sequences generated under a structured-output grammar"),
+            ("llm_constrained_tokens", s.constrained_tokens, "tokens sampled under a grammar mask"),
+            ("llm_mixed_decode_steps", s.mixed_decode_steps, "decode steps shared by constrained and free rows"),
+            ("llm_grammar_mask_seconds", s.mask_seconds, "time spent computing and applying grammar masks"),
         ):
             family = CounterMetricFamily(name, doc)
             family.add_metric([], value)

@@ -32,6 +32,7 @@ from trainer.mechanisms import Mechanisms, step_batch_seed
 from trainer.metrics import MetricsLog
 from trainer.peers import EnvPeer, ExperiencePeer, JudgePeer, TaskPeer
 from trainer.policy import EndpointPolicy, InProcessPolicy, Policy
+from trainer.records import RolloutRecords
 from trainer.rollout import EvalSummary, GroupStats, Rollout, collect_groups, evaluate_policy
 from trainer.summary import run_summary, write_summary
 from trainer.update import PolicyUpdater, TrainSample
@@ -151,6 +152,7 @@ class LocalTrainer:
             self.policy = InProcessPolicy(self.model, self.tokenizer, max_batch=cfg.policy.max_batch,
                                           threads=cfg.policy.threads, policy_version=self.step)
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
+        self.records = RolloutRecords(self.out / "rollouts", self.tokenizer)  # for the studio
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
 
     def _restore(self) -> None:
@@ -225,6 +227,7 @@ class LocalTrainer:
         t2 = time.monotonic()
         if rollouts:
             samples, adv_metrics = training_samples(rollouts, cfg, step)
+            self.records.write(step + 1, rollouts, samples)
             metrics.update(adv_metrics)
             metrics.update(await asyncio.to_thread(self.updater.update, samples))
         t3 = time.monotonic()

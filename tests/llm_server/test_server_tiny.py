@@ -124,8 +124,6 @@ def test_tokenize_matches_chat_prompt_and_stop_token_ids(tiny_server: ServicePro
      "n * max_tokens = 400 exceeds this server's limit of 256"),
     ({"model": "tiny", "messages": PROMPT, "n": 9}, 400, "n_too_large", "max batch of 8"),
     ({"model": "tiny", "messages": PROMPT, "stream": True}, 400, "unsupported_parameter", "streaming"),
-    ({"model": "tiny", "messages": PROMPT, "response_format": {"type": "json_object"}}, 400,
-     "unsupported_parameter", "response_format 'json_object'"),
     ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_message",
      "messages[0].role"),
     ({"model": "tiny", "messages": []}, 422, "validation_error", "messages"),

@@ -1,0 +1,103 @@
+"""The rollout records in the run folder: every field the studio shows, advantages split back per rollout,
+and the bound: shards rotate and the oldest go, with their index lines."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from common.models import build_tiny_tokenizer
+from common.schemas import ChatMessage, Step, StepLabel, Trajectory
+from trainer.records import RolloutRecords, rollout_advantages, shard_paths
+from trainer.templates import Segment
+from trainer.update import TrainSample
+
+
+@dataclass
+class FakeRollout:
+    """The two fields the writer reads beyond the trajectory (the agent loop's Rollout has the same)."""
+
+    trajectory: Trajectory
+    segments: list[Segment]
+    invalid_steps: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+
+
+def rollout(i: int, tokenizer, *, flagged: bool = False) -> FakeRollout:
+    ids = tokenizer.encode("book a flight", add_special_tokens=False)[:3]
+    response = ids + ids  # step 0 (policy) then step 1 (observation, mask 0)
+    trajectory = Trajectory(
+        trajectory_id=f"traj_{i:04d}", task_id="t1", group_id="g1", env_type="flights",
+        messages=[ChatMessage(role="user", content="book")],
+        steps=[Step(index=0, action=ChatMessage(role="assistant", content="search()"), reward=0.0)],
+        outcome=1.0, prompt_ids=ids, response_ids=response, loss_mask=[1] * len(ids) + [0] * len(ids),
+        step_ids=[0] * len(ids) + [1] * len(ids), used_experience=flagged,
+        experience_ids=["exp_a"] if flagged else [], labels=[StepLabel(step=0, label="GOOD", reason="searched")])
+    half = len(ids)
+    segments = [Segment(ids, response[:half], [1] * half, [0] * half),
+                Segment(ids, response[half:], [0] * half, [1] * half)]
+    return FakeRollout(trajectory, segments, generated_tokens=half)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def test_advantages_of_each_rollout_are_its_segments_in_order():
+    class R:
+        def __init__(self, n: int) -> None:
+            self.segments = [None] * n
+
+    samples = [TrainSample([1], [2, 3], [1, 1], [0.5, 0.5]), TrainSample([1], [4], [1], [-1.0]),
+               TrainSample([1], [5, 6, 7], [1, 0, 1], [2.0, 2.0, 2.0])]
+    assert rollout_advantages([R(2), R(1)], samples) == [[0.5, 0.5, -1.0], [2.0, 2.0, 2.0]]
+    with pytest.raises(ValueError, match="3 samples for 2 segments"):
+        rollout_advantages([R(1), R(1)], samples)
+
+
+def test_a_record_holds_tokens_mask_steps_labels_advantages_and_the_experience_flag(tmp_path, tokenizer):
+    records = RolloutRecords(tmp_path / "rollouts", tokenizer)
+    r = rollout(1, tokenizer, flagged=True)
+    n = len(r.trajectory.response_ids) // 2
+    samples = [TrainSample(s.prompt_ids, s.response_ids, s.loss_mask, [0.25] * len(s.response_ids))
+               for s in r.segments]
+    assert records.write(4, [r], samples) == 1
+    entry = json.loads((tmp_path / "rollouts" / "index.jsonl").read_text())
+    with (tmp_path / "rollouts" / entry["shard"]).open("rb") as f:
+        f.seek(entry["offset"])
+        record = json.loads(f.read(entry["length"]))
+    assert entry["step"] == record["step"] == 4 and entry["experience_flag"] is record["experience_flag"] is True
+    assert record["experience_ids"] == ["exp_a"] and record["labels"] == [
+        {"step": 0, "label": "GOOD", "reason": "searched"}]
+    assert record["loss_mask"] == [1] * n + [0] * n and record["step_ids"] == [0] * n + [1] * n
+    assert record["advantages"] == [0.25] * (2 * n)
+    assert "".join(record["response_tokens"][:n]) == tokenizer.decode(r.trajectory.response_ids[:n])
+    assert len(record["prompt_tokens"]) == len(record["prompt_ids"]) == n
+
+
+def test_shards_rotate_and_the_oldest_go_with_their_index_lines(tmp_path, tokenizer):
+    one = rollout(0, tokenizer)
+    samples = [TrainSample(s.prompt_ids, s.response_ids, s.loss_mask, [0.0] * len(s.response_ids))
+               for s in one.segments]
+    probe = RolloutRecords(tmp_path / "probe", tokenizer)
+    probe.write(1, [one], samples)
+    size = (tmp_path / "probe" / "shard-000001.jsonl").stat().st_size
+    # Two records fit a shard (ids of equal width keep every record the same size); three shards are kept.
+    records = RolloutRecords(tmp_path / "rollouts", tokenizer, shard_max_bytes=2 * size + 10, max_shards=3)
+    for i in range(1, 10):
+        r = rollout(i, tokenizer)
+        records.write(i, [r], samples)
+    names = [p.name for p in shard_paths(tmp_path / "rollouts")]
+    # 9 records, 2 a shard: shards 1..5; only the newest 3 remain.
+    assert names == ["shard-000003.jsonl", "shard-000004.jsonl", "shard-000005.jsonl"]
+    index = [json.loads(line) for line in (tmp_path / "rollouts" / "index.jsonl").read_text().splitlines()]
+    assert [e["trajectory_id"] for e in index] == [f"traj_{i:04d}" for i in range(5, 10)]
+    assert {e["shard"] for e in index} == set(names)
+    # A resumed writer appends to the last shard.
+    again = RolloutRecords(tmp_path / "rollouts", tokenizer, shard_max_bytes=2 * size + 10, max_shards=3)
+    again.write(10, [rollout(10, tokenizer)], samples)
+    assert [p.name for p in shard_paths(tmp_path / "rollouts")][-1] == "shard-000005.jsonl"

@@ -1,0 +1,171 @@
+"""Every training rollout in the run folder, bounded and rotated, for the studio and for audits.
+
+`<output_dir>/rollouts/` holds JSONL shards (`shard-000001.jsonl`, ...) of one record per rollout:
+messages, steps, the exact prompt and response tokens (ids and their text), loss mask, step ids,
+judge labels with reasons, per-token advantages, the experience flag with the injected experience
+ids, and the outcome. `index.jsonl` holds one short line per rollout (ids, step, outcome, flag and
+where its record sits: shard, byte offset, length), so a reader seeks to one rollout without
+scanning a shard. A shard is closed at `shard_max_bytes`; beyond `max_shards` the oldest shard is
+deleted and its index lines dropped, so the folder never grows past about
+`shard_max_bytes * max_shards`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+SHARD_PREFIX = "shard-"
+INDEX_NAME = "index.jsonl"
+
+
+class _Tokenizer(Protocol):
+    def decode(self, ids: list[int], **kwargs: Any) -> str: ...
+
+
+class _Rollout(Protocol):
+    trajectory: Any
+    segments: Sequence[Any]
+    invalid_steps: int
+    generated_tokens: int
+    seconds: float
+
+
+class _Sample(Protocol):
+    advantages: list[float]
+
+
+def shard_number(path: Path) -> int:
+    return int(path.stem.removeprefix(SHARD_PREFIX))
+
+
+def shard_paths(directory: Path) -> list[Path]:
+    """The shards present, oldest first."""
+    found = [p for p in directory.glob(f"{SHARD_PREFIX}*.jsonl") if p.stem.removeprefix(SHARD_PREFIX).isdigit()]
+    return sorted(found, key=shard_number)
+
+
+class TokenText:
+    """The text of single token ids, cached: a vocabulary is small and the same ids recur in every rollout."""
+
+    def __init__(self, tokenizer: _Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, ids: Sequence[int]) -> list[str]:
+        out = []
+        for i in ids:
+            text = self._cache.get(i)
+            if text is None:
+                text = self._cache[i] = self.tokenizer.decode([i])
+            out.append(text)
+        return out
+
+
+def rollout_advantages(rollouts: Sequence[_Rollout], samples: Sequence[_Sample]) -> list[list[float]]:
+    """Per rollout, its response tokens' advantages: the samples are its segments, in rollout order."""
+    out: list[list[float]] = []
+    cursor = 0
+    for rollout in rollouts:
+        values: list[float] = []
+        for _ in rollout.segments:
+            values += [float(a) for a in samples[cursor].advantages]
+            cursor += 1
+        out.append(values)
+    if cursor != len(samples):
+        raise ValueError(f"{len(samples)} samples for {cursor} segments of {len(rollouts)} rollouts")
+    return out
+
+
+def experience_flag(trajectory: Any) -> bool:
+    """The experience bit: `experience_flag`, its one name once the mechanisms layer lands (issue #17);
+    `used_experience` before that."""
+    return bool(getattr(trajectory, "experience_flag", getattr(trajectory, "used_experience", False)))
+
+
+def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_text: TokenText) -> dict[str, Any]:
+    t = rollout.trajectory
+    return {
+        "step": step, "trajectory_id": t.trajectory_id, "task_id": t.task_id, "group_id": t.group_id,
+        "env_type": t.env_type, "synthetic": bool(t.metadata.get("synthetic", False)),
+        "outcome": t.outcome, "truncated": t.truncated, "policy_version": t.policy_version,
+        "experience_flag": experience_flag(t), "experience_ids": list(t.experience_ids),
+        "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
+        "steps": [s.model_dump(mode="json", exclude_none=True) for s in t.steps],
+        "labels": [label.model_dump(mode="json") for label in t.labels] if t.labels is not None else None,
+        "prompt_ids": list(t.prompt_ids), "prompt_tokens": token_text(t.prompt_ids),
+        "response_ids": list(t.response_ids), "response_tokens": token_text(t.response_ids),
+        "loss_mask": list(t.loss_mask), "step_ids": list(t.step_ids), "advantages": advantages,
+        "invalid_steps": rollout.invalid_steps, "generated_tokens": rollout.generated_tokens,
+        "seconds": round(rollout.seconds, 3),
+    }
+
+
+def index_entry(record: dict[str, Any], shard: str, offset: int, length: int) -> dict[str, Any]:
+    return {"trajectory_id": record["trajectory_id"], "step": record["step"], "task_id": record["task_id"],
+            "group_id": record["group_id"], "synthetic": record["synthetic"], "outcome": record["outcome"],
+            "experience_flag": record["experience_flag"], "experience_ids": record["experience_ids"],
+            "turns": len(record["steps"]), "tokens": len(record["response_ids"]),
+            "shard": shard, "offset": offset, "length": length}
+
+
+class RolloutRecords:
+    """Appends rollout records to rotated shards and keeps the index in step with what is on disk."""
+
+    def __init__(self, directory: str | Path, tokenizer: _Tokenizer, *, shard_max_bytes: int = 8 * 1024 * 1024,
+                 max_shards: int = 16) -> None:
+        if shard_max_bytes < 1 or max_shards < 1:
+            raise ValueError("shard_max_bytes and max_shards must be positive")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shard_max_bytes, self.max_shards = shard_max_bytes, max_shards
+        self.token_text = TokenText(tokenizer)
+        shards = shard_paths(self.directory)
+        # A resumed run appends to its last shard.
+        self._shard = shards[-1] if shards else self._shard_path(1)
+
+    def _shard_path(self, number: int) -> Path:
+        return self.directory / f"{SHARD_PREFIX}{number:06d}.jsonl"
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / INDEX_NAME
+
+    def write(self, step: int, rollouts: Sequence[_Rollout], samples: Sequence[_Sample]) -> int:
+        """Record one training step's rollouts with their advantages; returns how many were written."""
+        entries = []
+        for rollout, advantages in zip(rollouts, rollout_advantages(rollouts, samples), strict=True):
+            record = rollout_record(step, rollout, advantages, self.token_text)
+            line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+            if self._shard.exists() and self._shard.stat().st_size + len(line) > self.shard_max_bytes:
+                self._rotate()
+            with self._shard.open("ab") as f:
+                offset = f.tell()
+                f.write(line)
+            entries.append(index_entry(record, self._shard.name, offset, len(line)))
+        with self.index_path.open("a") as f:
+            f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
+        return len(entries)
+
+    def _rotate(self) -> None:
+        self._shard = self._shard_path(shard_number(self._shard) + 1)
+        shards = shard_paths(self.directory)
+        excess = len(shards) + 1 - self.max_shards  # the new shard counts
+        if excess <= 0:
+            return
+        dropped = {p.name for p in shards[:excess]}
+        # The index first (atomically), then the files: a reader never finds an entry without its shard.
+        kept = [line for line in self._index_lines() if json.loads(line)["shard"] not in dropped]
+        tmp = self.index_path.with_name(f".{INDEX_NAME}.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.index_path)
+        for path in shards[:excess]:
+            path.unlink(missing_ok=True)
+
+    def _index_lines(self) -> list[str]:
+        if not self.index_path.is_file():
+            return []
+        return [line + "\n" for line in self.index_path.read_text().splitlines() if line.strip()]
