@@ -12,7 +12,7 @@ import uuid
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class WireModel(BaseModel):
@@ -120,7 +120,10 @@ class Trajectory(WireModel):
     step_ids: list[int] = Field(default_factory=list)  # per response token: its step index, -1 none
     logprobs: list[float] | None = None  # per response token, from the generating policy
 
-    used_experience: bool = False  # the rollout saw injected experience (stripped for training)
+    # The experience bit, under this one name end to end (trajectories, veRL extra fields, the loss, the
+    # web view): the rollout was generated with injected experience (stripped again for training).
+    # `used_experience`, its old name, is still read from stored trajectories.
+    experience_flag: bool = Field(default=False, validation_alias=AliasChoices("experience_flag", "used_experience"))
     experience_ids: list[str] = Field(default_factory=list)
     policy_version: int = 0
     truncated: bool = False  # ended by max turns / max context, not by the environment

@@ -8,9 +8,7 @@ from pydantic import Field, model_validator
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel
-from trainer.loss import PolicyLossConfig
-from trainer.rollout import RolloutConfig
-from trainer.update import OptimConfig
+from trainer.settings import OptimConfig, PolicyLossConfig, RolloutConfig
 
 
 class PolicyConfig(StrictModel):
@@ -101,9 +99,9 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _peers_for_mechanisms(self) -> TrainerConfig:
-        if self.advantage.estimator == "adca_grpo" and not self.services.judge_url:
-            raise ValueError("advantage.estimator=adca_grpo needs step labels: set services.judge_url "
-                             "(the judge service), or use grpo or gigpo")
+        if self.advantage.needs_step_labels and not self.services.judge_url:
+            raise ValueError(f"advantage.estimator={self.advantage.estimator} needs step labels: set "
+                             "services.judge_url (the judge service), or use an estimator without them (grpo, gigpo)")
         if self.rollout.experience_ratio > 0 and not self.services.experience_url:
             raise ValueError("rollout.experience_ratio > 0 needs services.experience_url (the experience manager)")
         return self

@@ -23,11 +23,12 @@ import numpy as np
 import torch
 from loguru import logger
 
-from advantage.estimators import batch_from_trajectories, estimate
+from advantage.estimators import batch_from_trajectories, estimate, split_row
 from common.models import export_model, load_model
 from common.schemas import Task
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.config import TrainerConfig
+from trainer.mechanisms import Mechanisms, step_batch_seed
 from trainer.metrics import MetricsLog
 from trainer.peers import EnvPeer, ExperiencePeer, JudgePeer, TaskPeer
 from trainer.policy import EndpointPolicy, InProcessPolicy, Policy
@@ -84,13 +85,10 @@ def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_st
                       training_step=training_step)
     samples: list[TrainSample] = []
     for row, rollout in enumerate(rollouts):
-        advantages = result.advantages[row].tolist()
-        offset = 0
-        for seg in rollout.segments:
-            n = len(seg.response_ids)
-            samples.append(TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask,
-                                       advantages[offset:offset + n], rollout.trajectory.used_experience))
-            offset += n
+        parts = split_row(result.advantages[row].tolist(), [len(seg.response_ids) for seg in rollout.segments])
+        samples += [TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask, part,
+                                rollout.trajectory.experience_flag) for seg, part in zip(rollout.segments, parts,
+                                                                                          strict=True)]
     metrics = {f"advantage/{k.removeprefix('adv/')}": v for k, v in result.metrics.items()}
     return samples, metrics
 
@@ -102,9 +100,7 @@ class LocalTrainer:
         self.step = 0
         self.policy: Policy | None = None
         self.env: EnvPeer | None = None
-        self.experience: ExperiencePeer | None = None
-        self.tasks: TaskPeer | None = None
-        self.judge: JudgePeer | None = None
+        self.mechanisms: Mechanisms | None = None
         self.group_stats = GroupStats()
         self.evaluations: dict[str, EvalSummary] = {}  # "before" / "after"
 
@@ -129,16 +125,11 @@ class LocalTrainer:
                                      device=self.device, ref_model=ref, seed=cfg.seed)
         services = cfg.services
         self.env = EnvPeer(services.env_url, timeout=services.timeout_s)
-        if services.experience_url:
-            self.experience = ExperiencePeer(services.experience_url, cfg.experience.workspace,
-                                             top_k=cfg.experience.top_k, min_similarity=cfg.experience.min_similarity,
-                                             summarize_mode=cfg.experience.summarize_mode)
-            await self.experience.start()
-        if services.task_url:
-            self.tasks = TaskPeer(services.task_url, synthetic_ratio=cfg.tasks.synthetic_ratio,
-                                  timeout=services.timeout_s)
-        if services.judge_url:
-            self.judge = JudgePeer(services.judge_url)
+        self.mechanisms = Mechanisms(estimator=cfg.advantage.estimator, experience_ratio=cfg.rollout.experience_ratio,
+                                     task_url=services.task_url, experience_url=services.experience_url,
+                                     judge_url=services.judge_url, experience=cfg.experience, tasks=cfg.tasks,
+                                     timeout=services.timeout_s)
+        await self.mechanisms.start()
         train_ids = await self.env.task_ids(cfg.rollout.env, cfg.train_split)
         self.cursor = TaskCursor(train_ids, cfg.seed)
         held_out = await self.env.task_ids(cfg.rollout.env, cfg.eval.split)
@@ -174,10 +165,8 @@ class LocalTrainer:
         self.updater.load_state_dict(state["updater"])
         self.cursor.load(state["cursor"])
         self.group_stats = GroupStats(**state.get("group_stats", {}))
-        for name, counters in state.get("mechanisms", {}).items():
-            peer = self._peers().get(name)
-            if peer is not None:
-                peer.counters = type(peer.counters)(**counters)
+        assert self.mechanisms is not None
+        self.mechanisms.load_counters(state.get("mechanisms", {}))
         set_rng_state(state["rng"])
         self.step = int(state["step"])
         logger.info("resumed from {} at step {} (cursor epoch {} index {})", path.name, self.step,
@@ -186,7 +175,7 @@ class LocalTrainer:
     def save(self) -> Path:
         payload = {"model": self.model.state_dict(), "updater": self.updater.state_dict(),
                    "cursor": self.cursor.state(), "group_stats": vars(self.group_stats),
-                   "mechanisms": {name: vars(peer.counters) for name, peer in self._peers().items()},
+                   "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
                    "config": self.config.model_dump()}
         path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)
         logger.info("checkpoint {}", path)
@@ -209,21 +198,23 @@ class LocalTrainer:
 
     async def train_step(self) -> dict[str, float]:
         cfg = self.config
-        assert self.policy is not None and self.env is not None
+        assert self.policy is not None and self.env is not None and self.mechanisms is not None
+        mechanisms = self.mechanisms
         step = self.step
-        step_seed = cfg.seed * 100_003 + step
+        step_seed = step_batch_seed(cfg.seed, step)
         t0 = time.monotonic()
-        if self.tasks is not None:
-            # The batch is a function of the step's seed (and the task manager's curriculum state).
-            tasks = await self.tasks.sample(cfg.tasks_per_step, cfg.rollout.env, seed=step_seed)
+        # The batch is a function of the step's seed (and the task manager's curriculum state).
+        sampled = await mechanisms.next_tasks(cfg.tasks_per_step, cfg.rollout.env, seed=step_seed)
+        if sampled is not None:
+            tasks = sampled
             task_ids = [t.task_id for t in tasks]
         else:
             task_ids = self.cursor.next_batch(cfg.tasks_per_step)
             tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split) for t in task_ids]
         dropped_before = self.group_stats.dropped_groups
-        experience = self.experience if cfg.rollout.experience_ratio > 0 else None
+        experience = mechanisms.experience if cfg.rollout.experience_ratio > 0 else None
         groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
-                                      experience=experience, grader=self.tasks, seed=step_seed,
+                                      experience=experience, grader=mechanisms.tasks, seed=step_seed,
                                       stats=self.group_stats)
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g]
@@ -232,8 +223,7 @@ class LocalTrainer:
                                      "rollout/groups": float(len(groups)),
                                      "rollout/synthetic_frac": float(np.mean([t.synthetic for t in tasks]))}
         metrics.update(self._rollout_metrics(rollouts, t1 - t0))
-        if rollouts and self.judge is not None and cfg.advantage.estimator == "adca_grpo":
-            await self.judge.label([r.trajectory for r in rollouts])
+        await mechanisms.label([r.trajectory for r in rollouts])
         t2 = time.monotonic()
         if rollouts:
             samples, adv_metrics = training_samples(rollouts, cfg, step)
@@ -243,7 +233,9 @@ class LocalTrainer:
         t3 = time.monotonic()
         version = await self.policy.load_weights(self.model)
         t4 = time.monotonic()
-        await self._feedback(groups, step)
+        # Request ids tie the calls to (run, step): a resumed run re-sending a step is not applied twice.
+        await mechanisms.after_step([[r.trajectory for r in g] for g in groups], cfg.rollout.env,
+                                    request_id=f"{self.run_id}-step{step}")
         t5 = time.monotonic()
         metrics.update({"time/judge_s": t2 - t1, "time/update_s": t3 - t2, "time/weight_sync_s": t4 - t3,
                         "time/feedback_s": t5 - t4, "time/step_s": t5 - t0, "policy/version": float(version)})
@@ -253,25 +245,20 @@ class LocalTrainer:
         self.step += 1
         return metrics
 
-    async def _feedback(self, groups: list[list[Rollout]], step: int) -> None:
-        """After a step: trajectories and usage to the experience manager, pass rates to the task manager."""
-        cfg = self.config
-        trajectories = [[r.trajectory for r in g] for g in groups]
-        if self.experience is not None and (cfg.experience.summarize or cfg.experience.feedback):
-            # Request ids tie the calls to (run, step): a resumed run re-sending a step is not applied twice.
-            await self.experience.after_step(trajectories, summarize=cfg.experience.summarize,
-                                             feedback=cfg.experience.feedback,
-                                             request_id=f"{self.run_id}-step{step}")
-        if self.tasks is not None and cfg.tasks.feedback:
-            await self.tasks.feedback([t for g in trajectories for t in g], cfg.rollout.env)
+    @property
+    def tasks(self) -> TaskPeer | None:
+        return self.mechanisms.tasks if self.mechanisms is not None else None
 
-    def _peers(self) -> dict[str, Any]:
-        """The optional mechanism peers that are configured, by metric prefix."""
-        peers = {"experience": self.experience, "tasks": self.tasks, "judge": self.judge}
-        return {name: peer for name, peer in peers.items() if peer is not None}
+    @property
+    def experience(self) -> ExperiencePeer | None:
+        return self.mechanisms.experience if self.mechanisms is not None else None
+
+    @property
+    def judge(self) -> JudgePeer | None:
+        return self.mechanisms.judge if self.mechanisms is not None else None
 
     def _mechanism_metrics(self) -> dict[str, float]:
-        return {f"{name}/{k}": float(v) for name, peer in self._peers().items() for k, v in peer.summary().items()}
+        return self.mechanisms.metrics() if self.mechanisms is not None else {}
 
     def _rollout_metrics(self, rollouts: list[Rollout], seconds: float) -> dict[str, float]:
         if not rollouts:
@@ -287,7 +274,7 @@ class LocalTrainer:
             "rollout/invalid_action_rate": sum(r.invalid_steps for r in rollouts) / max(steps, 1),
             "rollout/turns_mean": steps / len(rollouts),
             "rollout/generated_tokens": float(tokens), "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
-            "rollout/experience_frac": float(np.mean([r.trajectory.used_experience for r in rollouts])),
+            "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),
             "rollout/version_lag_max": float(max(current - r.trajectory.policy_version for r in rollouts)),
         }
 
@@ -327,9 +314,10 @@ class LocalTrainer:
     async def close(self) -> None:
         if self.policy is not None:
             await self.policy.aclose()
-        for peer in (self.env, self.experience, self.tasks, self.judge):
-            if peer is not None:
-                await peer.aclose()
+        if self.env is not None:
+            await self.env.aclose()
+        if self.mechanisms is not None:
+            await self.mechanisms.aclose()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
 

@@ -9,18 +9,8 @@ is `clip_high_boosted` (0.6) instead of `clip_high` (0.28).
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
-from common.config import StrictModel
-
-
-class PolicyLossConfig(StrictModel):
-    clip_low: float = Field(default=0.2, ge=0)
-    clip_high: float = Field(default=0.28, ge=0)
-    clip_high_boosted: float = Field(default=0.6, ge=0)
-    dual_clip_c: float = Field(default=3.0, gt=1.0, description="bound on the loss of negative-advantage tokens")
-    kl_coef: float = Field(default=0.0, ge=0, description="low-variance (k3) KL to the frozen reference")
-    entropy_coef: float = Field(default=0.0, ge=0)
+from trainer.settings import PolicyLossConfig
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

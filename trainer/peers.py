@@ -95,14 +95,14 @@ class ExperiencePeer:
         """Summarize the step's trajectories; report each experience-given rollout against its group's
         rollouts without experience (the baseline the experience manager scores advantage with)."""
         trajectories = [t for g in groups for t in g]
-        self.counters.injected_rollouts += sum(t.used_experience for t in trajectories)
+        self.counters.injected_rollouts += sum(t.experience_flag for t in trajectories)
         if feedback:
             items = []
             for group in groups:
-                plain = [float(t.outcome or 0.0) for t in group if not t.used_experience]
+                plain = [float(t.outcome or 0.0) for t in group if not t.experience_flag]
                 baseline = sum(plain) / len(plain) if plain else None
                 for t in group:
-                    if t.used_experience and t.experience_ids:
+                    if t.experience_flag and t.experience_ids:
                         reward = float(t.outcome or 0.0)
                         items.append(FeedbackItem(experience_ids=list(t.experience_ids), reward=reward,
                                                   success=reward >= 1.0, baseline=baseline))

@@ -15,31 +15,15 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from loguru import logger
-from pydantic import Field
 
-from common.config import StrictModel
 from common.schemas import ChatMessage, Step, Task, Trajectory, new_id
+from trainer.mechanisms import ExperienceSource, GroupExperience, experience_flags
 from trainer.policy import GenerateFn, Sampling
+from trainer.settings import RolloutConfig
 from trainer.templates import Segment, make_template
-
-
-class RolloutConfig(StrictModel):
-    env: str = Field(min_length=1, description="environment name on the env service")
-    template: Literal["linear", "linear_think", "sliding_window", "self_managed"] = "linear"
-    template_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {window: 3}")
-    n: int = Field(default=8, ge=1, description="rollouts per task (one GRPO group)")
-    max_turns: int = Field(default=8, ge=1)
-    max_context: int = Field(default=2048, ge=16, description="tokens the policy may see, prompt included")
-    max_new_tokens: int = Field(default=128, ge=1, description="per turn")
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    experience_ratio: float = Field(default=0.0, ge=0, le=1, description="eta: share of a group given experience")
-    retries: int = Field(default=2, ge=0, description="extra attempts for a failed rollout")
-    concurrency: int = Field(default=32, ge=1, description="episodes in flight at once")
-    evaluate_params: dict[str, Any] = Field(default_factory=dict, description="params of the env evaluate call")
 
 
 class EnvAccess(Protocol):
@@ -48,11 +32,6 @@ class EnvAccess(Protocol):
     async def evaluate(self, instance_id: str, params: dict[str, Any] | None = None) -> Any: ...
     async def state(self, instance_id: str) -> dict[str, Any] | None: ...
     async def release(self, instance_id: str) -> bool: ...
-
-
-class ExperienceSource(Protocol):
-    async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
-        """Experience text for a task query and the ids of the experiences in it (None: nothing relevant)."""
 
 
 class SyntheticGrader(Protocol):
@@ -80,24 +59,6 @@ class GroupStats:
     retrievals: int = 0
 
 
-class _GroupExperience:
-    """One retrieval per group, done by the first flagged rollout that knows the query."""
-
-    def __init__(self, source: ExperienceSource | None, stats: GroupStats) -> None:
-        self.source, self.stats = source, stats
-        self._lock = asyncio.Lock()
-        self._done = False
-        self._value: tuple[str, list[str]] | None = None
-
-    async def get(self, query: str) -> tuple[str, list[str]] | None:
-        async with self._lock:
-            if not self._done and self.source is not None:
-                self._value = await self.source.retrieve(query)
-                self.stats.retrievals += 1
-            self._done = True
-            return self._value
-
-
 def is_invalid_action(info: dict[str, Any]) -> bool:
     """Environments report malformed actions as `valid: False`, `invalid: True` or an `error` field."""
     return info.get("valid") is False or bool(info.get("invalid")) or "error" in info
@@ -113,7 +74,7 @@ def _align_logprobs(segments: Sequence[Segment], generated_logprobs: list[float]
 
 
 async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenizer: Any, config: RolloutConfig, *,
-                      experience: _GroupExperience | None = None, group_id: str | None = None,
+                      experience: GroupExperience | None = None, group_id: str | None = None,
                       seed: int | None = None, grader: SyntheticGrader | None = None,
                       sampling: Sampling | None = None) -> Rollout:
     """One episode. Raises on service or generation failures (the caller retries)."""
@@ -164,7 +125,7 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
         trajectory_messages = messages + [m for s in steps for m in (s.action, s.observation) if m is not None]
         trajectory = Trajectory(task_id=task.task_id, group_id=group_id, env_type=config.env,
                                 messages=trajectory_messages, steps=steps, truncated=truncated,
-                                used_experience=exp_text is not None, experience_ids=exp_ids,
+                                experience_flag=exp_text is not None, experience_ids=exp_ids,
                                 policy_version=min(versions) if versions else 0,
                                 metadata={"policy_versions": versions, "synthetic": task.synthetic})
         if task.synthetic and grader is not None:
@@ -200,7 +161,7 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
     limit = asyncio.Semaphore(config.concurrency)
     rng = random.Random(seed)
 
-    async def attempt(task: Task, group_id: str, group_exp: _GroupExperience | None, rollout_seed: int) -> Rollout:
+    async def attempt(task: Task, group_id: str, group_exp: GroupExperience | None, rollout_seed: int) -> Rollout:
         last: BaseException | None = None
         for tries in range(config.retries + 1):
             async with limit:
@@ -218,13 +179,14 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
 
     async def group(task: Task) -> list[Rollout] | None:
         group_id = new_id("grp")
-        shared = _GroupExperience(experience, stats) if experience is not None else None
-        flagged = round(n * config.experience_ratio) if experience is not None else 0
+        shared = GroupExperience(experience) if experience is not None else None
+        flags = experience_flags(n, config.experience_ratio if experience is not None else 0.0)
         seeds = [rng.randrange(2**31) for _ in range(n)]
         results = await asyncio.gather(
-            *(attempt(task, group_id, shared if i < flagged else None, seeds[i]) for i in range(n)),
+            *(attempt(task, group_id, shared if flags[i] else None, seeds[i]) for i in range(n)),
             return_exceptions=True)
         stats.groups += 1
+        stats.retrievals += shared.retrievals if shared is not None else 0
         if any(isinstance(r, BaseException) for r in results):
             stats.dropped_groups += 1
             logger.warning("dropping group of task {}: {} of {} rollouts failed", task.task_id,

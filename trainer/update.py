@@ -13,26 +13,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from common.config import StrictModel
-from trainer.loss import PolicyLossConfig, policy_loss
-
-
-class OptimConfig(StrictModel):
-    lr: float = Field(default=1e-6, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up")
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
-    grad_clip: float = Field(default=1.0, gt=0)
-    epochs: int = Field(default=1, ge=1, description="passes over each batch")
-    minibatches: int = Field(default=2, ge=1, description="optimizer steps per pass")
-    micro_batch_size: int = Field(default=4, ge=1, description="samples per forward (gradient accumulation)")
+from trainer.loss import policy_loss
+from trainer.settings import OptimConfig, PolicyLossConfig
 
 
 @dataclass
@@ -41,7 +27,7 @@ class TrainSample:
     response_ids: list[int]
     loss_mask: list[int]
     advantages: list[float]
-    flagged: bool = False  # generated with injected experience (selective boosting applies)
+    experience_flag: bool = False  # generated with injected experience (selective boosting applies)
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -58,7 +44,7 @@ class _Batch:
     lengths: list[int]
     mask: torch.Tensor  # (B, T) response loss mask
     advantages: torch.Tensor  # (B, T)
-    flags: torch.Tensor  # (B,)
+    experience_flag: torch.Tensor  # (B,)
 
 
 def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> _Batch:
@@ -76,7 +62,7 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> _B
         n = len(s.response_ids)
         mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
         adv[i, :n] = torch.tensor(s.advantages, dtype=torch.float32)
-    flags = torch.tensor([s.flagged for s in samples], dtype=torch.bool)
+    flags = torch.tensor([s.experience_flag for s in samples], dtype=torch.bool)
     return _Batch(ids.to(device), attn.to(device), [len(s.prompt_ids) for s in samples],
                   [len(s.response_ids) for s in samples], mask.to(device), adv.to(device), flags.to(device))
 
@@ -175,7 +161,7 @@ class PolicyUpdater:
                     logp, entropy = response_logprobs(self.model, batch, with_entropy=want_entropy)
                     old_logp = _pad([old[i] for i in idx], batch.mask.shape, self.device)
                     ref_logp = _pad([ref[i] for i in idx], batch.mask.shape, self.device) if ref else None
-                    loss, metrics = policy_loss(logp, old_logp, batch.advantages, batch.mask, batch.flags,
+                    loss, metrics = policy_loss(logp, old_logp, batch.advantages, batch.mask, batch.experience_flag,
                                                 self.loss_config, ref_logp=ref_logp, entropy=entropy)
                     share = float(batch.mask.sum()) / tokens
                     (loss * share).backward()

@@ -3,19 +3,18 @@
     from advantage.estimators import AdvantageBatch, compute_advantages, batch_from_trajectories
     batch = batch_from_trajectories(trajectories)
     adv = compute_advantages("adca_grpo", batch, AdcaGrpoConfig(alpha=0.1), training_step=step)  # (B, T)
+
+The settings models and the catalog (names, needs) import no torch; the math (everything else
+exported here) is imported on first use, so `from advantage.estimators import AdvantageConfig` stays
+light enough for the launcher.
 """
 
-from advantage.estimators import adca as _adca  # noqa: F401  (registers "adca_grpo")
-from advantage.estimators import gigpo as _gigpo  # noqa: F401  (registers "gigpo")
-from advantage.estimators import grpo as _grpo  # noqa: F401  (registers "grpo")
-from advantage.estimators.adca import alpha_at
-from advantage.estimators.batch import (
-    AdvantageBatch,
-    BatchError,
-    anchor_keys_for,
-    batch_from_trajectories,
-    normalize_observation,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from advantage.estimators.catalog import EstimatorSpec
 from advantage.estimators.config import (
     AdcaGrpoConfig,
     AdvantageConfig,
@@ -23,19 +22,27 @@ from advantage.estimators.config import (
     GrpoConfig,
     StdConvention,
 )
-from advantage.estimators.registry import (
-    AdvantageResult,
-    Estimator,
-    compute_advantages,
-    estimate,
-    get_estimator,
-    list_estimators,
-    register_estimator,
-)
+
+# name -> the module that defines it (imported lazily: these pull in torch)
+_LAZY = {
+    "alpha_at": "adca",
+    "AdvantageBatch": "batch", "BatchError": "batch", "anchor_keys_for": "batch",
+    "batch_from_trajectories": "batch", "label_values": "batch", "normalize_observation": "batch",
+    "AdvantageResult": "registry", "Estimator": "registry", "compute_advantages": "registry",
+    "estimate": "registry", "get_estimator": "registry", "list_estimators": "registry",
+    "register_estimator": "registry",
+    "join_segments": "segments", "split_row": "segments",
+}
 
 __all__ = [
-    "AdcaGrpoConfig", "AdvantageBatch", "AdvantageConfig", "AdvantageResult", "BatchError", "Estimator",
-    "GigpoConfig", "GrpoConfig", "StdConvention", "alpha_at", "anchor_keys_for", "batch_from_trajectories",
-    "compute_advantages", "estimate", "get_estimator", "list_estimators", "normalize_observation",
-    "register_estimator",
+    "AdcaGrpoConfig", "AdvantageConfig", "EstimatorSpec", "GigpoConfig", "GrpoConfig", "StdConvention", *_LAZY,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'advantage.estimators' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"advantage.estimators.{module}"), name)
+    globals()[name] = value
+    return value

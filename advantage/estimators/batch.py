@@ -162,7 +162,12 @@ def anchor_keys_for(trajectory: Trajectory) -> list[str]:
     return keys
 
 
-def _label_values(trajectory: Trajectory) -> list[float] | None:
+def label_values(trajectory: Trajectory) -> list[float] | None:
+    """The judge's labels of a trajectory as one value per step 0..K-1 (None: not judged).
+
+    The only label -> value conversion: both backends use it, and it is strict (exactly one label
+    per step), so a partial judgment fails here instead of shifting labels onto the wrong steps.
+    """
     if trajectory.labels is None:
         return None
     k = len(trajectory.steps)
@@ -206,7 +211,7 @@ def batch_from_trajectories(trajectories: Sequence[Trajectory], *, pad_to: int |
             mask[row, :n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
             if traj.step_ids:
                 step_ids[row, :n] = torch.tensor(traj.step_ids, dtype=torch.long)
-        labels.append(_label_values(traj))
+        labels.append(label_values(traj))
     batch = AdvantageBatch(
         response_mask=mask.to(device) if device is not None else mask,
         step_ids=step_ids.to(device) if device is not None else step_ids,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from common.config import StrictModel
+from common.config import StrictModel, validate
 
 # How a group's spread is measured.
 # - population: sqrt(mean((x - mean)^2)); a group of one or with zero spread gets 0.
@@ -61,13 +61,50 @@ class GigpoConfig(StrictModel):
 
 
 class AdvantageConfig(StrictModel):
-    """The `advantage` section of a run: which estimator and the settings of each."""
+    """The `advantage` section of a run: which estimator and the settings of each.
 
-    estimator: Literal["grpo", "adca_grpo", "gigpo"] = "grpo"
+    `estimator` is any name in the estimator catalog (`advantage.estimators.catalog`): the built-ins
+    have their own sections below; an estimator registered from outside the package reads its
+    settings from `options.<name>` (validated by the settings model it registered).
+    """
+
+    estimator: str = "grpo"
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     adca_grpo: AdcaGrpoConfig = Field(default_factory=AdcaGrpoConfig)
     gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="settings of estimators registered outside advantage/, by name")
 
-    def estimator_config(self) -> StrictModel:
+    @model_validator(mode="after")
+    def _known_estimator(self) -> AdvantageConfig:
+        from advantage.estimators import catalog  # the catalog imports this module's settings models
+
+        spec = catalog.get_spec(self.estimator)  # ValueError naming the known estimators
+        if self.estimator not in catalog.BUILTIN_NAMES:
+            spec.config_model.model_validate(self.options.get(self.estimator, {}))
+        return self
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """What the selected estimator declared it needs ("step_labels", "anchor_keys")."""
+        from advantage.estimators import catalog
+
+        return catalog.needs(self.estimator)
+
+    @property
+    def needs_step_labels(self) -> bool:
+        return "step_labels" in self.needs
+
+    def config_for(self, name: str) -> BaseModel:
+        """The settings of estimator `name`: its section, or `options.<name>` for an outside one."""
+        section = getattr(self, name, None) if name in ("grpo", "adca_grpo", "gigpo") else None
+        if section is not None:
+            return section
+        from advantage.estimators import catalog
+
+        return validate(catalog.get_spec(name).config_model, self.options.get(name, {}),
+                        root=f"advantage.options.{name}")
+
+    def estimator_config(self) -> BaseModel:
         """The settings of the selected estimator."""
-        return getattr(self, self.estimator)
+        return self.config_for(self.estimator)

@@ -32,7 +32,7 @@ def test_trajectory_roundtrip():
         steps=[Step(index=0, action=ChatMessage(role="assistant", content="x"),
                     observation=ChatMessage(role="user", content="ok"), state_hash="ab12")],
         outcome=1.0, prompt_ids=[1, 2], response_ids=[5, 6, 7], loss_mask=[1, 1, 0], step_ids=[0, 0, 0],
-        logprobs=[-0.1, -0.2, 0.0], used_experience=True, experience_ids=["exp_1"], policy_version=3,
+        logprobs=[-0.1, -0.2, 0.0], experience_flag=True, experience_ids=["exp_1"], policy_version=3,
         labels=[StepLabel(step=0, label="GOOD", reason="searched first")],
     )
     again = roundtrip(traj)

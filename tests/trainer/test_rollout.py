@@ -164,7 +164,7 @@ def test_experience_goes_to_round_n_eta_rollouts_with_one_retrieval_and_is_strip
     assert "answer with its word" in source.queries[0]  # the task's own query text
     exp_ids = tok.encode(EXP_OPEN, add_special_tokens=False)
     for group in groups:
-        assert [r.trajectory.used_experience for r in group].count(True) == round(4 * 0.5)
+        assert [r.trajectory.experience_flag for r in group].count(True) == round(4 * 0.5)
         for r in group:
             text = tok.decode(r.trajectory.prompt_ids + r.trajectory.response_ids)
             assert "Remember the last word" not in text and EXP_OPEN not in text
@@ -172,7 +172,7 @@ def test_experience_goes_to_round_n_eta_rollouts_with_one_retrieval_and_is_strip
     seen = [c for c in policy.contexts if _contains(c, exp_ids)]
     assert len(seen) == 2 * 2 * 2  # 2 groups x 2 flagged rollouts x 2 turns
     # And the generated ids of a flagged rollout are reused unchanged in its stripped sample.
-    flagged = next(r for g in groups for r in g if r.trajectory.used_experience)
+    flagged = next(r for g in groups for r in g if r.trajectory.experience_flag)
     assert flagged.trajectory.experience_ids == ["exp_1"]
     sample_generated = [t for t, m in zip(flagged.trajectory.response_ids, flagged.trajectory.loss_mask, strict=True)
                         if m]
@@ -254,7 +254,7 @@ def test_updater_runs_minibatches_and_moves_the_policy(tiny):
     prompt = tok.encode("<|im_start|>user\ngo<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
     left, right = tok.encode("left", add_special_tokens=False), tok.encode("right", add_special_tokens=False)
     samples = [TrainSample(prompt, left, [1] * len(left), [1.0] * len(left)),
-               TrainSample(prompt, right, [1] * len(right), [-1.0] * len(right), flagged=True)] * 2
+               TrainSample(prompt, right, [1] * len(right), [-1.0] * len(right), experience_flag=True)] * 2
     with torch.no_grad():
         before = response_logprobs(trainable, collate(samples[:1], 0, torch.device("cpu")))[0][0, 0]
     metrics = updater.update(samples)

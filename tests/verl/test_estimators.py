@@ -14,7 +14,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
 import trainer.verl_plugin  # noqa: E402,F401  (registers, as veRL's plugin loading would)
 from advantage.estimators import AdcaGrpoConfig, AdvantageBatch, BatchError, GigpoConfig, estimate  # noqa: E402
-from trainer.verl_plugin.trainer import evolver_advantage_step, experience_flags, extras_to_non_tensor  # noqa: E402
+from trainer.verl_plugin.trainer import evolver_advantage_step, experience_flag_tensor, extras_to_non_tensor  # noqa: E402
 
 
 def outcome_batch(scores: np.ndarray, lengths: np.ndarray, uids: np.ndarray, width: int) -> DataProto:
@@ -152,7 +152,7 @@ def test_trainer_advantage_step_equals_advantage_package(estimator, settings, mo
     assert torch.equal(data.batch["token_level_rewards"], data.batch["rm_scores"])
     # Step structure really reached the estimator: within row 2, steps differ.
     assert len({round(v, 6) for v in data.batch["advantages"][2, :5].tolist()}) > 1
-    assert experience_flags(data.non_tensor_batch, len(ROWS)).tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert experience_flag_tensor(data.non_tensor_batch, len(ROWS)).tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
 
 
 def test_segments_of_one_trajectory_are_joined_then_split_back():

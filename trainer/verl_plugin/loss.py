@@ -24,7 +24,7 @@ import torch
 from trainer.loss import PolicyLossConfig, policy_loss
 
 # The per-sample field our trainer writes next to the advantages: 1.0 where the rollout saw experience.
-EXPERIENCE_FLAG_FIELD = "evolver_experience_flag"
+EXPERIENCE_FLAG_FIELD = "experience_flag"  # the one name of the experience bit, end to end
 
 
 @dataclass(frozen=True)

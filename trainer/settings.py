@@ -1,0 +1,51 @@
+"""The trainer's settings models that the launcher validates: rollout, optimizer, loss (no torch here).
+
+They live apart from the code that uses them (`rollout.py`, `update.py`, `loss.py` import torch or the
+tokenizer stack) so `python launcher.py` can validate a whole run without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from common.config import StrictModel
+
+
+class RolloutConfig(StrictModel):
+    env: str = Field(min_length=1, description="environment name on the env service")
+    template: Literal["linear", "linear_think", "sliding_window", "self_managed"] = "linear"
+    template_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {window: 3}")
+    n: int = Field(default=8, ge=1, description="rollouts per task (one GRPO group)")
+    max_turns: int = Field(default=8, ge=1)
+    max_context: int = Field(default=2048, ge=16, description="tokens the policy may see, prompt included")
+    max_new_tokens: int = Field(default=128, ge=1, description="per turn")
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    experience_ratio: float = Field(default=0.0, ge=0, le=1, description="eta: share of a group given experience")
+    retries: int = Field(default=2, ge=0, description="extra attempts for a failed rollout")
+    concurrency: int = Field(default=32, ge=1, description="episodes in flight at once")
+    evaluate_params: dict[str, Any] = Field(default_factory=dict, description="params of the env evaluate call")
+
+
+class OptimConfig(StrictModel):
+    lr: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    grad_clip: float = Field(default=1.0, gt=0)
+    epochs: int = Field(default=1, ge=1, description="passes over each batch")
+    minibatches: int = Field(default=2, ge=1, description="optimizer steps per pass")
+    micro_batch_size: int = Field(default=4, ge=1, description="samples per forward (gradient accumulation)")
+
+
+class PolicyLossConfig(StrictModel):
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.28, ge=0)
+    clip_high_boosted: float = Field(default=0.6, ge=0)
+    dual_clip_c: float = Field(default=3.0, gt=1.0, description="bound on the loss of negative-advantage tokens")
+    kl_coef: float = Field(default=0.0, ge=0, description="low-variance (k3) KL to the frozen reference")
+    entropy_coef: float = Field(default=0.0, ge=0)
