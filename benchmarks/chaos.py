@@ -71,7 +71,7 @@ trainer:
   tensorboard: false
   plot: false
   policy: {{kind: endpoint, url: llm_server}}
-  rollout: {{env: flights, n: 4, max_turns: 2, max_new_tokens: 8, max_context: 512, experience_ratio: 0.5}}
+  rollout: {{env: flights, n: 4, max_turns: 2, max_new_tokens: 8, max_context: 1536, experience_ratio: 0.5}}
   advantage: {{estimator: adca_grpo}}
   checkpoint: {{every: 1, keep: 2}}
   eval: {{before: false, after: false, tasks: 2}}

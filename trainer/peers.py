@@ -318,6 +318,9 @@ class JudgePeer:
         self.success_threshold = success_threshold  # the judge service's default: an outcome above it is success
 
     async def label(self, trajectories: list[Trajectory]) -> None:
+        # A rollout cut off before its first step (its prompt filled the context) has nothing to label,
+        # and the judge refuses it: send only the others.
+        trajectories = [t for t in trajectories if t.steps]
         if not trajectories:
             return
         try:
