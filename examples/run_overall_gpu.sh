@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The full self-evolving recipe through veRL 0.9.1 on one node x 8 GPUs (Qwen2.5-7B-Instruct):
-# starts the services of the run YAML (env_service; experience_manager and judge when the YAML has
-# their sections), writes the task parquet veRL reads, translates the YAML into veRL's Hydra
-# overrides and runs `python -m verl.trainer.main_ppo`. Services stop when the run ends.
+# starts the services of the run YAML (env_service; task_manager, experience_manager and judge when the
+# YAML has their sections), lets the task manager synthesize tasks first (SYNTH_EPISODES, when it is
+# configured; training batches then come from it step by step), writes the task parquets (validation,
+# and train for a run without a task manager), translates the YAML into veRL's Hydra overrides and runs
+# `python -m verl.trainer.main_ppo`. Services stop when the run ends.
 #
 #   bash examples/run_overall_gpu.sh                         # examples/overall_gpu.yaml
 #   EVOLVER_MODEL_PATH=/data/Qwen2.5-7B-Instruct bash examples/run_overall_gpu.sh trainer.total_training_steps=50
@@ -33,7 +35,7 @@ read -r SERVICES ENV_NAME ENV_URL < <($PY - "$CONF" <<'PY'
 import sys
 from common.config import compose
 run = compose(sys.argv[1])
-services = ["env_service"] + [s for s in ("experience_manager", "judge") if s in run]
+services = ["env_service"] + [s for s in ("task_manager", "experience_manager", "judge") if s in run]
 print(",".join(services), run["trainer"]["rollout"]["env"], run["trainer"]["services"]["env_url"])
 PY
 )
@@ -45,6 +47,7 @@ IFS=, read -r -a SERVICE_LIST <<< "$SERVICES"
 for service in "${SERVICE_LIST[@]}"; do
   module=$service; [[ $service == judge ]] && module=advantage.judge
   args=(--conf "$CONF"); [[ $service == experience_manager ]] && args+=(--store "$RUN_DIR/experience")
+  [[ $service == task_manager ]] && args+=(--store-dir "$RUN_DIR/tasks")
   $PY -m "$module" "${args[@]}" > "$RUN_DIR/logs/$service.log" 2>&1 &
   PIDS+=($!)
   echo "started $service (pid $!, log $RUN_DIR/logs/$service.log)"
@@ -69,6 +72,20 @@ for url in urls:
         time.sleep(1)
     print(f"healthy: {url}")
 PY
+
+# Self-questioning before training (AgentEvolver does it first too): one synthesis job on the task manager.
+if [[ ",$SERVICES," == *",task_manager,"* && ${SYNTH_EPISODES:-32} -gt 0 && $DRY_RUN -eq 0 ]]; then
+  $PY - "$CONF" "$ENV_NAME" "${SYNTH_EPISODES:-32}" <<'PY'
+import sys
+from common.config import compose
+from evolver_launcher.synthesis import SynthesisGate
+import time
+url = compose(sys.argv[1])["trainer"]["services"]["task_url"]
+gate = SynthesisGate(url, [sys.argv[2]], int(sys.argv[3]), timeout_s=3600, say=print)
+while not gate():
+    time.sleep(2)
+PY
+fi
 
 # One parquet row per task; veRL's dataloader feeds them to the evolver_env_agent loop.
 $PY -m trainer.verl_plugin dataset --env-url "$ENV_URL" --env "$ENV_NAME" --split train \

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from common.config import compose as compose_yaml  # noqa: E402
 from trainer.verl_plugin.overrides import hydra_value, translate  # noqa: E402
-from trainer.verl_plugin.settings import advantage_settings, evolver_settings  # noqa: E402
+from trainer.verl_plugin.settings import TASK_MANAGER_FILES, advantage_settings, evolver_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "overall_gpu.yaml"
@@ -52,6 +52,21 @@ def test_example_overrides_compose_into_verls_config():
     assert advantage.adca_grpo.total_steps is None
 
 
+def test_example_enables_all_three_mechanisms():
+    config = verl_config(translate(compose_yaml(EXAMPLE)))
+    settings = evolver_settings(config)
+    # self-questioning: each step's batch from the task manager, pass rates back to its curriculum
+    assert config.data.train_files == TASK_MANAGER_FILES and config.data.custom_cls.name == "EvolverTaskDataset"
+    assert config.data.shuffle is False and config.data.dataloader_num_workers == 0
+    assert config.data.evolver.task_url == "http://127.0.0.1:8002" and config.data.evolver.batch_size == 32
+    assert settings.tasks is not None and settings.tasks.url == "http://127.0.0.1:8002" and settings.tasks.feedback
+    # self-navigating: retrieval for half of each group, and the pool written back (summaries, usage feedback)
+    assert settings.experience is not None and settings.rollout.experience_ratio == 0.5
+    assert settings.experience.summarize and settings.experience.feedback
+    # self-attributing: the judge, because the estimator declares it needs step labels
+    assert settings.estimator == "adca_grpo" and settings.judge_url == "http://127.0.0.1:8005"
+
+
 def test_urls_given_on_the_command_line_win_and_odd_strings_survive_quoting():
     run = compose_yaml(EXAMPLE)
     run["verl"]["model_path"] = "/models/it's a path: with spaces"
@@ -67,8 +82,10 @@ def test_plain_grpo_without_services_beyond_the_environment():
     run["trainer"]["advantage"] = {"estimator": "grpo", "grpo": {"std": "verl", "normalize_by_std": False}}
     run["trainer"]["rollout"]["experience_ratio"] = 0.0
     run["trainer"]["services"] = {"env_url": "http://127.0.0.1:8001"}
+    run["verl"]["train_files"] = "runs/data/train.parquet"
     run["verl"]["extra_overrides"] = ["trainer.val_before_train=false"]
     config = verl_config(translate(run))
+    assert config.data.train_files == "runs/data/train.parquet" and OmegaConf.select(config, "evolver.tasks") is None
     assert config.algorithm.adv_estimator == "evolver_grpo"
     assert config.algorithm.norm_adv_by_std_in_grpo is False
     assert OmegaConf.select(config, "evolver.experience") is None and config.evolver.judge_url is None
@@ -80,6 +97,7 @@ def test_plain_grpo_without_services_beyond_the_environment():
     (lambda r: r["verl"].update(tensor_parallel=3), "tensor_parallel=3"),
     (lambda r: r["verl"].update(typo_key=1), "verl.typo_key"),
     (lambda r: r["trainer"]["services"].pop("judge_url"), "adca_grpo needs step labels"),
+    (lambda r: r["trainer"]["services"].pop("task_url"), "no training tasks"),
     (lambda r: r["trainer"]["services"].pop("experience_url"), "experience_ratio"),
     (lambda r: r["trainer"]["rollout"].update(n=0), "trainer.rollout.n"),
     (lambda r: r["trainer"]["rollout"].update(max_context=20000), "max_context=20000"),
@@ -98,6 +116,10 @@ def test_cli_prints_one_override_per_line():
     lines = proc.stdout.splitlines()
     assert "trainer.total_training_steps=7" in lines
     assert "+evolver.rollout.env='flights'" in lines
+    # the three mechanisms, as the plugin reads them on the cluster
+    assert "data.train_files='evolver://task_manager'" in lines and "+evolver.tasks.feedback=true" in lines
+    assert "+evolver.experience.summarize=true" in lines and "+evolver.experience.feedback=true" in lines
+    assert "+evolver.judge_url='http://127.0.0.1:8005'" in lines
 
 
 def test_cli_error_is_one_clear_line(capsys):

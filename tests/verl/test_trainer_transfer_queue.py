@@ -67,7 +67,11 @@ def test_advantage_step_reads_extra_fields_from_the_queue_and_writes_flag_back(q
     trainer = object.__new__(EvolverPPOTrainer)  # only the advantage step: no workers, no GPUs
     trainer.config = OmegaConf.create({"algorithm": {
         "adv_estimator": "evolver_adca_grpo", "use_kl_in_reward": False, "kl_penalty": "kl",
-        "rollout_correction": None, "evolver": {"adca_grpo": {"alpha": 0.4}}}})
+        "rollout_correction": None, "evolver": {"adca_grpo": {"alpha": 0.4}}},
+        # The run's `evolver` node: the samples carry their labels already (no `trajectory` to judge), so no
+        # service is called and these URLs are never dialled.
+        "evolver": {"env_url": "http://127.0.0.1:9", "rollout": {"env": "signal"}, "estimator": "adca_grpo",
+                    "judge_url": "http://127.0.0.1:9"}})
     trainer.global_steps = 1
     metrics: dict = {}
     out = trainer._compute_advantage(meta, metrics)

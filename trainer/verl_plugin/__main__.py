@@ -19,7 +19,8 @@ def _overrides(args: argparse.Namespace) -> int:
     from trainer.verl_plugin.overrides import translate
 
     run = compose(args.conf, args.yaml_overrides)
-    for line in translate(run, env_url=args.env_url, experience_url=args.experience_url, judge_url=args.judge_url):
+    for line in translate(run, env_url=args.env_url, experience_url=args.experience_url, judge_url=args.judge_url,
+                          task_url=args.task_url):
         print(line)
     return 0
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     over.add_argument("--env-url", help="env_service URL (default: trainer.services.env_url)")
     over.add_argument("--experience-url", help="experience_manager URL (default: trainer.services.experience_url)")
     over.add_argument("--judge-url", help="judge service URL (default: trainer.services.judge_url)")
+    over.add_argument("--task-url", help="task_manager URL (default: trainer.services.task_url)")
     over.add_argument("yaml_overrides", nargs="*", help="dotted key=value changes to the run YAML")
     data = commands.add_parser("dataset", help="write the task parquet veRL reads")
     data.add_argument("--env-url", required=True)

@@ -12,24 +12,41 @@ experience manager and the judge are called through their own clients. What come
 A template that rewrites its context (sliding_window, self_managed) yields several segments: one
 `AgentLoopOutput` each (veRL's v1 path trains each as a row and copies the reward to all).
 
-Which rollouts see experience: session `i` of a prompt's `rollout.n` sessions is flagged when
-`i < round(n * experience_ratio)` (the same rule as our local trainer's groups).
+The mechanisms are the same as the local trainer's (`trainer.mechanisms`): session `i` of a prompt's
+`rollout.n` sessions is given experience by the flag rule `experience_flags`; the flagged sessions of a
+prompt (one `uid`) share one retrieval, made by the first of them; a synthetic task is graded by the task
+manager. Judging, summarization and feedback happen once per batch in `evolver_sync`, which reads the
+finished trajectory from `extra_fields["trajectory"]`.
+Log-probs: `response_logprobs` are the generating policy's. For a flagged session they were computed
+with the experience in context, while the training prompt has it removed; `evolver_sync` therefore
+replaces them by the actor's recomputation on the stripped prompt (`old_log_probs`) before rollout
+correction, so an unchanged policy has importance weight 1 on every row.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from typing import Any
 from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
+from advantage.estimators.batch import label_values
+from advantage.estimators.segments import split_row
 from common.schemas import Task
-from env_service.client import EnvClient
+from trainer.mechanisms import GroupExperience, experience_flags
+from trainer.peers import EnvPeer, ExperiencePeer, TaskPeer
 from trainer.policy import Generation, Sampling
 from trainer.rollout import Rollout, run_episode
-from trainer.verl_plugin.settings import TASK_KEY, VERL_AGENT_LOOP, EvolverVerlSettings, evolver_settings
+from trainer.verl_plugin.settings import (
+    TASK_KEY,
+    VERL_AGENT_LOOP,
+    EvolverVerlSettings,
+    ExperienceSettings,
+    evolver_settings,
+)
 
 
 def task_from_row(row: dict[str, Any]) -> Task:
@@ -74,78 +91,58 @@ class ServerGenerate:
                           int(version or 0))
 
 
-class EnvServiceAccess:
-    """`trainer.rollout.EnvAccess` over the env service's typed client."""
+class FreshExperienceRetrieval:
+    """`ExperienceSource` opening its own client per call (rollout workers have no long-lived peer);
+    called once per task group through `GroupExperience`."""
 
-    def __init__(self, client: EnvClient) -> None:
-        self.client = client
+    def __init__(self, settings: ExperienceSettings, timeout: float) -> None:
+        self.settings, self.timeout = settings, timeout
 
-    async def create(self, env: str, task: Task) -> Any:
-        return await self.client.create(env, task.env_task_id, task.create_params())
-
-    async def step(self, instance_id: str, action: str) -> Any:
-        return await self.client.step(instance_id, action)
-
-    async def evaluate(self, instance_id: str, params: dict[str, Any] | None = None) -> Any:
-        return await self.client.evaluate(instance_id, params)
-
-    async def state(self, instance_id: str) -> dict[str, Any] | None:
-        return (await self.client.state(instance_id)).state
-
-    async def release(self, instance_id: str) -> bool:
-        return await self.client.release(instance_id)
+    async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
+        s = self.settings
+        peer = ExperiencePeer(s.url, s.workspace, top_k=s.top_k, min_similarity=s.min_similarity,
+                              timeout=self.timeout)
+        try:
+            return await peer.retrieve(query)
+        finally:
+            await peer.aclose()
 
 
-class ExperienceRetrieval:
-    """What `run_episode` asks for experience: the manager's rendered block and the ids in it."""
-
-    def __init__(self, settings: EvolverVerlSettings) -> None:
-        assert settings.experience is not None
-        self.settings = settings.experience
-        self.timeout = settings.timeout_s
-
-    async def get(self, query: str) -> tuple[str, list[str]] | None:
-        from experience_manager.client import ExperienceClient
-
-        async with ExperienceClient(self.settings.url, timeout=self.timeout) as client:
-            got = await client.retrieve(self.settings.workspace, query, top_k=self.settings.top_k)
-        return (got.rendered, list(got.experience_ids)) if got.experience_ids else None
+# uid -> the group's shared retrieval, in this rollout worker process (a prompt's sessions run together).
+_GROUPS: OrderedDict[str, GroupExperience] = OrderedDict()
+_GROUPS_KEPT = 4096
 
 
-def is_flagged(session_id: int, n: int, experience_ratio: float) -> bool:
-    return session_id < round(n * experience_ratio)
-
-
-async def label_steps(rollout: Rollout, settings: EvolverVerlSettings) -> None:
-    """Judge GOOD/BAD labels for each step (ADCA-GRPO's attribution), when a judge is configured."""
-    if settings.judge_url is None or not rollout.trajectory.steps:
-        return
-    from advantage.client import JudgeClient, apply_judgments
-
-    async with JudgeClient(settings.judge_url) as judge:
-        response = await judge.judge_trajectories([rollout.trajectory])
-    apply_judgments([rollout.trajectory], response)
+def group_experience(uid: str, settings: EvolverVerlSettings) -> GroupExperience:
+    """The one retrieval of task group `uid`, shared by its flagged sessions."""
+    assert settings.experience is not None
+    group = _GROUPS.get(uid)
+    if group is None:
+        group = _GROUPS[uid] = GroupExperience(FreshExperienceRetrieval(settings.experience, settings.timeout_s))
+        while len(_GROUPS) > _GROUPS_KEPT:
+            _GROUPS.popitem(last=False)
+    return group
 
 
 def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_length: int,
                          metrics: AgentLoopMetrics) -> list[AgentLoopOutput]:
     """One AgentLoopOutput per training segment, experience-free prompts, per-token step ids."""
     traj = rollout.trajectory
-    labels = [lab.value for lab in sorted(traj.labels, key=lambda lab: lab.step)] if traj.labels else None
     shared = {
         "task_id": traj.task_id, "trajectory_id": traj.trajectory_id, "experience_flag": traj.experience_flag,
-        "experience_ids": list(traj.experience_ids), "step_labels": labels, "num_steps": len(traj.steps),
+        "experience_ids": list(traj.experience_ids), "step_labels": label_values(traj), "num_steps": len(traj.steps),
         "step_rewards": [s.reward for s in traj.steps],
         "anchor_keys": _anchor_keys(traj), "truncated": traj.truncated, "num_segments": len(rollout.segments),
         "min_global_steps": min(generate.global_steps) if generate.global_steps else None,
         "max_global_steps": max(generate.global_steps) if generate.global_steps else None,
     }
+    # The finished episode without its token lists, for the judge and the feedback (on the first segment only).
+    record = traj.model_dump_json(exclude={"prompt_ids", "response_ids", "loss_mask", "step_ids", "logprobs"})
+    logprob_parts = split_row(traj.logprobs or [], [len(s.response_ids) for s in rollout.segments])
     outputs: list[AgentLoopOutput] = []
-    offset = 0
     for index, segment in enumerate(rollout.segments):
         n = len(segment.response_ids)
-        logprobs = None if generate.logprobs_missing else (traj.logprobs or [])[offset:offset + n][:response_length]
-        offset += n
+        logprobs = None if generate.logprobs_missing else logprob_parts[index][:response_length]
         outputs.append(AgentLoopOutput(
             prompt_ids=list(segment.prompt_ids),
             response_ids=segment.response_ids[:response_length],
@@ -156,6 +153,7 @@ def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_le
             metrics=metrics,
             # veRL copies `reward_extra_info` from the last output to the others: every output carries it.
             extra_fields={**shared, "segment_index": index, "step_ids": segment.step_ids[:response_length],
+                          "trajectory": record if index == 0 else None,
                           "response_truncated": n > response_length,
                           "reward_extra_info": {"outcome": float(traj.outcome or 0.0)}},
         ))
@@ -182,16 +180,24 @@ class EvolverEnvAgentLoop(AgentLoopBase):
         task = task_from_row(kwargs)
         n = int(kwargs.get("__rollout_n__") or self.rollout_config.n)
         session_id = int(kwargs.get("session_id", 0))
-        flagged = settings.experience is not None and is_flagged(session_id, n, settings.rollout.experience_ratio)
+        uid = str(kwargs.get("uid", task.task_id))
+        ratio = settings.rollout.experience_ratio if settings.experience is not None else 0.0
+        flagged = experience_flags(n, ratio)[session_id] if session_id < n else False
         generate = ServerGenerate(self.server_manager, self.tokenizer, sampling_params)
         sampling = Sampling(max_tokens=settings.rollout.max_new_tokens,
                             temperature=float(sampling_params.get("temperature", settings.rollout.temperature)),
                             top_p=float(sampling_params.get("top_p", settings.rollout.top_p)))
+        grader = (TaskPeer(settings.tasks.url, timeout=settings.timeout_s)
+                  if task.synthetic and settings.tasks is not None else None)
         started = time.monotonic()
-        async with EnvClient(settings.env_url, timeout=settings.timeout_s) as client:
-            rollout = await run_episode(task, EnvServiceAccess(client), generate, self.tokenizer, settings.rollout,
-                                        experience=ExperienceRetrieval(settings) if flagged else None,
-                                        group_id=str(kwargs.get("uid", task.task_id)), sampling=sampling)
-        await label_steps(rollout, settings)
+        env = EnvPeer(settings.env_url, timeout=settings.timeout_s)
+        try:
+            rollout = await run_episode(task, env, generate, self.tokenizer, settings.rollout,
+                                        experience=group_experience(uid, settings) if flagged else None,
+                                        group_id=uid, sampling=sampling, grader=grader)
+        finally:
+            await env.aclose()
+            if grader is not None:
+                await grader.aclose()
         metrics = AgentLoopMetrics(generate_sequences=time.monotonic() - started)
         return outputs_from_rollout(rollout, generate, int(self.rollout_config.response_length), metrics)

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from advantage.estimators import AdvantageBatch, BatchError, estimate
-from trainer.verl_plugin.settings import VERL_ESTIMATORS, advantage_settings
+from advantage.estimators import AdvantageBatch, BatchError, catalog, estimate
+from advantage.estimators.segments import join_segments, split_row
+from trainer.verl_plugin.settings import advantage_settings
 
 # Per-sample fields the agent loop puts in `extra_fields` (veRL's non_tensor_batch).
 STEP_FIELDS = ("step_ids", "step_labels", "anchor_keys", "step_rewards", "num_steps", "trajectory_id", "segment_index")
@@ -44,30 +45,30 @@ def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Te
                   **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
         # `unused`: what veRL passes other estimators (reward_baselines, ...); ours do not read it.
         if index is None:
-            raise BatchError(f"{VERL_ESTIMATORS[name]} needs the group index (data.non_tensor_batch['uid'])")
+            raise BatchError(f"{catalog.verl_name(name)} needs the group index (data.non_tensor_batch['uid'])")
         settings = advantage_settings(config)
         _check_norm_flag(name, settings, config)
         batch = AdvantageBatch.from_token_rewards(
             token_level_rewards, response_mask, index, step_ids=step_ids, step_labels=step_labels,
             anchor_keys=anchor_keys, step_rewards=step_rewards, num_steps=num_steps)
         try:
-            result = estimate(name, batch, getattr(settings, name), training_step=training_step)
+            result = estimate(name, batch, settings.config_for(name), training_step=training_step)
         except BatchError as exc:
             if step_ids is None and name != "grpo":
-                raise BatchError(f"{VERL_ESTIMATORS[name]}: {exc}. veRL's stock advantage step passes no step "
+                raise BatchError(f"{catalog.verl_name(name)}: {exc}. veRL's stock advantage step passes no step "
                                  f"ids or labels; run with trainer.v1.trainer_mode=evolver_sync") from exc
             raise
         advantages = result.advantages.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
         return advantages, advantages.clone()
 
-    estimator.__name__ = f"compute_{VERL_ESTIMATORS[name]}_advantage"
+    estimator.__name__ = f"compute_{catalog.verl_name(name)}_advantage"
     estimator.__qualname__ = estimator.__name__
     return estimator
 
 
 def estimator_name(verl_name: str) -> str | None:
     """Our estimator behind a veRL `adv_estimator` name, or None when it is not one of ours."""
-    return next((ours for ours, theirs in VERL_ESTIMATORS.items() if theirs == verl_name), None)
+    return catalog.from_verl_name(verl_name)
 
 
 # ---------------------------------------------------------------- the trainer's advantage step
@@ -105,7 +106,8 @@ def compute_evolver_advantage(data: Any, verl_name: str, algorithm_config: Any, 
     """
     name = estimator_name(verl_name)
     if name is None:
-        raise ValueError(f"{verl_name!r} is not an evolver estimator; ours: {', '.join(VERL_ESTIMATORS.values())}")
+        raise ValueError(f"{verl_name!r} is not an evolver estimator; ours: "
+                         f"{', '.join(catalog.verl_name(n) for n in catalog.names())}")
     rewards: torch.Tensor = data.batch["token_level_rewards"]
     mask: torch.Tensor = data.batch["response_mask"]
     non_tensor = data.non_tensor_batch
@@ -115,19 +117,18 @@ def compute_evolver_advantage(data: Any, verl_name: str, algorithm_config: Any, 
     trajectories = _trajectories(non_tensor, rows)
     step_ids_col = _column(non_tensor, "step_ids", rows)
 
-    # One estimator row per trajectory: its segments' response tokens side by side.
+    # One estimator row per trajectory: its segments' response tokens side by side (`join_segments`).
     spans = [[_valid_length(mask[r], step_ids_col, r) for r in members] for members in trajectories]
     joined_width = max(sum(span) for span in spans) if spans else 0
     joined_mask = torch.zeros((len(trajectories), joined_width), dtype=mask.dtype)
     joined_steps = torch.full((len(trajectories), joined_width), -1, dtype=torch.long)
     outcome = torch.zeros((len(trajectories), 1), dtype=rewards.dtype)
     for t, members in enumerate(trajectories):
-        offset = 0
-        for r, n in zip(members, spans[t], strict=True):
-            joined_mask[t, offset:offset + n] = mask[r, :n].cpu()
-            if step_ids_col is not None:
-                joined_steps[t, offset:offset + n] = torch.as_tensor(list(step_ids_col[r])[:n], dtype=torch.long)
-            offset += n
+        row_mask = join_segments([mask[r, :n].cpu().tolist() for r, n in zip(members, spans[t], strict=True)])
+        joined_mask[t, :len(row_mask)] = torch.as_tensor(row_mask, dtype=mask.dtype)
+        if step_ids_col is not None:
+            row_steps = join_segments([list(step_ids_col[r])[:n] for r, n in zip(members, spans[t], strict=True)])
+            joined_steps[t, :len(row_steps)] = torch.as_tensor(row_steps, dtype=torch.long)
         outcome[t, 0] = rewards[members[-1]].sum().cpu()
 
     per_row: dict[str, Any] = {}  # per trajectory: the same on each of its segments, read from the last
@@ -148,10 +149,9 @@ def compute_evolver_advantage(data: Any, verl_name: str, algorithm_config: Any, 
 
     advantages = torch.zeros((rows, width), dtype=torch.float32)
     for t, members in enumerate(trajectories):
-        offset = 0
-        for r, n in zip(members, spans[t], strict=True):
-            advantages[r, :n] = joined_adv[t, offset:offset + n]
-            offset += n
+        parts = split_row(joined_adv[t].tolist(), spans[t])  # back onto the segments (`split_row`)
+        for r, part in zip(members, parts, strict=True):
+            advantages[r, :len(part)] = torch.as_tensor(part, dtype=torch.float32)
     advantages = advantages.to(mask.device) * mask.to(torch.float32)
     data.batch["advantages"] = advantages
     data.batch["returns"] = advantages.clone()

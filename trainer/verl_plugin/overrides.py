@@ -15,10 +15,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from advantage.estimators import AdvantageConfig
+from advantage.estimators import AdvantageConfig, catalog
 from common.config import StrictModel, validate
+from trainer.config import ExperienceConfig, TaskSourceConfig
 from trainer.settings import OptimConfig, PolicyLossConfig, RolloutConfig
-from trainer.verl_plugin.settings import VERL_AGENT_LOOP, VERL_ESTIMATORS, VERL_POLICY_LOSS, VERL_TRAINER
+from trainer.verl_plugin.settings import (
+    TASK_MANAGER_FILES,
+    VERL_AGENT_LOOP,
+    VERL_POLICY_LOSS,
+    VERL_TRAINER,
+)
 
 
 class VerlBackendConfig(StrictModel):
@@ -38,15 +44,16 @@ class VerlBackendConfig(StrictModel):
     param_offload: bool = False
     optimizer_offload: bool = False
     gradient_checkpointing: bool = True
-    train_files: str = Field(min_length=1, description="parquet written by `python -m trainer.verl_plugin dataset`")
+    train_files: str | None = Field(default=None, description="parquet written by `python -m trainer.verl_plugin "
+                                    "dataset`; without it the batches come from trainer.services.task_url")
     val_files: str | None = None
     project: str = "evolver"
     experiment: str = "verl"
     loggers: list[str] = Field(default_factory=lambda: ["console", "tensorboard"])
     save_every: int = Field(default=-1, ge=-1, description="checkpoint every N steps (-1: never)")
     test_every: int = Field(default=-1, ge=-1, description="validate every N steps (-1: never)")
-    experience_workspace: str = "default"
-    experience_top_k: int | None = Field(default=None, ge=1)
+    experience_workspace: str | None = Field(default=None, description="default: trainer.experience.workspace")
+    experience_top_k: int | None = Field(default=None, ge=1, description="default: trainer.experience.top_k")
     clip_high_boosted: float | None = Field(default=None, ge=0, description="default: trainer.loss.clip_high_boosted")
     extra_overrides: list[str] = Field(default_factory=list, description="raw Hydra overrides, appended last")
 
@@ -64,6 +71,7 @@ class ServiceUrls(BaseModel):
     model_config = ConfigDict(extra="ignore")
     env_url: str | None = None
     experience_url: str | None = None
+    task_url: str | None = None
     judge_url: str | None = None
 
 
@@ -80,6 +88,8 @@ class TrainerSection(BaseModel):
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     services: ServiceUrls = Field(default_factory=ServiceUrls)
+    experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
+    tasks: TaskSourceConfig = Field(default_factory=TaskSourceConfig)
 
 
 def hydra_value(value: Any) -> str:
@@ -108,7 +118,7 @@ def _leaves(prefix: str, data: dict[str, Any]) -> Iterator[tuple[str, Any]]:
 
 
 def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url: str | None = None,
-              judge_url: str | None = None) -> list[str]:
+              judge_url: str | None = None, task_url: str | None = None) -> list[str]:
     """The Hydra overrides of a run YAML (already composed to a dict). URLs given here win over the YAML."""
     if "verl" not in run:
         raise ValueError("the run YAML has no `verl` section (model_path, GPUs, lengths): see examples/overall_gpu.yaml")
@@ -121,9 +131,13 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
         raise ValueError("no env_service URL: set trainer.services.env_url or pass --env-url")
     experience_url = experience_url or trainer.services.experience_url
     judge_url = judge_url or trainer.services.judge_url
-    if trainer.advantage.estimator == "adca_grpo" and not judge_url:
-        raise ValueError("trainer.advantage.estimator=adca_grpo needs step labels: set trainer.services.judge_url "
-                         "or pass --judge-url")
+    task_url = task_url or trainer.services.task_url
+    if trainer.advantage.needs_step_labels and not judge_url:
+        raise ValueError(f"trainer.advantage.estimator={trainer.advantage.estimator} needs step labels: set "
+                         "trainer.services.judge_url or pass --judge-url")
+    if not task_url and not verl.train_files:
+        raise ValueError("no training tasks: set trainer.services.task_url (the task manager) or verl.train_files "
+                         "(a parquet from `python -m trainer.verl_plugin dataset`)")
     if trainer.rollout.experience_ratio > 0 and not experience_url:
         raise ValueError("trainer.rollout.experience_ratio > 0 needs trainer.services.experience_url "
                          "(or --experience-url)")
@@ -138,12 +152,18 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
 
     plain: dict[str, Any] = {
         # data: one row per task; our agent loop ignores the prompt text and starts the environment
-        "data.train_files": verl.train_files,
-        "data.val_files": verl.val_files or verl.train_files,
+        # the task manager's batches step by step (EvolverTaskDataset), else the parquet's rows
+        "data.train_files": TASK_MANAGER_FILES if task_url else verl.train_files,
+        "data.val_files": verl.val_files or verl.train_files or TASK_MANAGER_FILES,
+        "data.custom_cls.path": "pkg://trainer.verl_plugin.dataset",
+        "data.custom_cls.name": "EvolverTaskDataset",
         "data.train_batch_size": trainer.tasks_per_step,
         "data.max_prompt_length": verl.prompt_length,
         "data.max_response_length": verl.response_length,
         "data.seed": trainer.seed,
+        # in order and in the trainer process: each step's batch is asked for after the last step's feedback
+        "data.shuffle": False,
+        "data.dataloader_num_workers": 0,
         # the policy model and its optimiser
         "actor_rollout_ref.model.path": verl.model_path,
         "actor_rollout_ref.model.enable_gradient_checkpointing": verl.gradient_checkpointing,
@@ -178,7 +198,7 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": verl.micro_batch_size_per_gpu,
         "actor_rollout_ref.rollout.agent.default_agent_loop": VERL_AGENT_LOOP,
         # advantage: ours, with veRL's own switch kept consistent with it
-        "algorithm.adv_estimator": VERL_ESTIMATORS[trainer.advantage.estimator],
+        "algorithm.adv_estimator": catalog.verl_name(trainer.advantage.estimator),
         "algorithm.norm_adv_by_std_in_grpo": trainer.advantage.grpo.normalize_by_std,
         "algorithm.use_kl_in_reward": False,
         # the trainer
@@ -198,14 +218,25 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
     # Our own nodes (new keys: the `+` prefix). Leaves one by one, so each is a plain Hydra value.
     overrides += [f"+{path}={hydra_value(v)}" for path, v in
                   _leaves("algorithm.evolver", trainer.advantage.model_dump(mode="json"))]
+    experience = trainer.experience.model_copy(update={
+        k: v for k, v in {"workspace": verl.experience_workspace, "top_k": verl.experience_top_k}.items()
+        if v is not None})
     evolver: dict[str, Any] = {
         "env_url": env_url,
         "rollout": rollout.model_dump(mode="json"),
+        "estimator": trainer.advantage.estimator,
+        "seed": trainer.seed,
+        "tasks_per_step": trainer.tasks_per_step,
         "clip_high_boosted": verl.clip_high_boosted if verl.clip_high_boosted is not None else loss.clip_high_boosted,
         "judge_url": judge_url,
+        "run_id": f"{verl.project}-{verl.experiment}",
     }
     if experience_url:
-        evolver["experience"] = {"url": experience_url, "workspace": verl.experience_workspace,
-                                 "top_k": verl.experience_top_k}
+        evolver["experience"] = {"url": experience_url, **experience.model_dump(mode="json")}
+    if task_url:
+        evolver["tasks"] = {"url": task_url, **trainer.tasks.model_dump(mode="json")}
+        data = {"env": rollout.env, "batch_size": trainer.tasks_per_step, "steps": trainer.steps,
+                "seed": trainer.seed, "task_url": task_url, "synthetic_ratio": trainer.tasks.synthetic_ratio}
+        overrides += [f"+{path}={hydra_value(v)}" for path, v in _leaves("data.evolver", data)]
     overrides += [f"+{path}={hydra_value(v)}" for path, v in _leaves("evolver", evolver)]
     return overrides + list(verl.extra_overrides)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from trainer.verl_plugin.settings import VERL_AGENT_LOOP, VERL_ESTIMATORS, VERL_POLICY_LOSS, VERL_TRAINER
+from trainer.verl_plugin.settings import VERL_AGENT_LOOP, VERL_POLICY_LOSS, VERL_TRAINER
 
 # name -> error text of the registrations that failed in this process (for diagnostics and tests).
 FAILED: dict[str, str] = {}
@@ -21,9 +21,11 @@ REGISTERED: list[str] = []
 def _register_estimators() -> None:
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
+    from advantage.estimators import catalog
     from trainer.verl_plugin.estimators import make_verl_estimator
 
-    for ours, theirs in VERL_ESTIMATORS.items():
+    # Every estimator in our catalog (built in, entry points, registered before `import verl`), by derived name.
+    for ours, theirs in ((name, catalog.verl_name(name)) for name in catalog.names()):
         existing = ADV_ESTIMATOR_REGISTRY.get(theirs)
         if existing is not None and existing.__module__ == make_verl_estimator.__module__:
             continue  # already ours (a second load, e.g. entry point and VERL_USE_EXTERNAL_MODULES)

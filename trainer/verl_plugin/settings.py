@@ -16,20 +16,28 @@ from pydantic import Field
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel, validate
+from trainer.config import ExperienceConfig, TaskSourceConfig
 from trainer.settings import RolloutConfig
 
-# Our estimator names in veRL's registry (veRL refuses to re-register its own `grpo`).
-VERL_ESTIMATORS: dict[str, str] = {"grpo": "evolver_grpo", "adca_grpo": "evolver_adca_grpo", "gigpo": "evolver_gigpo"}
+# Our names in veRL's registries. Estimators: every name in our catalog as `evolver_<name>`
+# (`advantage.estimators.catalog.verl_name`); veRL refuses to re-register its own `grpo`.
 VERL_POLICY_LOSS = "evolver_boosted"
 VERL_TRAINER = "evolver_sync"
 VERL_AGENT_LOOP = "evolver_env_agent"
 TASK_KEY = "evolver_task"  # extra_info field of a dataset row: the Task as JSON
+TASK_MANAGER_FILES = "evolver://task_manager"  # data.train_files: the batches come from the task manager
 
 
-class ExperienceSettings(StrictModel):
+class ExperienceSettings(ExperienceConfig):
+    """The experience manager and how the run uses it (the same knobs as the local trainer's `experience`)."""
+
     url: str = Field(min_length=1, description="experience_manager base URL")
-    workspace: str = Field(default="default", min_length=1)
-    top_k: int | None = Field(default=None, ge=1)
+
+
+class TaskSettings(TaskSourceConfig):
+    """The task manager (self-questioning): batches, grading of synthetic tasks, curriculum feedback."""
+
+    url: str = Field(min_length=1, description="task_manager base URL")
 
 
 class EvolverVerlSettings(StrictModel):
@@ -37,10 +45,15 @@ class EvolverVerlSettings(StrictModel):
 
     env_url: str = Field(min_length=1, description="env_service base URL, reachable from every rollout worker")
     rollout: RolloutConfig
+    estimator: str = Field(default="grpo", description="our estimator (algorithm.adv_estimator minus evolver_)")
+    seed: int = Field(default=0, description="the run's seed: step s asks the task manager with its step seed")
+    tasks_per_step: int = Field(default=4, ge=1)
     experience: ExperienceSettings | None = None
-    judge_url: str | None = Field(default=None, description="judge service; needed by evolver_adca_grpo")
+    tasks: TaskSettings | None = None
+    judge_url: str | None = Field(default=None, description="judge service; needed by estimators needing step labels")
     clip_high_boosted: float = Field(default=0.6, ge=0, description="upper clip bound of helped samples, A > 0")
     timeout_s: float = Field(default=120.0, gt=0, description="per HTTP call to our services")
+    run_id: str = Field(default="verl", description="ties feedback calls to (run, step) so a resumed step is not re-applied")
 
 
 def _plain(node: Any) -> Any:
@@ -66,6 +79,11 @@ def _get(node: Any, key: str) -> Any:
     if callable(getter):
         return getter(key)
     return getattr(node, key, None)
+
+
+def plain_node(config: Any, key: str) -> Any:
+    """`config[key]` (OmegaConf, dataclass or dict) as plain Python containers; None when absent."""
+    return _plain(_get(config, key))
 
 
 def advantage_settings(algorithm_config: Any) -> AdvantageConfig:

@@ -1,13 +1,22 @@
-"""`evolver_sync`: veRL's synchronous v1 trainer with our advantage step and our loss.
+"""`evolver_sync`: veRL's synchronous v1 trainer with our advantage step, our loss and our mechanisms.
 
-Selected with `trainer.v1.trainer_mode=evolver_sync`. Two changes to `PPOTrainerSync`:
+Selected with `trainer.v1.trainer_mode=evolver_sync`. Three changes to `PPOTrainerSync`:
 - `_compute_advantage` also fetches the agent loop's `extra_fields` (step ids, judge labels, anchor
   states, trajectory/segment ids, experience flag) from TransferQueue, so ADCA-GRPO and GiGPO get
   what veRL's registered-estimator hook never passes; it writes the advantages back together with
   the per-sample experience flag as a tensor field the loss can read.
 - after `init`, the actor's loss is `evolver_ppo_loss` (through `set_loss_fn`), which boosts the
   clip bound of flagged samples with positive advantage.
+- the mechanisms layer (`trainer.mechanisms`, as in the local trainer): before the advantage step, the
+  judge labels the whole batch in one call when the estimator declares it needs step labels; after the
+  step (`on_step_end`), the trajectories are summarized into the experience pool with usage feedback,
+  and pass rates go to the task manager's curriculum (whose next batch `EvolverTaskDataset` then asks for).
 With a non-evolver `algorithm.adv_estimator`, the advantage step is veRL's own.
+
+Experience rollouts' log-probs: their `rollout_log_probs` were computed with the experience in the
+context, which the training prompt no longer has. Before rollout correction they are replaced by the
+actor's `old_log_probs` (recomputed on the stripped prompt), so their importance weight is 1 for an
+unchanged policy instead of a bogus ratio between two different contexts.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from trainer.verl_plugin.estimators import STEP_FIELDS, compute_evolver_advantage, estimator_name
 from trainer.verl_plugin.loss import EXPERIENCE_FLAG_FIELD, evolver_ppo_loss
+from trainer.verl_plugin.mechanisms import VerlMechanisms
 from trainer.verl_plugin.settings import VERL_POLICY_LOSS, VERL_TRAINER, evolver_settings
 
 _BASE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob", "values"]
@@ -53,6 +63,19 @@ def experience_flags(non_tensor: dict[str, np.ndarray], rows: int) -> torch.Tens
     return torch.tensor([float(bool(v)) for v in non_tensor["experience_flag"]])
 
 
+def use_stripped_logprobs(data: DataProto) -> int:
+    """Flagged rows' rollout log-probs := the actor's log-probs on the stripped prompt (see the module doc).
+
+    Returns the number of rows replaced."""
+    flags = experience_flags(data.non_tensor_batch, len(data)).bool()
+    if not flags.any() or "rollout_log_probs" not in data.batch.keys() or "old_log_probs" not in data.batch.keys():
+        return 0
+    rollout, old = data.batch["rollout_log_probs"], data.batch["old_log_probs"]
+    rows = flags.to(rollout.device)
+    data.batch["rollout_log_probs"] = torch.where(rows.unsqueeze(-1), old.to(rollout.dtype), rollout)
+    return int(rows.sum())
+
+
 def evolver_advantage_step(data: DataProto, config: Any, *, global_steps: int, kl_ctrl: Any = None
                            ) -> tuple[DataProto, dict[str, Any], bool]:
     """veRL's advantage step (KL in reward, rollout correction) with our estimator at step 3.
@@ -73,7 +96,12 @@ def evolver_advantage_step(data: DataProto, config: Any, *, global_steps: int, k
     rollout_corr = algorithm.get("rollout_correction", None)
     bypass = bool(rollout_corr and rollout_corr.get("bypass_mode", False))
     corrected = rollout_corr is not None and "rollout_log_probs" in data.batch and not bypass
+    if rollout_corr is not None and bypass and bool(experience_flags(data.non_tensor_batch, len(data)).any()):
+        raise ValueError("algorithm.rollout_correction.bypass_mode takes rollout log-probs as the old policy, but "
+                         "experience rollouts generated with experience in context and train without it: turn "
+                         "bypass_mode off (or rollout.experience_ratio to 0)")
     if corrected:
+        metrics["evolver/stripped_logprob_rows"] = float(use_stripped_logprobs(data))
         data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr)
         metrics.update(is_metrics)
 
@@ -108,6 +136,34 @@ class EvolverPPOTrainer(PPOTrainerSync):
                                                   clip_high_boosted=settings.clip_high_boosted))
         logger.info("evolver_sync: actor loss = evolver_ppo_loss (clip_high_boosted={})", settings.clip_high_boosted)
 
+    def evolver_mechanisms(self) -> VerlMechanisms:
+        """The judge/feedback side of the mechanisms layer, built on first use."""
+        if getattr(self, "_evolver_mechanisms", None) is None:
+            self._evolver_mechanisms = VerlMechanisms(evolver_settings(self.config))
+        return self._evolver_mechanisms
+
+    def evolver_advantage(self, data: DataProto, extras: list[dict[str, Any]], metrics: dict
+                          ) -> tuple[DataProto, bool]:
+        """Judge the batch (once, when the estimator needs labels), then our advantage step on `data`."""
+        mechanisms = self.evolver_mechanisms()
+        mechanisms.label_batch(extras, step=self.global_steps)
+        data.non_tensor_batch.update(extras_to_non_tensor(extras))
+        data, step_metrics, corrected = evolver_advantage_step(
+            data, self.config, global_steps=self.global_steps, kl_ctrl=getattr(self, "kl_ctrl_in_reward", None))
+        metrics.update(step_metrics)
+        return data, corrected
+
+    def on_step_end(self):
+        super().on_step_end()
+        self.evolver_after_step()
+
+    def evolver_after_step(self) -> dict[str, float]:
+        """Feedback of the step just trained: summaries and usage to the pool, pass rates to the curriculum."""
+        if getattr(self, "_evolver_mechanisms", None) is None:
+            return {}
+        self._evolver_mechanisms.after_step()
+        return self._evolver_mechanisms.metrics()
+
     def _compute_advantage(self, batch, metrics: dict):
         if estimator_name(self.config.algorithm.adv_estimator) is None:
             return super()._compute_advantage(batch, metrics)
@@ -117,12 +173,7 @@ class EvolverPPOTrainer(PPOTrainerSync):
         response_mask = fetched["response_mask"]
         data = DataProto(batch=fetched.to_padded_tensor())
         data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
-        data.non_tensor_batch.update(extras_to_non_tensor([getattr(e, "data", e) for e in extras]))
-
-        data, step_metrics, corrected = evolver_advantage_step(
-            data, self.config, global_steps=self.global_steps,
-            kl_ctrl=getattr(self, "kl_ctrl_in_reward", None))
-        metrics.update(step_metrics)
+        data, corrected = self.evolver_advantage(data, [dict(getattr(e, "data", e)) for e in extras], metrics)
 
         fields = ["advantages", "returns"]
         if self.config.algorithm.use_kl_in_reward:
