@@ -1,6 +1,6 @@
 """Chaos: SIGKILL every service once, then the trainer, during one launcher run; what each outage cost.
 
-    .venv/bin/python benchmarks/chaos.py [--steps 14] [--model tiny] [--out benchmarks/results/chaos.json]
+    .venv/bin/python benchmarks/chaos.py [--steps 40] [--model tiny] [--out benchmarks/results/chaos.json]
 
 Runs `launcher.py` on a config like the quickstart's (flights, synthesis, all five services, ADCA-GRPO
 with the judge, experience for half of each group, the policy served by llm_server) with the tiny
@@ -162,7 +162,7 @@ def _task_rows(url: str) -> dict[str, int]:
     return rows
 
 
-def run_chaos(workdir: Path, *, steps: int = 14, model: str = "tiny", backoff_s: float = 3.0,
+def run_chaos(workdir: Path, *, steps: int = 40, model: str = "tiny", backoff_s: float = 3.0,
               timeout_s: float = 900.0) -> dict[str, Any]:
     runs = workdir / "runs"
     conf = workdir / "chaos.yaml"
@@ -253,7 +253,7 @@ def _costs(kills: list[dict[str, Any]], records: list[tuple[float, dict]]) -> li
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--backoff", type=float, default=3.0, help="the launcher's restart backoff (s)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
