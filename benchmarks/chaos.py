@@ -13,9 +13,10 @@ Right before each store's service is killed, what it acknowledged is read back (
 plus one experience this script writes and gets acknowledged just before the kill; task ids and
 each task's recorded rollouts), and read again once it is healthy: nothing may be missing.
 
-Prints one JSON line: per killed child the outage (kill -> healthy again), the step it hit, the
-steps it cost (redone, or collected again) and the wall time it cost (that step's duration minus
-the median undisturbed step); then the run's result (exit code, steps, empty steps, the trainer's
+Prints one JSON line: per killed child the outage (kill -> healthy again; the trainer: kill -> its
+restart), the step it hit, the steps logged again, and the wall time it cost: from the last step
+logged before the kill to the first new step logged after the child was back, minus the median
+undisturbed step times the steps gained in that span; then the run's result (exit code, steps, empty steps, the trainer's
 resilience counters from summary.json). `tests/launcher/test_chaos.py` runs the same and asserts.
 """
 
@@ -230,24 +231,29 @@ def run_chaos(workdir: Path, *, steps: int = 40, model: str = "tiny", backoff_s:
 
 
 def _costs(kills: list[dict[str, Any]], records: list[tuple[float, dict]]) -> list[dict[str, Any]]:
-    """Per kill: the steps it cost and the wall time, against the median undisturbed step."""
+    """Per kill, against the median undisturbed step: the span from the last step logged before the kill
+    to the first new step logged after the child was back, the steps that span gained, its cost in wall
+    time (span - median x steps gained) and the steps logged again (a resumed trainer redoing them)."""
     seen = [t for t, _ in records]
-    durations = [b - a for a, b in zip(seen, seen[1:], strict=False)]
-    hit = {i for k in kills for i, (a, b) in enumerate(zip(seen, seen[1:], strict=False)) if a <= k["t_kill"] < b}
-    clean = [d for i, d in enumerate(durations) if i not in hit]
+    spans = []
+    for k in kills:
+        previous = max((t for t in seen if t <= k["t_kill"]), default=k["t_kill"])
+        done = next(((t, r) for t, r in records if t > k["t_back"] and r["step"] > k["step_at_kill"]), None)
+        spans.append((previous, done))
+    disturbed = [(a, d[0]) for a, d in spans if d is not None]
+    clean = [b - a for a, b in zip(seen, seen[1:], strict=False)
+             if not any(lo <= a < hi for lo, hi in disturbed)]
     median = statistics.median(clean) if clean else 0.0
     out = []
-    for k in kills:
-        # The first step logged after the kill that reaches past the step the run was at when it was hit.
-        done = next(((t, r) for t, r in records if t > k["t_kill"] and r["step"] > k["step_at_kill"]), None)
-        wall = (done[0] - k["t_kill"]) if done else None
-        previous = max((t for t in seen if t <= k["t_kill"]), default=k["t_kill"])
-        redone = sum(1 for t, r in records if t > k["t_kill"] and r["step"] <= k["step_at_kill"])
-        out.append({"child": k["child"], "outage_s": k["outage_s"], "step_hit": k["step_at_kill"] + 1,
-                    "steps_redone": redone,
-                    "step_wall_s": round(done[0] - previous, 2) if done else None,
-                    "wall_cost_s": round(max(0.0, done[0] - previous - median), 2) if done else None,
-                    "kill_to_next_step_s": round(wall, 2) if wall is not None else None})
+    for k, (previous, done) in zip(kills, spans, strict=True):
+        row: dict[str, Any] = {"child": k["child"], "outage_s": k["outage_s"], "step_hit": k["step_at_kill"] + 1,
+                               "steps_redone": sum(1 for t, r in records
+                                                   if t > k["t_kill"] and r["step"] <= k["step_at_kill"])}
+        if done is not None:
+            gained = int(done[1]["step"]) - k["step_at_kill"]
+            row.update(span_s=round(done[0] - previous, 2), steps_gained=gained,
+                       wall_cost_s=round(max(0.0, done[0] - previous - median * gained), 2))
+        out.append(row)
     return out + [{"median_clean_step_s": round(median, 2)}]
 
 
