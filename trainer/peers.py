@@ -43,7 +43,10 @@ from task_manager.client import TaskClient
 
 @dataclass(frozen=True)
 class OutagePolicy:
-    """How long the trainer waits for a peer that is down, and where the launcher logs each peer."""
+    """How long the trainer waits for a peer that is down, and where the launcher logs each peer.
+
+    A peer built without one gets these defaults (the veRL plugin's peers, `trainer.evaluate`); the
+    local trainer passes its `trainer.services` settings."""
 
     budget_s: float = 120.0
     judge_fallback_after_s: float = 30.0
@@ -64,7 +67,7 @@ class EnvPeer:
     """create -> step* -> evaluate -> state -> release, for the agent loop."""
 
     def __init__(self, base_url: str, *, timeout: float = 120.0, outage: OutagePolicy | None = None) -> None:
-        self.client = EnvClient(base_url, timeout=timeout, **(outage or OutagePolicy(0)).client_options("env_service"))
+        self.client = EnvClient(base_url, timeout=timeout, **(outage or OutagePolicy()).client_options("env_service"))
 
     async def create(self, env: str, task: Task) -> CreateResponse:
         # A caller-chosen instance id makes the create idempotent: sent again after a dropped
@@ -123,7 +126,7 @@ class ExperiencePeer:
     def __init__(self, base_url: str, workspace: str, *, top_k: int | None = None,
                  min_similarity: float | None = None, summarize_mode: str | None = None,
                  timeout: float = 300.0, outage: OutagePolicy | None = None) -> None:
-        outage = outage or OutagePolicy(0)
+        outage = outage or OutagePolicy()
         self.client = ExperienceClient(base_url, timeout=timeout, **outage.client_options("experience_manager"))
         # After-step deliveries do not hold up training while the manager restarts: one quick try,
         # else they wait in `pending` for the next step (or the end of the run, with the full budget).
@@ -250,7 +253,7 @@ class TaskPeer:
 
     def __init__(self, base_url: str, *, synthetic_ratio: float | None = None, timeout: float = 120.0,
                  outage: OutagePolicy | None = None) -> None:
-        self.client = TaskClient(base_url, timeout=timeout, **(outage or OutagePolicy(0)).client_options("task_manager"))
+        self.client = TaskClient(base_url, timeout=timeout, **(outage or OutagePolicy()).client_options("task_manager"))
         self.synthetic_ratio = synthetic_ratio
         self.counters = TaskCounters()
 
@@ -311,7 +314,7 @@ class JudgePeer:
 
     def __init__(self, base_url: str, *, timeout: float = 900.0, outage: OutagePolicy | None = None,
                  success_threshold: float = 0.5) -> None:
-        outage = outage or OutagePolicy(0)
+        outage = outage or OutagePolicy()
         self.client = JudgeClient(base_url, timeout=timeout, **outage.client_options(
             "judge", budget_s=min(outage.budget_s, outage.judge_fallback_after_s)))
         self.counters = JudgeCounters()
