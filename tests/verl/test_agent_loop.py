@@ -10,7 +10,9 @@ import asyncio
 import json
 
 import httpx
+import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("verl", reason="veRL is installed by the `verl` extra")
 
@@ -162,3 +164,77 @@ def test_flagged_session_generates_with_experience_and_trains_without_it(env_url
     unflagged = ScriptedServerManager([TURN_1, TURN_2])
     [plain] = run_loop(config, unflagged, session_id=2)
     assert unflagged.requests[0]["prompt_ids"] == PROMPT and plain.extra_fields["experience_flag"] is False
+
+
+# ---- log-probs of experience rollouts vs the stripped training prompt ----
+
+class ContextLM:
+    """A tiny fixed causal LM over VOCAB: the next-token logits read the mean embedding of the whole context,
+    so a token's log-prob changes when experience is in (or out of) the context. It plays the policy twice:
+    as the rollout server (generating context) and as the actor recomputing on the training prompt."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.embed = torch.randn(len(VOCAB), 8, generator=generator)
+        self.head = torch.randn(8, len(VOCAB), generator=generator)
+
+    def logprobs(self, context: list[int], tokens: list[int]) -> list[float]:
+        out, ids = [], list(context)
+        for token in tokens:
+            hidden = self.embed[torch.tensor(ids)].mean(dim=0)
+            out.append(float(torch.log_softmax(hidden @ self.head, dim=-1)[token]))
+            ids.append(token)
+        return out
+
+
+class LMServerManager(ScriptedServerManager):
+    """Scripted token ids, with the log-probs the LM gives them in the context actually sent."""
+
+    def __init__(self, replies: list[list[int]], lm: ContextLM) -> None:
+        super().__init__(replies)
+        self.lm = lm
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
+        out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        return TokenOutput(token_ids=out.token_ids, log_probs=self.lm.logprobs(list(prompt_ids), out.token_ids))
+
+
+def test_experience_rollouts_get_importance_weight_one_for_an_unchanged_policy(env_url, experience_url):
+    from verl.protocol import DataProto
+
+    from trainer.verl_plugin.trainer import evolver_advantage_step, extras_to_non_tensor
+
+    lm = ContextLM()
+    config = veRL_config(env_url, {"url": experience_url, "workspace": "signal-ws"}, n=4)
+    flagged, = run_loop(config, LMServerManager([TURN_1, TURN_2], lm), session_id=0)
+    plain, = run_loop(config, LMServerManager([TURN_1, TURN_2], lm), session_id=3)
+    assert flagged.extra_fields["experience_flag"] and not plain.extra_fields["experience_flag"]
+    outputs = [flagged, plain]
+
+    width = max(len(o.response_ids) for o in outputs)
+    mask, rollout_lp, old_lp, scores = (torch.zeros((2, width)) for _ in range(4))
+    for row, out in enumerate(outputs):
+        n = len(out.response_ids)
+        mask[row, :n] = torch.tensor(out.response_mask, dtype=torch.float32)
+        rollout_lp[row, :n] = torch.tensor(out.response_logprobs)
+        # The actor, unchanged since the rollout, recomputes on the training (stripped) prompt.
+        recomputed = lm.logprobs(out.prompt_ids, out.response_ids)
+        old_lp[row, :n] = torch.tensor(recomputed) * mask[row, :n]
+        scores[row, n - 1] = out.reward_score
+    policy = mask.bool()
+    # Generated with experience in context, trained without it: the rollout's log-probs do not match the actor's.
+    assert not torch.allclose(rollout_lp[0][policy[0]], old_lp[0][policy[0]], atol=1e-4)
+    assert torch.allclose(rollout_lp[1][policy[1]], old_lp[1][policy[1]], atol=1e-5)
+
+    data = DataProto.from_dict(tensors={"response_mask": mask.long(), "rm_scores": scores, "rollout_log_probs": rollout_lp,
+                                        "old_log_probs": old_lp},
+                               non_tensors={"uid": np.array(["u", "u"], dtype=object)})
+    data.non_tensor_batch.update(extras_to_non_tensor([dict(o.extra_fields) for o in outputs]))
+    trainer_config = OmegaConf.create({"algorithm": {
+        "adv_estimator": "evolver_grpo", "use_kl_in_reward": False, "kl_penalty": "kl",
+        "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 100.0, "bypass_mode": False},
+        "evolver": {}}})
+    data, metrics, corrected = evolver_advantage_step(data, trainer_config, global_steps=1)
+    assert corrected and metrics["evolver/stripped_logprob_rows"] == 1.0
+    weights = data.batch["rollout_is_weights"]
+    assert torch.allclose(weights[policy], torch.ones(int(policy.sum())), atol=1e-5)

@@ -29,6 +29,28 @@ def test_rows_read_by_verls_dataset_become_our_tasks(tmp_path):
     assert task_from_row(rows[1]).create_params() == {"query": tasks[1].query}
 
 
+def test_our_dataset_class_reads_the_parquet_into_items_verls_collate_takes(tmp_path):
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from trainer.verl_plugin.dataset import EvolverTaskDataset
+
+    tasks = [Task(task_id="signal-validation-0000", env_type="signal"),
+             Task(task_id="signal-validation-0001", env_type="signal")]
+    dataset = EvolverTaskDataset(str(write_parquet(tasks, tmp_path / "validation.parquet")), config=OmegaConf.create({}))
+    items = [dataset[i] for i in range(len(dataset))]
+    assert [task_from_row(item) for item in items] == tasks
+    batch = collate_fn(items)
+    assert list(batch["agent_name"]) == ["evolver_env_agent"] * 2 and batch["dummy_tensor"].shape[0] == 2
+
+
+def test_the_task_manager_source_needs_its_settings():
+    from trainer.verl_plugin.dataset import EvolverTaskDataset
+    from trainer.verl_plugin.settings import TASK_MANAGER_FILES
+
+    with pytest.raises(ValueError, match="data.evolver"):
+        EvolverTaskDataset(TASK_MANAGER_FILES, config=OmegaConf.create({}))
+
+
 def test_a_row_without_our_task_says_how_to_build_the_parquet():
     with pytest.raises(ValueError, match="trainer.verl_plugin dataset"):
         task_from_row({"extra_info": {"index": 0}})

@@ -90,6 +90,7 @@ def services(tmp_path_factory):
 
 async def _prepare(task_url: str, experience_url: str) -> None:
     async with TaskClient(task_url) as tasks:
+        # A short exploration: a few synthetic tasks are all the step needs.
         job = await tasks.submit_job("flights", episodes=4, seed=0)
         info = await tasks.wait_job(job.job_id, timeout=300)
         assert info.status == "done" and info.progress["kept"] > 0, info

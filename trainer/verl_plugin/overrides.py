@@ -155,8 +155,6 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
         # the task manager's batches step by step (EvolverTaskDataset), else the parquet's rows
         "data.train_files": TASK_MANAGER_FILES if task_url else verl.train_files,
         "data.val_files": verl.val_files or verl.train_files or TASK_MANAGER_FILES,
-        "data.custom_cls.path": "pkg://trainer.verl_plugin.dataset",
-        "data.custom_cls.name": "EvolverTaskDataset",
         "data.train_batch_size": trainer.tasks_per_step,
         "data.max_prompt_length": verl.prompt_length,
         "data.max_response_length": verl.response_length,
@@ -213,6 +211,9 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
         "trainer.save_freq": verl.save_every,
         "trainer.test_freq": verl.test_every,
     }
+    if task_url:  # our dataset class (it reads the validation parquet too); else veRL's own reads the parquets
+        plain.update({"data.custom_cls.path": "pkg://trainer.verl_plugin.dataset",
+                      "data.custom_cls.name": "EvolverTaskDataset"})
     overrides = [f"{key}={hydra_value(value)}" for key, value in plain.items()]
 
     # Our own nodes (new keys: the `+` prefix). Leaves one by one, so each is a plain Hydra value.
