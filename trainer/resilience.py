@@ -60,7 +60,7 @@ def load_outages(clients: dict[str, list[ServiceClient]], state: dict[str, dict[
 def degradations(mechanisms: Mechanisms | None) -> list[str]:
     if mechanisms is None:
         return []
-    return [line for peer in (mechanisms.experience, mechanisms.judge) if peer is not None
+    return [line for peer in (mechanisms.experience, mechanisms.judge, mechanisms.tasks) if peer is not None
             for line in peer.degradations()]
 
 

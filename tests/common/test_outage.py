@@ -8,6 +8,8 @@ and its log. The judge and experience peers degrade as documented when their ser
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 
 import pytest
 
@@ -15,7 +17,7 @@ from common.http import PeerUnavailable, ServiceCallError, ServiceClient
 from common.schemas import ChatMessage, Step, Trajectory
 from common.service import ServiceError, create_app
 from tests.helpers import InProcessServer, free_port
-from trainer.peers import JudgePeer, OutagePolicy
+from trainer.peers import JudgePeer, OutagePolicy, TaskPeer
 
 
 def counting_service(ready: dict[str, bool] | None = None):
@@ -103,3 +105,30 @@ async def test_the_judge_down_past_its_wait_labels_by_the_outcome_sign_flagged_a
     assert judge.client.outage_counters.gave_up == 1
     [line] = judge.degradations()
     assert "judge" in line and "2 trajectories" in line and "outcome's sign" in line
+
+
+async def test_task_feedback_cut_off_mid_call_is_not_sent_twice_and_is_listed():
+    """A peer that takes the request and drops the connection: not idempotent, so not sent again."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    received = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            received.append(conn.recv(65536))
+            conn.close()  # like a SIGKILL while handling it
+
+    threading.Thread(target=serve, daemon=True).start()
+    peer = TaskPeer(f"http://127.0.0.1:{listener.getsockname()[1]}", outage=OutagePolicy(budget_s=5))
+    await peer.feedback([Trajectory(task_id="t1", outcome=1.0)], "flights")
+    await peer.aclose()
+    listener.close()
+    assert len(received) == 1 and b"/v1/feedback" in received[0], "sent once, never again"
+    assert peer.counters.feedback_uncertain == 1 and peer.counters.feedback_tasks == 0
+    [line] = peer.degradations()
+    assert "pass-rate feedback cut off mid-call" in line
