@@ -5,7 +5,7 @@ One step, in order:
 1. tasks: `next_tasks` -- a batch from the task manager (original and synthetic tasks by its mixture and
    curriculum), seeded by the step; None when no task manager is configured (the caller walks the
    environment's own tasks);
-2. experience: `group_experience` per task group -- one retrieval per group, shared by the group's
+2. experience: a `GroupExperience` per task group -- one retrieval per group, shared by the group's
    flagged rollouts; which rollouts are flagged is `experience_flags` (the first round(n * eta));
 3. judge: `label` -- GOOD/BAD step labels for the whole batch in one call, only when the estimator
    declares `step_labels` among its needs (the estimator catalog says so, nothing else);
@@ -104,16 +104,8 @@ class Mechanisms:
             return None
         return await self.tasks.sample(k, env, seed=seed)
 
-    # ------------------------------------------------------------------ 2. experience
-
-    def group_experience(self) -> GroupExperience | None:
-        """The shared retrieval of one task group, or None when no rollout gets experience."""
-        if self.experience is None or self.experience_ratio <= 0:
-            return None
-        return GroupExperience(self.experience)
-
-    def flags(self, n: int) -> list[bool]:
-        return experience_flags(n, self.experience_ratio if self.experience is not None else 0.0)
+    # 2. experience: `experience_flags` and `GroupExperience` above, used by `trainer.rollout.collect_groups`
+    #    and the veRL agent loop alike, with `self.experience` as the source.
 
     # ------------------------------------------------------------------ 3. judge
 

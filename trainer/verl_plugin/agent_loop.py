@@ -7,8 +7,10 @@ experience manager and the judge are called through their own clients. What come
 - `prompt_ids`: the prompt **without** injected experience (the actor recomputes log-probs on it);
 - `response_ids` / `response_mask`: the generated ids exactly as sampled (mask 1) and the chat glue
   and observations between turns (mask 0);
-- `reward_score`: the environment's evaluation; `extra_fields`: task id, experience flag, step ids
-  (per response token), judge labels, anchor states and trajectory/segment ids for `evolver_sync`.
+- `reward_score`: the environment's evaluation (the task manager's grade for a synthetic task);
+  `extra_fields`: task id, `experience_flag`, step ids (per response token), anchor states,
+  trajectory/segment ids and the finished trajectory (first segment) for `evolver_sync`, which adds the
+  judge's labels once per batch.
 A template that rewrites its context (sliding_window, self_managed) yields several segments: one
 `AgentLoopOutput` each (veRL's v1 path trains each as a row and copies the reward to all).
 
