@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -15,7 +17,13 @@ M = TypeVar("M", bound=BaseModel)
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 RETRY_EXCEPTIONS = (httpx.ConnectError, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout,
-                    httpx.RemoteProtocolError, httpx.ConnectTimeout)
+                    httpx.RemoteProtocolError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError)
+# The request never reached the peer: retrying is safe whatever the method.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+# The peer went away while the request was in flight: it may have been applied, so only idempotent
+# calls are retried (a SIGKILLed service drops its open connections with these).
+CONNECTION_LOST = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+HEALTH_POLL_S = (0.2, 2.0)  # first and longest wait between /healthz probes during an outage
 
 
 class ServiceCallError(RuntimeError):
@@ -25,6 +33,22 @@ class ServiceCallError(RuntimeError):
         where = f"{url} -> {status}" if status else url
         super().__init__(f"{where}: {code}: {message}")
         self.url, self.status, self.code, self.message, self.details = url, status, code, message, details
+
+
+class PeerUnavailable(ServiceCallError):
+    """A peer stayed down past the caller's outage budget."""
+
+
+@dataclass
+class OutageCounters:
+    outages: int = 0  # outages that began (a peer unreachable or answering 503)
+    survived: int = 0  # outages that ended with the peer healthy again
+    waited_s: float = 0.0  # seconds from each outage's first failure to the peer's first 200 on /healthz
+    retried_calls: int = 0  # calls sent again after an outage
+    gave_up: int = 0  # calls that failed after the outage budget
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 def backoff_delay(attempt: int, base: float, cap: float = 10.0) -> float:
@@ -37,14 +61,25 @@ class ServiceClient:
 
     Retries connection errors, timeouts, 429 and 502-504. POSTs are retried only when the caller
     says they are safe (`idempotent=True`), so a create is never silently done twice.
+
+    With an outage budget (`outage_budget_s` > 0) a peer that is unreachable or answers 503 is an
+    outage, not an error: the call waits, probing `/healthz` with backoff, and is sent again once the
+    peer is healthy -- any call whose request never left (connection refused), idempotent calls also
+    when the connection dropped mid-request. Past the budget it raises `PeerUnavailable`, naming
+    the peer and where its log is. Concurrent calls that hit the same outage count it once.
     """
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 60.0, retries: int = 3,
-                 backoff: float = 0.2, max_connections: int = 256) -> None:
+                 backoff: float = 0.2, max_connections: int = 256, peer: str | None = None,
+                 outage_budget_s: float = 0.0, log_hint: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         token = token if token is not None else os.environ.get("EVOLVER_API_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.retries, self.backoff = retries, backoff
+        self.peer = peer or self.base_url
+        self.outage_budget_s, self.log_hint = outage_budget_s, log_hint
+        self.outage_counters = OutageCounters()
+        self._down_since: float | None = None
         self._client = httpx.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=timeout,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
@@ -68,23 +103,73 @@ class ServiceClient:
         kwargs: dict[str, Any] = {"json": json, "params": params}
         if timeout is not None:
             kwargs["timeout"] = timeout
-        for attempt in range(attempts):
+        attempt = 0
+        deadline: float | None = None  # the end of this call's outage budget, from its first outage failure
+        while True:
             try:
                 response = await self._client.request(method, path, **kwargs)
             except RETRY_EXCEPTIONS as exc:
-                if attempt + 1 >= attempts:
+                if self._is_outage(exc, idempotent):
+                    deadline = deadline or time.monotonic() + self.outage_budget_s
+                    await self._ride_out(url, f"{type(exc).__name__}: {exc}", deadline)
+                    continue
+                attempt += 1
+                if attempt >= attempts:
                     raise ServiceCallError(url, None, "unreachable", f"{type(exc).__name__}: {exc}") from exc
-                await asyncio.sleep(backoff_delay(attempt, self.backoff))
+                await asyncio.sleep(backoff_delay(attempt - 1, self.backoff))
                 continue
+            if response.status_code == 503 and self.outage_budget_s > 0:
+                deadline = deadline or time.monotonic() + self.outage_budget_s
+                await self._ride_out(url, f"503: {response.text[:200]}", deadline)
+                continue
+            self._outage_over()
             if response.status_code in RETRY_STATUS and attempt + 1 < attempts:
                 retry_after = response.headers.get("retry-after")
                 delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() \
                     else backoff_delay(attempt, self.backoff)
                 logger.debug("{} {} -> {}; retrying in {:.2f}s", method, url, response.status_code, delay)
+                attempt += 1
                 await asyncio.sleep(delay)
                 continue
             return self._decode(url, response, model)
-        raise AssertionError("unreachable")
+
+    def _is_outage(self, exc: Exception, idempotent: bool) -> bool:
+        if self.outage_budget_s <= 0:
+            return False
+        return isinstance(exc, NOT_SENT) or (idempotent and isinstance(exc, CONNECTION_LOST))
+
+    async def _ride_out(self, url: str, why: str, deadline: float) -> None:
+        """Wait until the peer's /healthz answers 200 (then the caller sends again) or the deadline passes."""
+        counters = self.outage_counters
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            counters.outages += 1
+            logger.warning("{} is unreachable ({}); waiting up to {:.0f}s for it to come back{}", self.peer, why,
+                           self.outage_budget_s, f" (log: {self.log_hint})" if self.log_hint else "")
+        delay = HEALTH_POLL_S[0]
+        while True:
+            if await self.healthy():
+                self._outage_over()
+                # Healthy but the call itself got 503 (busy, or still warming up): do not spin.
+                await asyncio.sleep(backoff_delay(0, self.backoff))
+                counters.retried_calls += 1
+                return
+            if time.monotonic() >= deadline:
+                counters.gave_up += 1
+                where = f"; see its log: {self.log_hint}" if self.log_hint else ""
+                raise PeerUnavailable(url, None, "peer_unavailable",
+                                      f"{self.peer} ({self.base_url}) stayed down past the outage budget of "
+                                      f"{self.outage_budget_s:.0f}s (last failure: {why}){where}")
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, HEALTH_POLL_S[1])
+
+    def _outage_over(self) -> None:
+        if self._down_since is not None:
+            waited = time.monotonic() - self._down_since
+            self._down_since = None
+            self.outage_counters.survived += 1
+            self.outage_counters.waited_s += waited
+            logger.info("{} is back after {:.1f}s", self.peer, waited)
 
     @staticmethod
     def _decode(url: str, response: httpx.Response, model: type[M] | None) -> Any:

@@ -301,6 +301,7 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
     for name, field_name in TRAINER_URL_FIELDS.items():
         if name in services and field_name in ServicesConfig.model_fields:
             _set_default(peers, field_name, urls[name])
+    _set_default(peers, "logs_dir", str(run_dir / "logs"))  # outage errors name the peer's log
     budget = thread_budget(launcher, "trainer")
     _set_default(trainer, "torch_threads", budget)
     policy = _section(trainer, "policy")

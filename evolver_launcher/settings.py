@@ -46,7 +46,10 @@ class RestartPolicy(StrictModel):
     max_restarts: int = Field(default=2, ge=0, description="restarts per child before the run stops")
     backoff_s: float = Field(default=1.0, ge=0, description="first wait before a restart; doubles each time")
     backoff_max_s: float = Field(default=30.0, ge=0)
-    trainer: bool = Field(default=False, description="also restart a crashed trainer (with trainer.resume=true)")
+    trainer: bool = Field(default=True, description=(
+        "restart a crashed trainer with trainer.resume=true: it continues from its last checkpoint "
+        "(trainer.checkpoint.every), so a crash costs at most one checkpoint interval; not after a "
+        "configuration error (exit 2) or after it gave up on a peer past its outage budget (exit 3)"))
 
 
 class RayLaunch(StrictModel):

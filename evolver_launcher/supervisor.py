@@ -35,6 +35,8 @@ WAITING, STARTING, READY, BACKOFF, DONE, FAILED, STOPPED = (
 POLL_S = 0.2
 HEALTH_EVERY_S = 0.5
 CONFIG_ERROR_EXIT = 2  # argparse/config errors: restarting cannot help
+GAVE_UP_EXIT = 3  # the trainer waited out its outage budget for a peer (or its steps stayed empty): it said why
+NO_RESTART_EXITS = {CONFIG_ERROR_EXIT: " (a configuration error)", GAVE_UP_EXIT: " (it gave up on a peer or on empty steps)"}
 
 
 def _die_with_parent() -> None:
@@ -275,8 +277,8 @@ class Supervisor:
             child.state = DONE
             self.say(f"{child.name} finished")
             return
-        self._crashed(child, f"exited with code {code}" + (" (a configuration error)" if code == CONFIG_ERROR_EXIT
-                                                           else ""), retry=code != CONFIG_ERROR_EXIT)
+        self._crashed(child, f"exited with code {code}" + NO_RESTART_EXITS.get(code, ""),
+                      retry=code not in NO_RESTART_EXITS)
 
     def _crashed(self, child: Child, reason: str, retry: bool = True) -> None:
         if child.spec.foreground:

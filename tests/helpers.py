@@ -60,9 +60,10 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
 
 @contextmanager
 def run_service(module: str, args: Sequence[str] = (), *, env: dict[str, str] | None = None,
-                timeout: float = 120, log_dir: Path | None = None) -> Iterator[ServiceProcess]:
+                timeout: float = 120, log_dir: Path | None = None,
+                port: int | None = None) -> Iterator[ServiceProcess]:
     """Start `python -m module --port P *args` in its own process group; yield once /healthz is 200."""
-    port = free_port()
+    port = port or free_port()
     log_dir = Path(log_dir or os.environ.get("EVOLVER_TEST_LOGS", "/tmp/evolver-test-logs"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{module.replace('.', '_')}-{port}.log"

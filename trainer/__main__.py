@@ -29,18 +29,32 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trainer: {exc}", file=sys.stderr)
         return 2
-    if not config.ray.enabled:
-        from trainer.local import LocalTrainer
+    from common.http import PeerUnavailable
+    from trainer.resilience import EmptyStepError
 
-        result = asyncio.run(LocalTrainer(config).run())
-    else:
-        result = run_on_ray(config)
+    try:
+        if not config.ray.enabled:
+            from trainer.local import LocalTrainer
+
+            result = asyncio.run(LocalTrainer(config).run())
+        else:
+            result = run_on_ray(config)
+    except (PeerUnavailable, EmptyStepError) as exc:
+        # A restart cannot bring a peer back: exit 3 tells the launcher not to restart the trainer.
+        print(f"trainer: {_cause(exc)}", file=sys.stderr)
+        return 3
     from trainer.summary import print_summary
 
     print_summary(result)
     # The last line is machine-readable (the launcher reads it); the same is in <output_dir>/summary.json.
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, default=str))
     return 0
+
+
+def _cause(exc: BaseException) -> str:
+    """The original message (a Ray task error wraps it in the remote traceback)."""
+    cause = getattr(exc, "cause", None)
+    return str(cause) if cause is not None else str(exc)
 
 
 def run_on_ray(config: TrainerConfig) -> dict:

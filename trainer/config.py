@@ -32,6 +32,13 @@ class ServicesConfig(StrictModel):
     task_url: str | None = Field(default=None, description="task manager (self-questioning): training batches")
     judge_url: str | None = Field(default=None, description="judge service (self-attributing): step labels")
     timeout_s: float = Field(default=120.0, gt=0)
+    outage_budget_s: float = Field(default=120.0, ge=0, description=(
+        "how long a call waits for a peer that is unreachable or answers 503 (probing its /healthz) before "
+        "the run fails naming it; 0: no waiting"))
+    judge_fallback_after_s: float = Field(default=30.0, ge=0, description=(
+        "the judge down this long: that batch is labelled by the outcome's sign (flagged judge_fallback)"))
+    logs_dir: str | None = Field(default=None, description="where the launcher logs each peer (<name>.log); "
+                                                           "named in outage errors (the launcher fills it)")
 
 
 class ExperienceConfig(StrictModel):
@@ -77,6 +84,8 @@ class TrainerConfig(StrictModel):
     seed: int = 0
     steps: int = Field(default=10, ge=1)
     tasks_per_step: int = Field(default=4, ge=1, description="task groups per training step")
+    empty_step_retries: int = Field(default=3, ge=0, description=(
+        "a step whose groups were all dropped is collected again this many times, then the run fails"))
     train_split: Literal["train", "validation", "test"] = "train"
     output_dir: str = "runs/trainer"
     resume: bool = Field(default=False, description="continue from the last checkpoint in output_dir")

@@ -30,9 +30,18 @@ from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoi
 from trainer.config import TrainerConfig
 from trainer.mechanisms import Mechanisms, step_batch_seed
 from trainer.metrics import MetricsLog
-from trainer.peers import EnvPeer, ExperiencePeer, JudgePeer, TaskPeer
+from trainer.peers import EnvPeer, ExperiencePeer, JudgePeer, OutagePolicy, TaskPeer, merged_counters
 from trainer.policy import EndpointPolicy, InProcessPolicy, Policy
 from trainer.records import RolloutRecords
+from trainer.resilience import (
+    EmptyStepError,
+    StepCounters,
+    clients_by_peer,
+    counters_dict,
+    degradations,
+    load_outages,
+    outage_table,
+)
 from trainer.rollout import EvalSummary, GroupStats, Rollout, collect_groups, evaluate_policy
 from trainer.summary import run_summary, write_summary
 from trainer.update import PolicyUpdater, TrainSample
@@ -102,7 +111,9 @@ class LocalTrainer:
         self.env: EnvPeer | None = None
         self.mechanisms: Mechanisms | None = None
         self.group_stats = GroupStats()
+        self.step_counters = StepCounters()
         self.evaluations: dict[str, EvalSummary] = {}  # "before" / "after"
+        self._saved_outages: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -124,11 +135,12 @@ class LocalTrainer:
         self.updater = PolicyUpdater(self.model, cfg.optim, cfg.loss, pad_id=pad_id, total_updates=cfg.steps,
                                      device=self.device, ref_model=ref, seed=cfg.seed)
         services = cfg.services
-        self.env = EnvPeer(services.env_url, timeout=services.timeout_s)
+        outage = OutagePolicy(services.outage_budget_s, services.judge_fallback_after_s, services.logs_dir)
+        self.env = EnvPeer(services.env_url, timeout=services.timeout_s, outage=outage)
         self.mechanisms = Mechanisms(estimator=cfg.advantage.estimator, experience_ratio=cfg.rollout.experience_ratio,
                                      task_url=services.task_url, experience_url=services.experience_url,
                                      judge_url=services.judge_url, experience=cfg.experience, tasks=cfg.tasks,
-                                     timeout=services.timeout_s)
+                                     timeout=services.timeout_s, outage=outage)
         await self.mechanisms.start()
         train_ids = await self.env.task_ids(cfg.rollout.env, cfg.train_split)
         self.cursor = TaskCursor(train_ids, cfg.seed)
@@ -145,12 +157,13 @@ class LocalTrainer:
         if cfg.policy.kind == "endpoint":
             assert cfg.policy.url is not None
             self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
-                                         weights_dir=self.out / "weights")
+                                         weights_dir=self.out / "weights", outage=outage.client_options("llm_server"))
             if self.step > 0:  # the server may hold older weights than the checkpoint
                 await self.policy.load_weights(self.model)
         else:
             self.policy = InProcessPolicy(self.model, self.tokenizer, max_batch=cfg.policy.max_batch,
                                           threads=cfg.policy.threads, policy_version=self.step)
+        load_outages(self.peer_clients(), self._saved_outages)
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
         self.records = RolloutRecords(self.out / "rollouts", self.tokenizer)  # for the studio
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -167,6 +180,10 @@ class LocalTrainer:
         self.group_stats = GroupStats(**state.get("group_stats", {}))
         assert self.mechanisms is not None
         self.mechanisms.load_counters(state.get("mechanisms", {}))
+        resilience = state.get("resilience", {})
+        self.step_counters = StepCounters(**resilience.get("steps", {}))
+        self.step_counters.resumes += 1
+        self._saved_outages = resilience.get("outages", {})  # onto the clients once the policy exists
         set_rng_state(state["rng"])
         self.step = int(state["step"])
         logger.info("resumed from {} at step {} (cursor epoch {} index {})", path.name, self.step,
@@ -176,6 +193,8 @@ class LocalTrainer:
         payload = {"model": self.model.state_dict(), "updater": self.updater.state_dict(),
                    "cursor": self.cursor.state(), "group_stats": vars(self.group_stats),
                    "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
+                   "resilience": {"steps": self._step_counters(),
+                                  "outages": {name: vars(c) for name, c in self._outage_counters().items()}},
                    "config": self.config.model_dump()}
         path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)
         logger.info("checkpoint {}", path)
@@ -212,10 +231,7 @@ class LocalTrainer:
             task_ids = self.cursor.next_batch(cfg.tasks_per_step)
             tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split) for t in task_ids]
         dropped_before = self.group_stats.dropped_groups
-        experience = mechanisms.experience if cfg.rollout.experience_ratio > 0 else None
-        groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
-                                      experience=experience, grader=mechanisms.tasks, seed=step_seed,
-                                      stats=self.group_stats)
+        groups = await self._collect(tasks, step_seed)
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g]
         metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
@@ -244,6 +260,46 @@ class LocalTrainer:
             f.write(json.dumps({"step": step + 1, "task_ids": task_ids, "cursor": self.cursor.state()}) + "\n")
         self.step += 1
         return metrics
+
+    async def _collect(self, tasks: list[Task], step_seed: int) -> list[list[Rollout]]:
+        """The step's complete groups; a step with none is collected again, then fails naming the cause."""
+        cfg = self.config
+        assert self.policy is not None and self.env is not None and self.mechanisms is not None
+        experience = self.mechanisms.experience if cfg.rollout.experience_ratio > 0 else None
+        for attempt in range(cfg.empty_step_retries + 1):
+            groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
+                                          experience=experience, grader=self.mechanisms.tasks, seed=step_seed,
+                                          stats=self.group_stats)
+            if groups:
+                return groups
+            if attempt < cfg.empty_step_retries:
+                self.step_counters.empty_step_retries += 1
+                logger.warning("step {}: all {} groups dropped (last error: {}); collecting it again ({}/{})",
+                               self.step + 1, len(tasks), self.group_stats.last_error, attempt + 1,
+                               cfg.empty_step_retries)
+        raise EmptyStepError(f"step {self.step + 1}: all {len(tasks)} task groups were dropped in "
+                             f"{cfg.empty_step_retries + 1} attempts; last rollout error: "
+                             f"{self.group_stats.last_error or 'none recorded'}")
+
+    def peer_clients(self) -> dict[str, list[Any]]:
+        return clients_by_peer(self.env, self.mechanisms, self.policy)
+
+    def _outage_counters(self) -> dict[str, Any]:
+        return {name: merged_counters(*group) for name, group in self.peer_clients().items()}
+
+    def _step_counters(self) -> dict[str, int]:
+        """This run's step counters, the model server's weight reloads of this trainer process included."""
+        counters = counters_dict(self.step_counters)
+        counters["policy_reloads"] += getattr(self.policy, "restored", 0)
+        return counters
+
+    def resilience_summary(self) -> dict[str, Any]:
+        """Outages each peer had and what they cost, retried rollouts and steps, every degradation."""
+        stats = self.group_stats
+        return {"outages": outage_table(self.peer_clients()),
+                "rollouts_retried": stats.retried_rollouts, "failed_attempts": stats.failed_attempts,
+                "dropped_groups": stats.dropped_groups, **self._step_counters(),
+                "degradations": degradations(self.mechanisms)}
 
     @property
     def tasks(self) -> TaskPeer | None:
@@ -302,6 +358,8 @@ class LocalTrainer:
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save()
                 progress(self.step, metrics)
+            if self.experience is not None:  # what waited for the experience manager, with the full budget
+                await self.experience.deliver_pending(wait=True)
             if cfg.export_dir:
                 export_model(self.model, self.tokenizer, cfg.export_dir)
             plot = self.metrics.plot() if cfg.plot else None

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 from advantage.estimators import catalog
 from common.schemas import Task, Trajectory
 from trainer.config import ExperienceConfig, TaskSourceConfig
-from trainer.peers import ExperiencePeer, JudgePeer, TaskPeer
+from trainer.peers import ExperiencePeer, JudgePeer, OutagePolicy, TaskPeer
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ class Mechanisms:
     def __init__(self, *, estimator: str, experience_ratio: float = 0.0, task_url: str | None = None,
                  experience_url: str | None = None, judge_url: str | None = None,
                  experience: ExperienceConfig | None = None, tasks: TaskSourceConfig | None = None,
-                 timeout: float = 120.0) -> None:
+                 timeout: float = 120.0, outage: OutagePolicy | None = None) -> None:
         self.estimator = estimator
         self.needs = catalog.needs(estimator)
         self.experience_ratio = experience_ratio
@@ -81,10 +81,10 @@ class Mechanisms:
         exp = self.experience_config
         self.experience = ExperiencePeer(experience_url, exp.workspace, top_k=exp.top_k,
                                          min_similarity=exp.min_similarity,
-                                         summarize_mode=exp.summarize_mode) if experience_url else None
+                                         summarize_mode=exp.summarize_mode, outage=outage) if experience_url else None
         self.tasks = TaskPeer(task_url, synthetic_ratio=self.task_config.synthetic_ratio,
-                              timeout=timeout) if task_url else None
-        self.judge = JudgePeer(judge_url) if judge_url else None
+                              timeout=timeout, outage=outage) if task_url else None
+        self.judge = JudgePeer(judge_url, outage=outage) if judge_url else None
         if self.needs_step_labels and self.judge is None:
             raise ValueError(f"advantage estimator {estimator!r} needs step labels: configure the judge service")
 

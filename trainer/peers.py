@@ -10,15 +10,30 @@
 - judge: `advantage.client.JudgeClient` (optional, needed by `adca_grpo`): GOOD/BAD step labels.
 
 Each peer counts what it did, so the end-of-run summary can say what every mechanism contributed.
+
+Every client rides out its peer's outages under one `OutagePolicy` (see `common.http.ServiceClient`):
+unreachable or 503 -> wait on `/healthz` and send again, up to the outage budget, then an error that
+names the peer and its launcher log. Two degradations are allowed, both counted and listed in the
+run summary: the judge down past `judge_fallback_after_s` -> that batch gets the outcome's sign as
+every step's label, flagged `judge_fallback` (what the judge itself does when its LLM's answer does
+not parse); the experience manager down when a step's summaries and feedback are due -> they are
+queued under their request ids and delivered when it is back (the service applies an id once).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from advantage.client import JudgeClient, apply_judgments
+from advantage.judge.parsing import fallback_labels
+from common.http import OutageCounters, PeerUnavailable, ServiceCallError, ServiceClient
 from common.schemas import Task, Trajectory
 from env_service.client import EnvClient
 from env_service.protocol import CreateResponse, EvaluateResponse, StepResponse
@@ -26,15 +41,39 @@ from experience_manager.client import ExperienceClient, FeedbackItem
 from task_manager.client import TaskClient
 
 
+@dataclass(frozen=True)
+class OutagePolicy:
+    """How long the trainer waits for a peer that is down, and where the launcher logs each peer.
+
+    A peer built without one gets these defaults (the veRL plugin's peers, `trainer.evaluate`); the
+    local trainer passes its `trainer.services` settings."""
+
+    budget_s: float = 120.0
+    judge_fallback_after_s: float = 30.0
+    logs_dir: str | None = None
+
+    def client_options(self, service: str, *, budget_s: float | None = None) -> dict[str, Any]:
+        log = str(Path(self.logs_dir) / f"{service}.log") if self.logs_dir else None
+        return {"peer": service, "outage_budget_s": self.budget_s if budget_s is None else budget_s, "log_hint": log}
+
+
+def is_outage(exc: BaseException) -> bool:
+    """The peer was down (unreachable, or 503 while starting), as opposed to refusing the request."""
+    return isinstance(exc, ServiceCallError) and (exc.code in ("unreachable", "peer_unavailable")
+                                                  or exc.status == 503)
+
+
 class EnvPeer:
     """create -> step* -> evaluate -> state -> release, for the agent loop."""
 
-    def __init__(self, base_url: str, *, timeout: float = 120.0) -> None:
-        self.client = EnvClient(base_url, timeout=timeout)
+    def __init__(self, base_url: str, *, timeout: float = 120.0, outage: OutagePolicy | None = None) -> None:
+        self.client = EnvClient(base_url, timeout=timeout, **(outage or OutagePolicy()).client_options("env_service"))
 
     async def create(self, env: str, task: Task) -> CreateResponse:
-        # Not retried by the client (a create without a caller-chosen id); the rollout's bounded retry covers it.
-        return await self.client.create(env, task.env_task_id, task.create_params())
+        # A caller-chosen instance id makes the create idempotent: sent again after a dropped
+        # connection it cannot make a second instance (the service answers 409 instead).
+        return await self.client.create(env, task.env_task_id, task.create_params(),
+                                        instance_id=f"inst-{uuid.uuid4().hex}")
 
     async def step(self, instance_id: str, action: str) -> StepResponse:
         return await self.client.step(instance_id, action)
@@ -51,6 +90,9 @@ class EnvPeer:
     async def task_ids(self, env: str, split: str) -> list[str]:
         return await self.client.task_ids(env, split)  # type: ignore[arg-type]
 
+    def outage_counters(self) -> OutageCounters:
+        return self.client.outage_counters
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -65,6 +107,17 @@ class ExperienceCounters:
     experiences_updated: int = 0
     feedback_items: int = 0
     feedback_with_baseline: int = 0
+    queued_deliveries: int = 0  # summarize/feedback calls that waited for the manager to come back
+    delivered_late: int = 0
+
+
+@dataclass
+class Pending:
+    """A summarize or feedback call the experience manager has not acknowledged yet."""
+
+    kind: str  # summarize | feedback
+    request_id: str
+    send: Callable[[ExperienceClient], Awaitable[None]] = field(repr=False)
 
 
 class ExperiencePeer:
@@ -72,11 +125,17 @@ class ExperiencePeer:
 
     def __init__(self, base_url: str, workspace: str, *, top_k: int | None = None,
                  min_similarity: float | None = None, summarize_mode: str | None = None,
-                 timeout: float = 300.0) -> None:
-        self.client = ExperienceClient(base_url, timeout=timeout)
+                 timeout: float = 300.0, outage: OutagePolicy | None = None) -> None:
+        outage = outage or OutagePolicy()
+        self.client = ExperienceClient(base_url, timeout=timeout, **outage.client_options("experience_manager"))
+        # After-step deliveries do not hold up training while the manager restarts: one quick try,
+        # else they wait in `pending` for the next step (or the end of the run, with the full budget).
+        self.delivery = ExperienceClient(base_url, timeout=timeout, retries=1,
+                                         **outage.client_options("experience_manager", budget_s=0))
         self.workspace, self.top_k, self.min_similarity = workspace, top_k, min_similarity
         self.summarize_mode = summarize_mode
         self.counters = ExperienceCounters()
+        self.pending: list[Pending] = []
 
     async def start(self) -> None:
         await self.client.create_workspace(self.workspace)  # PUT: idempotent
@@ -94,6 +153,7 @@ class ExperiencePeer:
                          request_id: str) -> None:
         """Summarize the step's trajectories; report each experience-given rollout against its group's
         rollouts without experience (the baseline the experience manager scores advantage with)."""
+        await self.deliver_pending()
         trajectories = [t for g in groups for t in g]
         self.counters.injected_rollouts += sum(t.experience_flag for t in trajectories)
         if feedback:
@@ -107,15 +167,54 @@ class ExperiencePeer:
                         items.append(FeedbackItem(experience_ids=list(t.experience_ids), reward=reward,
                                                   success=reward >= 1.0, baseline=baseline))
             if items:
-                await self.client.feedback(self.workspace, items, request_id=f"{request_id}-feedback")
-                self.counters.feedback_items += len(items)
-                self.counters.feedback_with_baseline += sum(i.baseline is not None for i in items)
+                await self._deliver(Pending("feedback", f"{request_id}-feedback", self._feedback_sender(
+                    items, f"{request_id}-feedback")))
         if summarize and trajectories:
-            result = await self.client.summarize(self.workspace, trajectories, mode=self.summarize_mode,  # type: ignore[arg-type]
-                                                 request_id=f"{request_id}-summarize")
+            await self._deliver(Pending("summarize", f"{request_id}-summarize", self._summarize_sender(
+                trajectories, f"{request_id}-summarize")))
+
+    def _feedback_sender(self, items: list[FeedbackItem], request_id: str) -> Callable[[ExperienceClient],
+                                                                                      Awaitable[None]]:
+        async def send(client: ExperienceClient) -> None:
+            await client.feedback(self.workspace, items, request_id=request_id)
+            self.counters.feedback_items += len(items)
+            self.counters.feedback_with_baseline += sum(i.baseline is not None for i in items)
+        return send
+
+    def _summarize_sender(self, trajectories: list[Trajectory], request_id: str) -> Callable[[ExperienceClient],
+                                                                                           Awaitable[None]]:
+        async def send(client: ExperienceClient) -> None:
+            result = await client.summarize(self.workspace, trajectories, mode=self.summarize_mode,  # type: ignore[arg-type]
+                                            request_id=request_id)
             self.counters.summarized_trajectories += len(trajectories)
             self.counters.experiences_created += len(result.created)
             self.counters.experiences_updated += len(result.updated)
+        return send
+
+    async def _deliver(self, item: Pending) -> None:
+        try:
+            await item.send(self.delivery)
+        except ServiceCallError as exc:
+            if not is_outage(exc):
+                raise
+            self.pending.append(item)
+            self.counters.queued_deliveries += 1
+            logger.warning("experience manager unreachable: {} {} queued ({} waiting) until it is back",
+                           item.kind, item.request_id, len(self.pending))
+
+    async def deliver_pending(self, *, wait: bool = False) -> None:
+        """Send what is queued, oldest first; `wait` rides out an outage with the full budget (end of run)."""
+        while self.pending:
+            item = self.pending[0]
+            try:
+                await item.send(self.client if wait else self.delivery)
+            except ServiceCallError as exc:
+                if not wait and is_outage(exc):
+                    return
+                raise
+            self.pending.pop(0)
+            self.counters.delivered_late += 1
+            logger.info("delivered queued {} {} to the experience manager", item.kind, item.request_id)
 
     async def stats(self) -> dict[str, Any]:
         return await self.client.stats(self.workspace)
@@ -124,8 +223,19 @@ class ExperiencePeer:
         c = self.counters
         return {**asdict(c), "hit_rate": c.hits / c.retrievals if c.retrievals else 0.0}
 
+    def outage_counters(self) -> OutageCounters:
+        return merged_counters(self.client, self.delivery)
+
+    def degradations(self) -> list[str]:
+        c = self.counters
+        if not c.queued_deliveries:
+            return []
+        return [f"experience manager: {c.queued_deliveries} summarize/feedback deliveries queued while it was "
+                f"down, {c.delivered_late} delivered later, {len(self.pending)} undelivered"]
+
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.delivery.aclose()
 
 
 @dataclass
@@ -136,13 +246,15 @@ class TaskCounters:
     synthetic_graded: int = 0
     synthetic_reward_sum: float = 0.0
     feedback_tasks: int = 0
+    feedback_uncertain: int = 0  # pass-rate reports cut off mid-call by the task manager dying (not re-sent)
 
 
 class TaskPeer:
     """Training batches from the task manager and grading of its synthetic tasks (`SyntheticGrader`)."""
 
-    def __init__(self, base_url: str, *, synthetic_ratio: float | None = None, timeout: float = 120.0) -> None:
-        self.client = TaskClient(base_url, timeout=timeout)
+    def __init__(self, base_url: str, *, synthetic_ratio: float | None = None, timeout: float = 120.0,
+                 outage: OutagePolicy | None = None) -> None:
+        self.client = TaskClient(base_url, timeout=timeout, **(outage or OutagePolicy()).client_options("task_manager"))
         self.synthetic_ratio = synthetic_ratio
         self.counters = TaskCounters()
 
@@ -165,14 +277,33 @@ class TaskPeer:
         outcomes: dict[str, list[float]] = defaultdict(list)
         for t in trajectories:
             outcomes[t.task_id].append(float(t.outcome or 0.0))
-        if outcomes:
+        if not outcomes:
+            return
+        try:
             self.counters.feedback_tasks += await self.client.feedback(dict(outcomes), env_type=env)
+        except PeerUnavailable:
+            raise
+        except ServiceCallError as exc:
+            # The connection dropped mid-call: the report may have been applied, and it carries no
+            # request id to make a second send safe. The curriculum misses (or has) one step's pass rates.
+            if exc.code != "unreachable":
+                raise
+            self.counters.feedback_uncertain += 1
+            logger.warning("task manager went away during pass-rate feedback ({}); not sent again", exc)
 
     async def stats(self) -> dict[str, Any]:
         return await self.client.stats()
 
     def summary(self) -> dict[str, Any]:
         return asdict(self.counters)
+
+    def outage_counters(self) -> OutageCounters:
+        return self.client.outage_counters
+
+    def degradations(self) -> list[str]:
+        n = self.counters.feedback_uncertain
+        return [f"task manager: {n} step(s) of pass-rate feedback cut off mid-call (maybe applied, not re-sent)"] \
+            if n else []
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -188,19 +319,32 @@ class JudgeCounters:
     fallbacks: int = 0  # trajectories whose labels are all the outcome's sign
     parsed_labels: int = 0  # labels read from the judge's output before any filling
     filled_steps: int = 0
+    unreachable_batches: int = 0  # batches labelled by the outcome's sign because the judge was down
+    unreachable_trajectories: int = 0
 
 
 class JudgePeer:
     """GOOD/BAD step labels for every rollout of a step, written onto the trajectories."""
 
-    def __init__(self, base_url: str, *, timeout: float = 900.0) -> None:
-        self.client = JudgeClient(base_url, timeout=timeout)
+    def __init__(self, base_url: str, *, timeout: float = 900.0, outage: OutagePolicy | None = None,
+                 success_threshold: float = 0.5) -> None:
+        outage = outage or OutagePolicy()
+        self.client = JudgeClient(base_url, timeout=timeout, **outage.client_options(
+            "judge", budget_s=min(outage.budget_s, outage.judge_fallback_after_s)))
         self.counters = JudgeCounters()
+        self.success_threshold = success_threshold  # the judge service's default: an outcome above it is success
 
     async def label(self, trajectories: list[Trajectory]) -> None:
+        # A rollout cut off before its first step (its prompt filled the context) has nothing to label,
+        # and the judge refuses it: send only the others.
+        trajectories = [t for t in trajectories if t.steps]
         if not trajectories:
             return
-        response = await self.client.judge_trajectories(trajectories)
+        try:
+            response = await self.client.judge_trajectories(trajectories)
+        except PeerUnavailable as exc:
+            self._outcome_sign(trajectories, str(exc))
+            return
         apply_judgments(trajectories, response)
         c = self.counters
         c.batches += 1
@@ -213,6 +357,36 @@ class JudgePeer:
             c.parsed_labels += judgment.parsed_labels
             c.filled_steps += len(judgment.filled_steps)
 
+    def _outcome_sign(self, trajectories: list[Trajectory], why: str) -> None:
+        """The judge stayed down: every step gets the outcome's sign, flagged like the judge's own fallback."""
+        logger.warning("judge unavailable: labelling {} trajectories by their outcome's sign ({})",
+                       len(trajectories), why)
+        for t in trajectories:
+            success = float(t.outcome or 0.0) > self.success_threshold
+            t.labels = fallback_labels(len(t.steps), success, "judge service unreachable")
+            t.metadata["judge_fallback"] = True
+            t.metadata["judge_filled_steps"] = []
+        c = self.counters
+        c.batches += 1
+        c.trajectories += len(trajectories)
+        c.fallbacks += len(trajectories)
+        for t in trajectories:
+            c.steps_labelled += len(t.labels)
+            c.good += sum(label.label == "GOOD" for label in t.labels)
+            c.bad += sum(label.label == "BAD" for label in t.labels)
+        c.unreachable_batches += 1
+        c.unreachable_trajectories += len(trajectories)
+
+    def outage_counters(self) -> OutageCounters:
+        return self.client.outage_counters
+
+    def degradations(self) -> list[str]:
+        c = self.counters
+        if not c.unreachable_batches:
+            return []
+        return [f"judge: {c.unreachable_batches} batch(es), {c.unreachable_trajectories} trajectories "
+                "labelled by the outcome's sign (flagged judge_fallback) while the judge was down"]
+
     async def stats(self) -> dict[str, Any]:
         return (await self.client.stats()).model_dump()
 
@@ -223,3 +397,11 @@ class JudgePeer:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def merged_counters(*clients: ServiceClient) -> OutageCounters:
+    total = OutageCounters()
+    for client in clients:
+        for name, value in asdict(client.outage_counters).items():
+            setattr(total, name, getattr(total, name) + value)
+    return total

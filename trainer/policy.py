@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 import torch
+from loguru import logger
 
 from common.generation import Engine, SamplingParams
+from common.http import ServiceCallError, ServiceClient
 from llm_server.protocol import DEFAULT_WEIGHTS_DIR
 
 
@@ -108,18 +109,19 @@ class EndpointPolicy:
     """
 
     def __init__(self, base_url: str, model: str, *, timeout: float = 300.0, api_key_env: str | None = None,
-                 weights_dir: str | os.PathLike | None = None) -> None:
-        headers = {}
-        if api_key_env and os.environ.get(api_key_env):
-            headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
+                 weights_dir: str | os.PathLike | None = None, outage: dict[str, Any] | None = None) -> None:
+        token = os.environ.get(api_key_env) if api_key_env else None
         self.base_url, self.model = base_url.rstrip("/"), model
-        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                         limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
+        # `outage`: the trainer's outage policy for this peer (ServiceClient's peer/outage_budget_s/log_hint).
+        self.client = ServiceClient(self.base_url, token=token, timeout=timeout, retries=2, **(outage or {}))
         self.policy_version = 0
         if weights_dir is None:  # inside the server's default weights_dir, the only place it loads from
             DEFAULT_WEIGHTS_DIR.mkdir(parents=True, exist_ok=True)
             weights_dir = tempfile.mkdtemp(prefix="policy-", dir=DEFAULT_WEIGHTS_DIR)
         self.weights_dir = Path(weights_dir)
+        self._pushed: Path | None = None  # the last weights file the server loaded
+        self.restored = 0  # times the server came back without our weights and got them again
+        self._restoring = asyncio.Lock()
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
         body: dict[str, Any] = {
@@ -129,15 +131,37 @@ class EndpointPolicy:
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        response = await self._client.post("/v1/completions", json=body)
-        if response.status_code != 200:
-            raise EndpointError(f"{self.base_url}/v1/completions -> {response.status_code}: {response.text[:300]}")
-        data = response.json()
+        # Generation with a fixed seed is repeatable and changes nothing on the server: safe to send again.
+        data = await self._complete(body)
         choice = data["choices"][0]
-        ids, logprobs = _read_tokens(choice)
         version = int(data.get("policy_version", choice.get("policy_version", self.policy_version)))
+        if version < self.policy_version and self._pushed is not None:
+            # The server restarted from its base weights: give it ours again and generate on them.
+            await self._restore(version)
+            data = await self._complete(body)
+            choice = data["choices"][0]
+            version = int(data.get("policy_version", choice.get("policy_version", self.policy_version)))
+        ids, logprobs = _read_tokens(choice)
         self.policy_version = max(self.policy_version, version)
         return Generation(ids, logprobs, choice.get("text", ""), choice.get("finish_reason") or "stop", version)
+
+    async def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self.client.post("/v1/completions", json=body, idempotent=True)
+        except ServiceCallError as exc:
+            raise EndpointError(str(exc)) from exc
+
+    async def _restore(self, served_version: int) -> None:
+        async with self._restoring:  # concurrent rollouts notice together; one reload is enough
+            current = int((await self.client.get("/v1/weights"))["policy_version"])
+            if current >= self.policy_version:
+                return
+            logger.warning("{} serves policy version {} (restarted?), the trainer is at {}: reloading {}",
+                           self.base_url, served_version, self.policy_version, self._pushed)
+            await self.client.post("/v1/weights", json={"path": str(self._pushed),
+                                                         "policy_version": self.policy_version},
+                                    idempotent=True, timeout=600)
+            self.restored += 1
 
     async def load_weights(self, model: torch.nn.Module) -> int:
         """Write the weights to a file and ask the server to load them (`POST /v1/weights`)."""
@@ -157,14 +181,19 @@ class EndpointPolicy:
                 seen[ptr] = name
         await asyncio.to_thread(save_file, state, str(tmp))
         os.replace(tmp, path)
-        response = await self._client.post("/v1/weights", json={"path": str(path)}, timeout=600)
-        if response.status_code != 200:
-            raise EndpointError(f"{self.base_url}/v1/weights -> {response.status_code}: {response.text[:300]}")
-        self.policy_version = int(response.json().get("policy_version", self.policy_version + 1))
+        # The version is the trainer's, so loading the same file twice (a retry) lands on the same version.
+        target = self.policy_version + 1
+        try:
+            data = await self.client.post("/v1/weights", json={"path": str(path), "policy_version": target},
+                                           idempotent=True, timeout=600)
+        except ServiceCallError as exc:
+            raise EndpointError(str(exc)) from exc
+        self._pushed = path
+        self.policy_version = int(data.get("policy_version", target))
         return self.policy_version
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.client.aclose()
 
 
 def _read_tokens(choice: dict[str, Any]) -> tuple[list[int], list[float]]:

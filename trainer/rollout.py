@@ -57,6 +57,8 @@ class GroupStats:
     failed_attempts: int = 0
     rollouts: int = 0
     retrievals: int = 0
+    retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
+    last_error: str = ""  # the latest rollout failure, named when a step ends up empty
 
 
 def is_invalid_action(info: dict[str, Any]) -> bool:
@@ -164,6 +166,8 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
     async def attempt(task: Task, group_id: str, group_exp: GroupExperience | None, rollout_seed: int) -> Rollout:
         last: BaseException | None = None
         for tries in range(config.retries + 1):
+            if tries:
+                stats.retried_rollouts += 1
             async with limit:
                 try:
                     return await run_episode(task, env, generate, tokenizer, config, experience=group_exp,
@@ -172,6 +176,7 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                 except Exception as exc:  # service down, timeout, engine failure: bounded retry
                     last = exc
                     stats.failed_attempts += 1
+                    stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
                     logger.warning("rollout of {} failed (attempt {}/{}): {}", task.task_id, tries + 1,
                                    config.retries + 1, exc)
         assert last is not None

@@ -95,6 +95,7 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
         "plot": str(plot) if plot else None,
         "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after")),
         "mechanisms": mechanisms,
+        "resilience": trainer.resilience_summary(),
     }
 
 
@@ -137,5 +138,18 @@ def print_summary(summary: dict[str, Any]) -> None:
                 continue
             table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         console.print(table)
+    resilience = summary.get("resilience") or {}
+    if resilience.get("outages"):
+        table = Table(title="peer outages the run rode through")
+        for column in ("peer", "outages", "survived", "waited s", "calls sent again", "gave up"):
+            table.add_column(column, justify="left" if column == "peer" else "right")
+        for peer, c in resilience["outages"].items():
+            table.add_row(peer, str(c["outages"]), str(c["survived"]), f"{c['waited_s']:.1f}", str(c["retried_calls"]),
+                          str(c["gave_up"]))
+        console.print(table)
+        console.print(f"rollouts retried {resilience.get('rollouts_retried')}, steps collected again "
+                      f"{resilience.get('empty_step_retries')}, resumes from a checkpoint {resilience.get('resumes')}")
+    for line in resilience.get("degradations") or []:
+        console.print(f"degraded: {line}")
     console.print(f"steps {summary.get('steps')}, dropped groups {summary.get('dropped_groups')}, "
                   f"curves {summary.get('plot')}, summary {Path(summary.get('output_dir', '.')) / 'summary.json'}")

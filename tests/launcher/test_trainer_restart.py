@@ -1,0 +1,49 @@
+"""The supervisor's restart rule for the trainer: a crash (or SIGKILL) restarts it with the resume
+override, up to `max_restarts`; exit 2 (configuration) and exit 3 (gave up on a peer) do not."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+from evolver_launcher.plan import ChildSpec
+from evolver_launcher.settings import RestartPolicy
+from evolver_launcher.supervisor import Supervisor
+
+# The "trainer": crashes (exit 1, or SIGKILLs itself) until it is given the resume override, then finishes.
+SCRIPT = """
+import os, signal, sys
+if "trainer.resume=true" in sys.argv:
+    print("resumed"); sys.exit(0)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def run_trainer(tmp_path: Path, how: str, max_restarts: int = 2) -> tuple[int, str, str]:
+    spec = ChildSpec(name="trainer", argv=[sys.executable, "-c", SCRIPT, how], log_path=tmp_path / "trainer.log",
+                     foreground=True, restartable=RestartPolicy().trainer, restart_argv_extra=["trainer.resume=true"])
+    out = io.StringIO()
+    supervisor = Supervisor([spec], restart=RestartPolicy(max_restarts=max_restarts, backoff_s=0.05),
+                            health_timeout_s=10, stop_timeout_s=2, out=out)
+    code = supervisor.run()
+    return code, out.getvalue(), spec.log_path.read_text()
+
+
+def test_a_crashed_or_killed_trainer_is_restarted_with_resume(tmp_path):
+    for how in ("1", "kill"):
+        (tmp_path / how).mkdir()
+        code, out, log = run_trainer(tmp_path / how, how)
+        assert code == 0, out
+        assert "restart 1/2" in out and "trainer finished" in out
+        assert "trainer.resume=true" in log and "resumed" in log
+
+
+def test_a_trainer_that_gave_up_or_was_misconfigured_is_not_restarted(tmp_path):
+    for exit_code, why in ((3, "gave up on a peer"), (2, "a configuration error")):
+        (tmp_path / str(exit_code)).mkdir()
+        code, out, _ = run_trainer(tmp_path / str(exit_code), str(exit_code))
+        assert code == 1, out
+        assert f"exited with code {exit_code}" in out and why in out and "restart 1/" not in out
