@@ -33,7 +33,7 @@ from trainer.peers import EnvPeer, ExperiencePeer, JudgePeer, TaskPeer
 from trainer.policy import EndpointPolicy, InProcessPolicy, Policy
 from trainer.rollout import EvalSummary, GroupStats, Rollout, collect_groups, evaluate_policy
 from trainer.summary import run_summary, write_summary
-from trainer.update import PolicyUpdater, TrainSample
+from trainer.update import PolicyUpdater, TrainSample, UpdateProgress
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,9 +74,13 @@ class TaskCursor:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_step: int
-                     ) -> tuple[list[TrainSample], dict[str, float]]:
-    """Token advantages per trajectory from the configured estimator, split back onto its segments."""
+def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_step: int,
+                     exact_logprobs: bool = False) -> tuple[list[TrainSample], dict[str, float]]:
+    """Token advantages per trajectory from the configured estimator, split back onto its segments.
+
+    `exact_logprobs`: the generator computes log-probs with the training model's numerics (the
+    in-process engine), so the samples carry them for the updater to reuse as old log-probs.
+    """
     trajectories = [r.trajectory for r in rollouts]
     batch = batch_from_trajectories(trajectories)
     result = estimate(config.advantage.estimator, batch, config.advantage.estimator_config(),
@@ -84,11 +88,15 @@ def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_st
     samples: list[TrainSample] = []
     for row, rollout in enumerate(rollouts):
         advantages = result.advantages[row].tolist()
+        logprobs = rollout.trajectory.logprobs if exact_logprobs else None
+        versions = set(rollout.trajectory.metadata.get("policy_versions", [rollout.trajectory.policy_version]))
         offset = 0
         for seg in rollout.segments:
             n = len(seg.response_ids)
             samples.append(TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask,
-                                       advantages[offset:offset + n], rollout.trajectory.used_experience))
+                                       advantages[offset:offset + n], rollout.trajectory.used_experience,
+                                       rollout_logprobs=logprobs[offset:offset + n] if logprobs else None,
+                                       policy_version=versions.pop() if len(versions) == 1 else None))
             offset += n
     metrics = {f"advantage/{k.removeprefix('adv/')}": v for k, v in result.metrics.items()}
     return samples, metrics
@@ -234,9 +242,12 @@ class LocalTrainer:
             await self.judge.label([r.trajectory for r in rollouts])
         t2 = time.monotonic()
         if rollouts:
-            samples, adv_metrics = training_samples(rollouts, cfg, step)
+            samples, adv_metrics = training_samples(rollouts, cfg, step,
+                                                    exact_logprobs=isinstance(self.policy, InProcessPolicy))
             metrics.update(adv_metrics)
-            metrics.update(await asyncio.to_thread(self.updater.update, samples))
+            metrics.update(await asyncio.to_thread(self.updater.update, samples,
+                                                   policy_version=self.policy.policy_version,
+                                                   progress=_update_progress))
         t3 = time.monotonic()
         version = await self.policy.load_weights(self.model)
         t4 = time.monotonic()
@@ -334,6 +345,11 @@ class LocalTrainer:
 def _short(metrics: dict[str, float]) -> str:
     keys = [k for k in metrics if k.startswith(("eval/", "rollout/reward_mean", "update/pg_loss"))]
     return ", ".join(f"{k}={metrics[k]:.3f}" for k in keys)
+
+
+def _update_progress(event: UpdateProgress) -> None:
+    logger.info("update minibatch {}/{}: {} tokens, loss {:.4f}", event.minibatch, event.total, event.tokens,
+                event.loss)
 
 
 def _progress(enabled: bool, total: int, start: int):
