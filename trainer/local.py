@@ -16,6 +16,7 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +231,8 @@ class LocalTrainer:
         experience = self.experience if cfg.rollout.experience_ratio > 0 else None
         groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
                                       experience=experience, grader=self.tasks, seed=step_seed,
-                                      stats=self.group_stats)
+                                      stats=self.group_stats,
+                                      on_rollout=_rollout_progress(len(tasks) * cfg.rollout.n, t0))
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g]
         metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
@@ -345,6 +347,17 @@ class LocalTrainer:
 def _short(metrics: dict[str, float]) -> str:
     keys = [k for k in metrics if k.startswith(("eval/", "rollout/reward_mean", "update/pg_loss"))]
     return ", ".join(f"{k}={metrics[k]:.3f}" for k in keys)
+
+
+def _rollout_progress(total: int, started: float) -> Callable[[Rollout], None]:
+    done, tokens = 0, 0
+
+    def report(rollout: Rollout) -> None:
+        nonlocal done, tokens
+        done, tokens = done + 1, tokens + rollout.generated_tokens
+        logger.info("rollouts {}/{}: {:.1f} tokens/s", done, total, tokens / max(time.monotonic() - started, 1e-9))
+
+    return report
 
 
 def _update_progress(event: UpdateProgress) -> None:
