@@ -27,6 +27,7 @@ from loguru import logger
 from advantage.estimators import batch_from_trajectories, estimate
 from common.models import export_model, load_model
 from common.schemas import Task
+from trainer import lora
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.config import TrainerConfig
 from trainer.metrics import MetricsLog
@@ -127,6 +128,8 @@ class LocalTrainer:
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
         self.model, self.tokenizer = load_model(cfg.model)
+        if cfg.lora is not None:
+            self.model = lora.wrap(self.model, cfg.lora)
         ref = None
         if cfg.loss.kl_coef > 0:
             ref, _ = load_model(cfg.model)
@@ -164,9 +167,9 @@ class LocalTrainer:
             self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
                                          weights_dir=self.out / "weights")
             if self.step > 0:  # the server may hold older weights than the checkpoint
-                await self.policy.load_weights(self.model)
+                await self.policy.load_weights(lora.serving_view(self.model))
         else:
-            self.policy = InProcessPolicy(self.model, self.tokenizer, max_batch=cfg.policy.max_batch,
+            self.policy = InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=cfg.policy.max_batch,
                                           threads=cfg.policy.threads, policy_version=self.step)
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -177,7 +180,8 @@ class LocalTrainer:
             logger.info("resume: no checkpoint in {}, starting fresh", self.out / "checkpoints")
             return
         state = load_checkpoint(path)
-        self.model.load_state_dict(state["model"])
+        # A LoRA run resumes from its adapter state; "model" holds the merged weights (for evaluation).
+        self.model.load_state_dict(state["lora"] if lora.is_peft(self.model) else state["model"])
         self.updater.load_state_dict(state["updater"])
         self.cursor.load(state["cursor"])
         self.group_stats = GroupStats(**state.get("group_stats", {}))
@@ -191,10 +195,12 @@ class LocalTrainer:
                     self.cursor.epoch, self.cursor.index)
 
     def save(self) -> Path:
-        payload = {"model": self.model.state_dict(), "updater": self.updater.state_dict(),
+        payload = {"model": lora.merged_state_dict(self.model), "updater": self.updater.state_dict(),
                    "cursor": self.cursor.state(), "group_stats": vars(self.group_stats),
                    "mechanisms": {name: vars(peer.counters) for name, peer in self._peers().items()},
                    "config": self.config.model_dump()}
+        if lora.is_peft(self.model):
+            payload["lora"] = self.model.state_dict()
         path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)
         logger.info("checkpoint {}", path)
         return path
@@ -251,7 +257,7 @@ class LocalTrainer:
                                                    policy_version=self.policy.policy_version,
                                                    progress=_update_progress))
         t3 = time.monotonic()
-        version = await self.policy.load_weights(self.model)
+        version = await self.policy.load_weights(lora.serving_view(self.model))
         t4 = time.monotonic()
         await self._feedback(groups, step)
         t5 = time.monotonic()
@@ -326,7 +332,7 @@ class LocalTrainer:
                     self.save()
                 progress(self.step, metrics)
             if cfg.export_dir:
-                export_model(self.model, self.tokenizer, cfg.export_dir)
+                export_model(lora.merged_copy(self.model), self.tokenizer, cfg.export_dir)
             plot = self.metrics.plot() if cfg.plot else None
             summary = await run_summary(self, plot)
             write_summary(self.out, summary)

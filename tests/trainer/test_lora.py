@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from common.models import load_model
+from tests.helpers import run_env_service
 from trainer import lora
+from trainer.config import TrainerConfig
+from trainer.evaluate import load_checkpoint_model
+from trainer.local import LocalTrainer
 from trainer.loss import PolicyLossConfig
 from trainer.policy import InProcessPolicy, Sampling
 from trainer.update import OptimConfig, PolicyUpdater, TrainSample
@@ -65,3 +69,36 @@ def test_the_engine_serves_the_merged_adapter(tiny):
     assert version == 1
     expected = lora.merged_copy(wrapped).generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
     assert out.token_ids == expected[0, len(prompt):len(prompt) + len(out.token_ids)].tolist()
+
+
+ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
+
+
+@pytest.fixture(scope="module")
+def env_url(tmp_path_factory):
+    with run_env_service(ENV_YAML, tmp_path_factory.mktemp("env")) as service:
+        yield service.url
+
+
+def test_a_lora_run_trains_adapters_and_exports_and_checkpoints_merged_weights(env_url, tmp_path):
+    config = TrainerConfig.model_validate({
+        "model": "tiny", "seed": 1, "steps": 2, "tasks_per_step": 4, "output_dir": str(tmp_path / "run"),
+        "torch_threads": 1, "progress": False, "tensorboard": False, "plot": False,
+        "export_dir": str(tmp_path / "export"), "lora": {"r": 4, "alpha": 8},
+        "rollout": {"env": "signal", "n": 4, "max_turns": 2, "max_new_tokens": 2, "max_context": 256},
+        "optim": {"lr": 0.05, "minibatches": 1}, "services": {"env_url": env_url},
+        "eval": {"before": False, "after": False}, "checkpoint": {"every": 2}, "ray": {"enabled": False}})
+    trainer = LocalTrainer(config)
+    result = asyncio.run(trainer.run())
+    assert [h["policy/version"] for h in result["history"]] == [1.0, 2.0]
+    assert lora.is_peft(trainer.model)
+    exported, _ = load_model(str(tmp_path / "export"))  # a plain HF directory: the adapter is merged
+    from_checkpoint, _, step = load_checkpoint_model(str(tmp_path / "run" / "checkpoints"), "tiny")
+    base, _ = load_model("tiny")
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        trained = trainer.model(ids).logits
+        assert torch.allclose(exported(ids).logits, trained, atol=1e-5)
+        assert torch.allclose(from_checkpoint(ids).logits, trained, atol=1e-5)
+        assert not torch.allclose(base(ids).logits, trained, atol=1e-4)  # and training moved it
+    assert step == 2
