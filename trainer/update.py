@@ -212,8 +212,8 @@ class PolicyUpdater:
             yield indices[m:m + size]
 
     @torch.no_grad()
-    def _score(self, model: Any, samples: list[TrainSample], indices: list[int] | None = None
-               ) -> dict[int, torch.Tensor]:
+    def score(self, model: Any, samples: list[TrainSample], indices: list[int] | None = None
+              ) -> dict[int, torch.Tensor]:
         """Per sample index, the response log-probs under `model` (no gradient), micro-batched."""
         out: dict[int, torch.Tensor] = {}
         for idx in self._micro_batches(list(range(len(samples))) if indices is None else indices, samples):
@@ -253,8 +253,8 @@ class PolicyUpdater:
                 old[i] = torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=self.device) * \
                     torch.tensor(s.loss_mask, dtype=torch.float32, device=self.device)
         reused = len(old)
-        old.update(self._score(self.model, samples, [i for i in range(len(samples)) if i not in old]))
-        ref = self._score(self.ref_model, samples) if self.ref_model is not None and self.loss_config.kl_coef > 0 \
+        old.update(self.score(self.model, samples, [i for i in range(len(samples)) if i not in old]))
+        ref = self.score(self.ref_model, samples) if self.ref_model is not None and self.loss_config.kl_coef > 0 \
             else None
         self.model.train()
         want_entropy = self.loss_config.entropy_coef > 0
