@@ -69,7 +69,7 @@ def build_rollout(tokenizer, index: int, args: argparse.Namespace, group: str, f
     trajectory = Trajectory(trajectory_id=f"traj_bench{index:08d}", task_id="train-0001", group_id=group,
                             env_type="flights", messages=messages, steps=steps, outcome=float(index % 2),
                             prompt_ids=prompt, response_ids=response, loss_mask=mask, step_ids=step_ids,
-                            used_experience=flagged, experience_ids=["exp_bench0000", "exp_bench0001"] if flagged
+                            experience_flag=flagged, experience_ids=["exp_bench0000", "exp_bench0001"] if flagged
                             else [], labels=labels)
     return _Rollout(trajectory, [Segment(prompt, response, mask, step_ids)])
 

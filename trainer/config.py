@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel
-from trainer.settings import OptimConfig, PolicyLossConfig, RolloutConfig
+from trainer.settings import LoraSettings, OptimConfig, PolicyLossConfig, RolloutConfig
 
 
 class PolicyConfig(StrictModel):
@@ -97,6 +97,8 @@ class TrainerConfig(StrictModel):
     rollout: RolloutConfig
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    lora: LoraSettings | None = Field(default=None, description="train LoRA adapters (peft) instead of all weights; "
+                                                                 "checkpoints and exports hold the merged weights")
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     services: ServicesConfig

@@ -16,6 +16,7 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from loguru import logger
 from advantage.estimators import batch_from_trajectories, estimate, split_row
 from common.models import export_model, load_model
 from common.schemas import Task
+from trainer import lora
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.config import TrainerConfig
 from trainer.mechanisms import Mechanisms, step_batch_seed
@@ -44,7 +46,7 @@ from trainer.resilience import (
 )
 from trainer.rollout import EvalSummary, GroupStats, Rollout, collect_groups, evaluate_policy
 from trainer.summary import run_summary, write_summary
-from trainer.update import PolicyUpdater, TrainSample
+from trainer.update import PolicyUpdater, TrainSample, UpdateProgress
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,9 +87,13 @@ class TaskCursor:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_step: int
-                     ) -> tuple[list[TrainSample], dict[str, float]]:
-    """Token advantages per trajectory from the configured estimator, split back onto its segments."""
+def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_step: int,
+                     exact_logprobs: bool = False) -> tuple[list[TrainSample], dict[str, float]]:
+    """Token advantages per trajectory from the configured estimator, split back onto its segments.
+
+    `exact_logprobs`: the generator computes log-probs with the training model's numerics (the
+    in-process engine), so the samples carry them for the updater to reuse as old log-probs.
+    """
     trajectories = [r.trajectory for r in rollouts]
     batch = batch_from_trajectories(trajectories)
     result = estimate(config.advantage.estimator, batch, config.advantage.estimator_config(),
@@ -95,9 +101,15 @@ def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_st
     samples: list[TrainSample] = []
     for row, rollout in enumerate(rollouts):
         parts = split_row(result.advantages[row].tolist(), [len(seg.response_ids) for seg in rollout.segments])
+        logprobs = rollout.trajectory.logprobs if exact_logprobs else None
+        logprob_parts = split_row(logprobs, [len(seg.response_ids) for seg in rollout.segments]) if logprobs \
+            else [None] * len(rollout.segments)
+        versions = set(rollout.trajectory.metadata.get("policy_versions", [rollout.trajectory.policy_version]))
+        version = versions.pop() if len(versions) == 1 else None
         samples += [TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask, part,
-                                rollout.trajectory.experience_flag) for seg, part in zip(rollout.segments, parts,
-                                                                                          strict=True)]
+                                rollout.trajectory.experience_flag, rollout_logprobs=seg_logprobs,
+                                policy_version=version)
+                    for seg, part, seg_logprobs in zip(rollout.segments, parts, logprob_parts, strict=True)]
     metrics = {f"advantage/{k.removeprefix('adv/')}": v for k, v in result.metrics.items()}
     return samples, metrics
 
@@ -126,6 +138,8 @@ class LocalTrainer:
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
         self.model, self.tokenizer = load_model(cfg.model)
+        if cfg.lora is not None:
+            self.model = lora.wrap(self.model, cfg.lora)
         ref = None
         if cfg.loss.kl_coef > 0:
             ref, _ = load_model(cfg.model)
@@ -159,9 +173,9 @@ class LocalTrainer:
             self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
                                          weights_dir=self.out / "weights", outage=outage.client_options("llm_server"))
             if self.step > 0:  # the server may hold older weights than the checkpoint
-                await self.policy.load_weights(self.model)
+                await self.policy.load_weights(lora.serving_view(self.model))
         else:
-            self.policy = InProcessPolicy(self.model, self.tokenizer, max_batch=cfg.policy.max_batch,
+            self.policy = InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=cfg.policy.max_batch,
                                           threads=cfg.policy.threads, policy_version=self.step)
         load_outages(self.peer_clients(), self._saved_outages)
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
@@ -174,7 +188,8 @@ class LocalTrainer:
             logger.info("resume: no checkpoint in {}, starting fresh", self.out / "checkpoints")
             return
         state = load_checkpoint(path)
-        self.model.load_state_dict(state["model"])
+        # A LoRA run resumes from its adapter state; "model" holds the merged weights (for evaluation).
+        self.model.load_state_dict(state["lora"] if lora.is_peft(self.model) else state["model"])
         self.updater.load_state_dict(state["updater"])
         self.cursor.load(state["cursor"])
         self.group_stats = GroupStats(**state.get("group_stats", {}))
@@ -190,12 +205,14 @@ class LocalTrainer:
                     self.cursor.epoch, self.cursor.index)
 
     def save(self) -> Path:
-        payload = {"model": self.model.state_dict(), "updater": self.updater.state_dict(),
+        payload = {"model": lora.merged_state_dict(self.model), "updater": self.updater.state_dict(),
                    "cursor": self.cursor.state(), "group_stats": vars(self.group_stats),
                    "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
                    "resilience": {"steps": self._step_counters(),
                                   "outages": {name: vars(c) for name, c in self._outage_counters().items()}},
                    "config": self.config.model_dump()}
+        if lora.is_peft(self.model):
+            payload["lora"] = self.model.state_dict()
         path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)
         logger.info("checkpoint {}", path)
         return path
@@ -231,7 +248,7 @@ class LocalTrainer:
             task_ids = self.cursor.next_batch(cfg.tasks_per_step)
             tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split) for t in task_ids]
         dropped_before = self.group_stats.dropped_groups
-        groups = await self._collect(tasks, step_seed)
+        groups = await self._collect(tasks, step_seed, t0)
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g]
         metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
@@ -242,12 +259,15 @@ class LocalTrainer:
         await mechanisms.label([r.trajectory for r in rollouts])
         t2 = time.monotonic()
         if rollouts:
-            samples, adv_metrics = training_samples(rollouts, cfg, step)
+            samples, adv_metrics = training_samples(rollouts, cfg, step,
+                                                    exact_logprobs=isinstance(self.policy, InProcessPolicy))
             self.records.write(step + 1, rollouts, samples)
             metrics.update(adv_metrics)
-            metrics.update(await asyncio.to_thread(self.updater.update, samples))
+            metrics.update(await asyncio.to_thread(self.updater.update, samples,
+                                                   policy_version=self.policy.policy_version,
+                                                   progress=_update_progress))
         t3 = time.monotonic()
-        version = await self.policy.load_weights(self.model)
+        version = await self.policy.load_weights(lora.serving_view(self.model))
         t4 = time.monotonic()
         # Request ids tie the calls to (run, step): a resumed run re-sending a step is not applied twice.
         await mechanisms.after_step([[r.trajectory for r in g] for g in groups], cfg.rollout.env,
@@ -261,7 +281,7 @@ class LocalTrainer:
         self.step += 1
         return metrics
 
-    async def _collect(self, tasks: list[Task], step_seed: int) -> list[list[Rollout]]:
+    async def _collect(self, tasks: list[Task], step_seed: int, started: float) -> list[list[Rollout]]:
         """The step's complete groups; a step with none is collected again, then fails naming the cause."""
         cfg = self.config
         assert self.policy is not None and self.env is not None and self.mechanisms is not None
@@ -269,7 +289,8 @@ class LocalTrainer:
         for attempt in range(cfg.empty_step_retries + 1):
             groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
                                           experience=experience, grader=self.mechanisms.tasks, seed=step_seed,
-                                          stats=self.group_stats)
+                                          stats=self.group_stats,
+                                          on_rollout=_rollout_progress(len(tasks) * cfg.rollout.n, started))
             if groups:
                 return groups
             if attempt < cfg.empty_step_retries:
@@ -361,7 +382,7 @@ class LocalTrainer:
             if self.experience is not None:  # what waited for the experience manager, with the full budget
                 await self.experience.deliver_pending(wait=True)
             if cfg.export_dir:
-                export_model(self.model, self.tokenizer, cfg.export_dir)
+                export_model(lora.merged_copy(self.model), self.tokenizer, cfg.export_dir)
             plot = self.metrics.plot() if cfg.plot else None
             summary = await run_summary(self, plot)
             write_summary(self.out, summary)
@@ -383,6 +404,22 @@ class LocalTrainer:
 def _short(metrics: dict[str, float]) -> str:
     keys = [k for k in metrics if k.startswith(("eval/", "rollout/reward_mean", "update/pg_loss"))]
     return ", ".join(f"{k}={metrics[k]:.3f}" for k in keys)
+
+
+def _rollout_progress(total: int, started: float) -> Callable[[Rollout], None]:
+    done, tokens = 0, 0
+
+    def report(rollout: Rollout) -> None:
+        nonlocal done, tokens
+        done, tokens = done + 1, tokens + rollout.generated_tokens
+        logger.info("rollouts {}/{}: {:.1f} tokens/s", done, total, tokens / max(time.monotonic() - started, 1e-9))
+
+    return report
+
+
+def _update_progress(event: UpdateProgress) -> None:
+    logger.info("update minibatch {}/{}: {} tokens, loss {:.4f}", event.minibatch, event.total, event.tokens,
+                event.loss)
 
 
 def _progress(enabled: bool, total: int, start: int):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -156,8 +156,12 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                          config: RolloutConfig, *, experience: ExperienceSource | None = None,
                          grader: SyntheticGrader | None = None, seed: int = 0,
                          stats: GroupStats | None = None, sampling: Sampling | None = None,
-                         n: int | None = None) -> list[list[Rollout]]:
-    """n rollouts per task, concurrently; returns the complete groups only (in task order)."""
+                         n: int | None = None, on_rollout: Callable[[Rollout], None] | None = None
+                         ) -> list[list[Rollout]]:
+    """n rollouts per task, concurrently; returns the complete groups only (in task order).
+
+    `on_rollout` is called once per finished rollout (progress), in completion order.
+    """
     stats = stats if stats is not None else GroupStats()
     n = n or config.n
     limit = asyncio.Semaphore(config.concurrency)
@@ -170,15 +174,19 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                 stats.retried_rollouts += 1
             async with limit:
                 try:
-                    return await run_episode(task, env, generate, tokenizer, config, experience=group_exp,
-                                             group_id=group_id, seed=rollout_seed + 7919 * tries, grader=grader,
-                                             sampling=sampling)
+                    rollout = await run_episode(task, env, generate, tokenizer, config, experience=group_exp,
+                                                group_id=group_id, seed=rollout_seed + 7919 * tries, grader=grader,
+                                                sampling=sampling)
                 except Exception as exc:  # service down, timeout, engine failure: bounded retry
                     last = exc
                     stats.failed_attempts += 1
                     stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
                     logger.warning("rollout of {} failed (attempt {}/{}): {}", task.task_id, tries + 1,
                                    config.retries + 1, exc)
+                    continue
+            if on_rollout is not None:
+                on_rollout(rollout)
+            return rollout
         assert last is not None
         raise last
 

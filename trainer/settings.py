@@ -40,6 +40,21 @@ class OptimConfig(StrictModel):
     epochs: int = Field(default=1, ge=1, description="passes over each batch")
     minibatches: int = Field(default=2, ge=1, description="optimizer steps per pass")
     micro_batch_size: int = Field(default=4, ge=1, description="samples per forward (gradient accumulation)")
+    logits: Literal["response", "full"] = Field(
+        default="response", description="vocabulary projection only where a trained token is predicted, or everywhere")
+    bucket_by_length: bool = Field(default=True, description="cut micro-batches from length-sorted minibatches")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="forward autocast dtype (master weights and optimizer stay fp32)")
+    reuse_rollout_logprobs: bool = Field(
+        default=True, description="old log-probs from the rollout when policy version, context and numerics match")
+
+
+class LoraSettings(StrictModel):
+    r: int = Field(default=16, ge=1, description="adapter rank")
+    alpha: float = Field(default=32.0, gt=0, description="scale: the update is alpha / r * B @ A")
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear", description="module names to adapt; all-linear: every linear layer but the output head")
 
 
 class PolicyLossConfig(StrictModel):

@@ -98,3 +98,29 @@ def test_classic_mode_keeps_its_wording():
 def test_bad_lookup_config_names_what_to_fix(config, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         SignalEnvironment(config)
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_one_turn_mode_shows_the_cue_in_the_question_and_scores_the_first_answer(lookup):
+    config = {"options": OPTIONS, "turns": 1, **({"labels": LABELS} if lookup else {})}
+    env = SignalEnvironment(config)
+    right, wrong = env.create(env.task_ids("test")[0]), env.create(env.task_ids("test")[0])
+    system, question = right.reset()
+    assert "First" not in system.content and "first" not in question.content  # nothing to look at first
+    if lookup:
+        shown = parse_readings(question.content)
+        assert len(shown) == 4 and shown[asked_label(question.content)] == right.signal
+    else:
+        assert question.content.endswith(f"The signal is {right.signal}")
+    result = right.step(ChatMessage(role="assistant", content=right.signal))
+    assert result.done and result.reward == 1.0 and right.evaluate().score == 1.0
+    other = next(o for o in OPTIONS if o != wrong.signal)
+    result = wrong.step(ChatMessage(role="assistant", content=other))
+    assert result.done and result.reward == 0.0 and wrong.evaluate().info["turns"] == 1
+    assert wrong.step(ChatMessage(role="assistant", content=wrong.signal)).info == {"error": "episode already finished"}
+    assert wrong.evaluate().score == 0.0  # a late second answer changes nothing
+
+
+def test_bad_turns_names_the_key():
+    with pytest.raises(ConfigError, match="turns"):
+        SignalEnvironment({"turns": 3})

@@ -20,6 +20,10 @@ because attention at initialisation is nearly uniform over the context.
 south. ..."), each a different option, in a seeded order. Every task has its own labels, words and
 order, so held-out tasks are new prompts rather than repeats of the training ones. SmolLM2-135M
 answers with the first reading it sees about as often as with the asked one (about 0.2 success).
+
+`turns: 1` makes either mode single-turn: the cue (or the readings) follows the query in the first
+user message and the agent's first answer is scored. That is the shape a single-turn trainer (TRL's
+GRPOTrainer on a prompt dataset) can run too, so `benchmarks/trainer_vs_trl.py` compares on it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ LOOKUP_SYSTEM = ("You are playing Signal. First say anything to see the readings
                  "Then answer with the requested word only.")
 LOOKUP_QUERY = "Which way does the {label} point? First look, then answer with one word: {choices}."
 LOOKUP_CUE = "{signal} Answer now."
+# Single-turn wording: nothing to "look" at first, the cue is already in the question.
+ONE_TURN_SYSTEM = "You are playing Signal. Answer with the signal word only."
+ONE_TURN_QUERY = "Answer with the signal word: {choices}."
+ONE_TURN_LOOKUP_SYSTEM = "You are playing Signal. Answer with the requested word only."
+ONE_TURN_LOOKUP_QUERY = "Which way does the {label} point? Answer with one word: {choices}."
 
 
 class SignalConfig(StrictModel):
@@ -59,6 +68,8 @@ class SignalConfig(StrictModel):
     labels: list[str] = Field(default_factory=list,
                               description="lookup mode: the query asks for one of these labels' readings")
     fields: int = Field(default=4, ge=2, description="lookup mode: readings shown per task")
+    turns: Literal[1, 2] = Field(default=2, description="2: look, then answer; 1: the cue is in the question, "
+                                                        "the first answer is scored")
     tasks_per_split: dict[str, int] = Field(default_factory=lambda: {"train": 256, "validation": 64, "test": 64})
     seed: int = 0
 
@@ -72,9 +83,11 @@ class SignalConfig(StrictModel):
 
     @model_validator(mode="after")
     def _mode_defaults(self) -> SignalConfig:
-        lookup = bool(self.labels)
-        self.system = self.system or (LOOKUP_SYSTEM if lookup else SYSTEM)
-        self.query = self.query or (LOOKUP_QUERY if lookup else QUERY)
+        lookup, one = bool(self.labels), self.turns == 1
+        self.system = self.system or {(False, False): SYSTEM, (True, False): LOOKUP_SYSTEM,
+                                      (False, True): ONE_TURN_SYSTEM, (True, True): ONE_TURN_LOOKUP_SYSTEM}[lookup, one]
+        self.query = self.query or {(False, False): QUERY, (True, False): LOOKUP_QUERY,
+                                    (False, True): ONE_TURN_QUERY, (True, True): ONE_TURN_LOOKUP_QUERY}[lookup, one]
         self.cue = self.cue or (LOOKUP_CUE if lookup else CUE)
         if "{signal}" not in self.cue:
             raise ValueError("cue must contain {signal}: the observation has to show the signal")
@@ -103,15 +116,19 @@ class SignalInstance(EnvInstance):
         self.answer: str | None = None
         self.valid = False
 
+    def cue(self) -> str:
+        shown = self.task.readings or " ".join([self.signal] * self.config.cue_repeat)
+        return self.config.cue.format(signal=shown)
+
     def reset(self) -> list[ChatMessage]:
-        return [ChatMessage(role="system", content=self.config.system), ChatMessage(role="user", content=self.query)]
+        query = self.query if self.config.turns == 2 else f"{self.query}\n{self.cue()}"
+        return [ChatMessage(role="system", content=self.config.system), ChatMessage(role="user", content=query)]
 
     def step(self, action: ChatMessage) -> StepResult:
         self.turn += 1
-        if self.turn == 1:
-            shown = self.task.readings or " ".join([self.signal] * self.config.cue_repeat)
-            return StepResult(observation=ChatMessage(role="user", content=self.config.cue.format(signal=shown)))
-        if self.turn == 2:
+        if self.turn < self.config.turns:
+            return StepResult(observation=ChatMessage(role="user", content=self.cue()))
+        if self.turn == self.config.turns:
             self.answer, self.valid = self._read_answer(action.text())
             correct = self.answer == self.signal
             text = "Correct." if correct else f"Wrong: the signal was {self.signal}."
