@@ -127,7 +127,11 @@ class LLMClient:
                     self._structured = True
                 except LLMError as exc:
                     if exc.status is None or exc.status >= 500 or exc.status in (401, 403, 404, 429):
-                        raise  # the endpoint is down or misconfigured: that says nothing about structured outputs
+                        # Down or misconfigured: that says nothing about structured outputs. Ask in text
+                        # this time (the call reports its own error) and probe again next time.
+                        logger.warning("LLM role {}: structured-output probe failed ({}); asking in text",
+                                       self.role, str(exc)[-200:])
+                        return False
                     self._structured = False
                     logger.info("LLM role {} at {}: no structured outputs ({}); using text parsing",
                                 self.role, self.endpoint, str(exc)[-200:])

@@ -111,11 +111,7 @@ class Judge:
     # ------------------------------------------------------------ one trajectory
 
     async def _structured(self) -> bool:
-        try:
-            return await self.llm.supports_structured()
-        except LLMError as exc:  # endpoint down: the text prompt is asked; the call itself reports the error
-            logger.warning("judge LLM: could not probe for structured outputs: {}", exc)
-            return False
+        return await self.llm.supports_structured()
 
     def _messages(self, item: JudgeTrajectory, params: dict) -> list[dict]:
         s = self.settings
