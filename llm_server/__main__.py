@@ -11,11 +11,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local files onl
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from loguru import logger  # noqa: E402
 
 from common.service import run_app, service_cli  # noqa: E402
 from llm_server.settings import LLMServerSettings  # noqa: E402
+
+if TYPE_CHECKING:
+    from common.generation import Engine
+    from common.grammar import GrammarCompiler
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +33,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--default-max-tokens", type=int, default=None)
     parser.add_argument("--max-request-tokens", type=int, default=None)
+    parser.add_argument("--grammar-cache-size", type=int, default=None, help="compiled grammars kept (256)")
+    parser.add_argument("--grammar-timeout-s", type=float, default=None,
+                        help="a structured-output constraint that compiles longer gets a 400 (10)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,11 +65,26 @@ def main(argv: list[str] | None = None) -> None:
     name = settings.served_model_name or settings.model
     logger.info("llm_server: serving {!r} ({} parameters, context {}, max batch {}, {} threads)", name,
                 f"{model.num_parameters():,}", engine.context_length, settings.max_batch, threads)
-    app = build_app(ServedModel(engine, tokenizer, name, settings))
+    grammars = _grammar_compiler(tokenizer, engine, settings)
+    app = build_app(ServedModel(engine, tokenizer, name, settings, grammars))
     try:
         run_app(app, settings.host, settings.port, settings.log_level)
     finally:
         engine.close()
+        if grammars is not None:
+            grammars.close()
+
+
+def _grammar_compiler(tokenizer: Any, engine: Engine, settings: LLMServerSettings) -> GrammarCompiler | None:
+    """Structured outputs for this tokenizer, or None (logged) when the grammar engine cannot read it."""
+    from common.grammar import GrammarCompiler
+
+    try:
+        return GrammarCompiler(tokenizer, engine.eos_ids, cache_size=settings.grammar_cache_size,
+                               timeout_s=settings.grammar_timeout_s)
+    except (ValueError, TypeError, AttributeError) as exc:  # a slow tokenizer, or one llguidance decodes differently
+        logger.warning("llm_server: structured outputs disabled for this model: {}", exc)
+        return None
 
 
 if __name__ == "__main__":

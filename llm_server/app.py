@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions, plus
-/v1/weights (trainer weight sync) and /v1/stats (batching counters, also in /metrics)."""
+/v1/weights (trainer weight sync) and /v1/stats (batching counters, also in /metrics).
+Structured outputs (response_format, structured_outputs, forced tool_choice): `llm_server.structured`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from common.generation import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
+from common.grammar import CompiledGrammar, GrammarCompiler
 from common.service import ServiceError, create_app
 from llm_server.metrics import EngineCollector
 from llm_server.protocol import (
@@ -25,6 +27,7 @@ from llm_server.protocol import (
     _SamplingFields,
 )
 from llm_server.settings import LLMServerSettings
+from llm_server.structured import capabilities, compile_grammar, requested_grammar
 from llm_server.tools import parse_tool_calls
 from llm_server.weights import read_state_dict
 
@@ -32,8 +35,10 @@ from llm_server.weights import read_state_dict
 class ServedModel:
     """What the routes need: the engine, its tokenizer, the public name and the limits."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, name: str, settings: LLMServerSettings) -> None:
+    def __init__(self, engine: Engine, tokenizer: Any, name: str, settings: LLMServerSettings,
+                 grammars: GrammarCompiler | None = None) -> None:
         self.engine, self.tokenizer, self.name, self.settings = engine, tokenizer, name, settings
+        self.grammars = grammars  # None: this model's tokenizer has no structured outputs
         self.context_length = engine.context_length
         self.vocab_size = len(tokenizer)
         self.created = int(time.time())
@@ -49,15 +54,17 @@ def build_app(served: ServedModel) -> FastAPI:
     async def models() -> dict:
         return {"object": "list", "data": [{
             "id": served.name, "object": "model", "created": served.created, "owned_by": "evolver",
-            "max_model_len": served.context_length, "policy_version": served.engine.policy_version}]}
+            "max_model_len": served.context_length, "policy_version": served.engine.policy_version,
+            "structured_outputs": capabilities() if served.grammars is not None else None}]}
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def chat_completions(request: ChatCompletionRequest) -> dict:
         _check_common(served, request)
+        grammar = await _constraint(served, request, chat=True)
         prompt_ids = _chat_prompt_ids(served, request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         top = (request.top_logprobs or 0) if request.logprobs else 0
-        result = await _generate(served, request, prompt_ids, max_tokens, top)
+        result = await _generate(served, request, prompt_ids, max_tokens, top, grammar)
         parse_tools = bool(request.tools) and request.tool_choice != "none"
         choices = [_chat_choice(served, i, c, request.logprobs, parse_tools) for i, c in enumerate(result.completions)]
         return _envelope("chat.completion", "chatcmpl", served, result, choices)
@@ -69,9 +76,10 @@ def build_app(served: ServedModel) -> FastAPI:
             raise ServiceError(400, "unsupported_parameter", "echo=true is not supported")
         if request.best_of not in (None, request.n):
             raise ServiceError(400, "unsupported_parameter", "best_of is not supported (use n)")
+        grammar = await _constraint(served, request, chat=False)
         prompt_ids = _completion_prompt_ids(served, request)
         top = request.logprobs or 0
-        result = await _generate(served, request, prompt_ids, request.max_tokens, top)
+        result = await _generate(served, request, prompt_ids, request.max_tokens, top, grammar)
         choices = [_completion_choice(served, i, c, request.logprobs is not None)
                    for i, c in enumerate(result.completions)]
         return _envelope("text_completion", "cmpl", served, result, choices)
@@ -119,6 +127,7 @@ def build_app(served: ServedModel) -> FastAPI:
             "decode_steps": s.decode_steps, "forward_batches": s.forward_batches, "prompt_tokens": s.prompt_tokens,
             "generated_tokens": s.generated_tokens, "max_rows_in_batch": s.max_rows_in_batch,
             "weight_updates": s.weight_updates, "failed_batches": s.failed_batches,
+            "structured_outputs": _structured_stats(served),
         }
 
     return app
@@ -146,6 +155,23 @@ def _check_common(served: ServedModel, request: _SamplingFields) -> None:
     if request.n > served.engine.max_batch:
         raise ServiceError(400, "n_too_large", f"n={request.n} exceeds the server's max batch of "
                                                f"{served.engine.max_batch} rows (--max-batch)")
+
+
+async def _constraint(served: ServedModel, request: _SamplingFields, chat: bool) -> CompiledGrammar | None:
+    grammar = requested_grammar(request, chat=chat)
+    return None if grammar is None else await compile_grammar(served.grammars, *grammar)
+
+
+def _structured_stats(served: ServedModel) -> dict | None:
+    if served.grammars is None:
+        return None
+    s, g = served.engine.stats, served.grammars.stats
+    return {**capabilities(), "constrained_rows": s.constrained_rows, "constrained_tokens": s.constrained_tokens,
+            "mixed_decode_steps": s.mixed_decode_steps, "mask_seconds": round(s.mask_seconds, 6),
+            "mask_us_per_token": round(1e6 * s.mask_seconds / s.constrained_tokens, 1) if s.constrained_tokens
+            else None, "aborted_rows": s.grammar_aborts, "grammars_compiled": g.compiles,
+            "grammar_cache_hits": g.cache_hits, "grammars_cached": g.cached, "grammar_errors": g.errors,
+            "grammar_timeouts": g.timeouts, "compile_seconds": round(g.compile_seconds, 6)}
 
 
 def _chat_prompt_ids(served: ServedModel, request: ChatCompletionRequest) -> list[int]:
@@ -207,7 +233,7 @@ def _completion_prompt_ids(served: ServedModel, request: CompletionRequest) -> l
 
 
 async def _generate(served: ServedModel, request: _SamplingFields, prompt_ids: list[int], max_tokens: int | None,
-                    top_logprobs: int) -> GenerationResult:
+                    top_logprobs: int, grammar: CompiledGrammar | None = None) -> GenerationResult:
     context = served.context_length
     room = context - len(prompt_ids)
     if room <= 0:
@@ -231,7 +257,7 @@ async def _generate(served: ServedModel, request: _SamplingFields, prompt_ids: l
         raise ServiceError(400, "invalid_stop_token_ids", f"stop_token_ids must be in [0, {served.vocab_size})")
     params = SamplingParams(max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
                             stop=request.stop_strings(), stop_token_ids=stop_ids, seed=request.seed,
-                            top_logprobs=top_logprobs, n=request.n)
+                            top_logprobs=top_logprobs, n=request.n, grammar=grammar)
     try:
         return await asyncio.wrap_future(served.engine.submit(prompt_ids, params))
     except ValueError as exc:

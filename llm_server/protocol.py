@@ -6,6 +6,8 @@ Extensions (vLLM-style, so the trainer can train on exact tokens):
 - `/v1/completions` accepts `prompt_token_ids` (or a list of ints as `prompt`): token in, token out.
 Unknown fields are ignored, as OpenAI-compatible servers do; parameters that would change the
 result but are not implemented (streaming, penalties, logit bias, echo) are refused with a 400.
+Structured outputs (`response_format`, vLLM's `structured_outputs` and `guided_*`, forced
+`tool_choice`) are read and checked by `llm_server.structured`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
+    # Kept loose here so a malformed constraint is a 400 naming the problem (llm_server.structured), not a 422.
+    response_format: Any = None
+    structured_outputs: Any = None  # vLLM
+    guided_json: Any = None  # vLLM before structured_outputs
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -53,9 +61,6 @@ class _SamplingFields(BaseModel):
             problems.append("frequency_penalty (only 0 is supported)")
         if self.logit_bias:
             problems.append("logit_bias (not supported)")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            problems.append(f"response_format {self.response_format.get('type')!r} (only text; ask for JSON in "
-                            "the prompt and parse it)")
         return problems
 
 

@@ -19,3 +19,6 @@ class LLMServerSettings(ServiceSettings):
     threads: int | None = Field(default=None, ge=1, description="torch threads (default: all cores)")
     default_max_tokens: int = Field(default=512, ge=1, description="max_tokens of a chat request that gives none")
     max_request_tokens: int = Field(default=32768, ge=1, description="limit on n * max_tokens of one request")
+    grammar_cache_size: int = Field(default=256, ge=1, description="compiled structured-output grammars kept (LRU)")
+    grammar_timeout_s: float = Field(default=10.0, gt=0,
+                                     description="a constraint that compiles longer than this gets a 400")
