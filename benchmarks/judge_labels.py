@@ -2,7 +2,7 @@
 correctness is known, on `flights` and `bfcl`.
 
     .venv/bin/python benchmarks/judge_labels.py [--out benchmarks/fixtures/judge_step_labels_v1.jsonl]
-                                                [--rollouts-per-env 6] [--no-rollouts]
+                                                [--flights-rollouts 4] [--bfcl-rollouts 2] [--no-rollouts]
 
 Sources (the environments run in-process; outcomes are their own graders' scores):
 - `reference`: the task's reference solution replayed, then a closing reply: every step GOOD.
@@ -245,6 +245,8 @@ async def rollouts(env_name: str, env: Any, task_ids: list[str], llm_url: str, p
         for n in range(per_env):
             task_id = task_ids[n % len(task_ids)]
             out.append(await _rollout(env_name, env, task_id, llm, rng.randrange(1 << 30), n))
+            print(f"rollout {env_name} {n + 1}/{per_env}: {task_id}, {len(out[-1]['steps'])} steps, "
+                  f"outcome {out[-1]['outcome']}", file=sys.stderr, flush=True)
     finally:
         await llm.aclose()
     return out
@@ -260,9 +262,9 @@ async def _rollout(env_name: str, env: Any, task_id: str, llm: Any, seed: int, n
     else:
         task = env.tasks[task_id]
         query, judge_step = bfcl_query(task), _bfcl_rule(task, rec)
-        max_steps = 3 * len(task.turns)
+        max_steps = 2 * len(task.turns)
     for _ in range(max_steps):
-        result = await llm.chat(messages, temperature=0.7, max_tokens=96, seed=seed)
+        result = await llm.chat(messages, temperature=0.7, max_tokens=64, seed=seed)
         text = result.text.strip() or "(empty reply)"
         label = judge_step(text)
         observation = rec.act(text, label)
@@ -351,7 +353,8 @@ def _bfcl_rule(task: Any, rec: Recorder) -> Callable[[str], str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--rollouts-per-env", type=int, default=6)
+    parser.add_argument("--flights-rollouts", type=int, default=4)
+    parser.add_argument("--bfcl-rollouts", type=int, default=2, help="fewer: bfcl's tool docs make long prompts")
     parser.add_argument("--no-rollouts", action="store_true")
     parser.add_argument("--llm-url", default=None, help="a running llm_server (…/v1) serving smollm2")
     parser.add_argument("--seed", type=int, default=13)
@@ -383,8 +386,8 @@ async def _all_rollouts(flights: Any, bfcl: Any, args: argparse.Namespace) -> li
     with ExitStack() as stack:
         url = args.llm_url or stack.enter_context(run_service("llm_server", ["--model", "smollm2"],
                                                               timeout=600)).url + "/v1"
-        out = await rollouts("flights", flights, FLIGHT_TASKS, url, args.rollouts_per_env, args.seed)
-        out += await rollouts("bfcl", bfcl, BFCL_TASKS, url, args.rollouts_per_env, args.seed + 1)
+        out = await rollouts("flights", flights, FLIGHT_TASKS, url, args.flights_rollouts, args.seed)
+        out += await rollouts("bfcl", bfcl, BFCL_TASKS, url, args.bfcl_rollouts, args.seed + 1)
     return out
 
 
