@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
     parser.add_argument("--split", choices=["dev", "test", "all"], default="test")
     parser.add_argument("--trajectories", type=int, default=None, help="judge only the first N (default: all)")
+    parser.add_argument("--stride", type=int, default=1,
+                        help="judge every k-th trajectory of the half (a spread subset when CPU time is short)")
     parser.add_argument("--max-tokens-per-step", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one LLM call may take")
@@ -104,7 +106,7 @@ def main() -> None:
     # A SIGTERM unwinds through the `finally` blocks, so the services started here are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    fixture = load_fixture(args.fixture, None if args.split == "all" else args.split)[:args.trajectories]
+    fixture = load_fixture(args.fixture, None if args.split == "all" else args.split)[::args.stride][:args.trajectories]
     model = args.llm_model or args.model
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
     with ExitStack() as stack:
@@ -134,7 +136,7 @@ def main() -> None:
         "good_rate_failed": round(stats.failed.good_rate, 4)})
     line = {
         "benchmark": "judge", "model": model, "endpoint": "llm_server" if not args.llm_url else args.llm_url,
-        "structured": args.structured, "fixture": args.fixture.name, "split": args.split,
+        "structured": args.structured, "fixture": args.fixture.name, "split": args.split, "stride": args.stride,
         "data": fixture_summary(fixture), "bootstrap": f"{args.bootstrap} resamples of tasks",
         "max_tokens_per_step": args.max_tokens_per_step, "wall_s": round(wall, 1),
         "judge": judge,

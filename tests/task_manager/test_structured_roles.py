@@ -47,6 +47,8 @@ def test_structured_synthesizer_answer_parses_each_task():
     assert written == 2 and len(parsed) == 1
     assert parsed[0]["confidence"] == 0.8 and len(parsed[0]["actions"]) == 2
     assert parsed[0]["actions"][0].startswith('<tool_call>{"name": "search_flight"')
+    cut = json.dumps(answer)[:json.dumps(answer).index('{"query": ""') + 20]  # stopped by the token limit
+    assert parse_task_blocks(cut) == (2, parsed)
     # the free-text path is unchanged
     text = '<task>{"query": "q", "confidence": 0.5, "action_sequence": ["a(x=1)", "b(y=2)"]}</task>'
     assert parse_task_blocks(text) == (1, [{"query": "q", "confidence": 0.5, "actions": ["a(x=1)", "b(y=2)"]}])
