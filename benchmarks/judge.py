@@ -1,11 +1,15 @@
-"""Judge benchmark: raw parse rate and fallback rate of a real judge LLM served by `llm_server`.
+"""Judge benchmark: agreement of a judge LLM's step labels with ground truth, next to three baselines.
 
-    python benchmarks/judge.py [--model smollm2] [--trajectories 8] [--llm-url URL]
+    python benchmarks/judge.py [--model smollm2] [--llm-url URL --llm-model NAME [--api-key-env VAR]]
+                               [--split test] [--trajectories N] [--structured auto|on|off] [--out FILE]
 
-Starts `llm_server` (unless --llm-url is given) and the judge service on free 127.0.0.1 ports,
-judges a fixed set of flight-booking trajectories whose steps are plainly useful or useless, and
-prints one JSON line: parse and fallback rates, agreement of the labels with the intended ones
-(on LLM-parsed labels only), token usage and wall time.
+Starts `llm_server` (unless --llm-url is given: any OpenAI-compatible endpoint, e.g. vLLM or a hosted API)
+and the judge service on free 127.0.0.1 ports, judges the ground-truth fixture's trajectories
+(benchmarks/fixtures/judge_step_labels_v1.jsonl, made by benchmarks/judge_labels.py; the `test` half
+unless told) and prints one JSON line: for the judge and for the baselines "outcome sign", "always GOOD"
+and "random" (a fair coin, seeded), balanced accuracy and Cohen's kappa with 95% bootstrap intervals
+(resampling tasks), per-class recall; for the judge also its raw parse rate, share of filled labels,
+budget cuts and seconds per trajectory.
 """
 
 from __future__ import annotations
@@ -29,45 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from advantage.client import JudgeClient, JudgeStep, JudgeTrajectory  # noqa: E402
-
-# (query, [(action, observation, intended label)], outcome)
-SCENARIOS: list[tuple[str, list[tuple[str, str, str]], float]] = [
-    ("Book the cheapest flight from Boston to Denver on May 3.", [
-        ("search_flight(origin='BOS', destination='DEN', date='2025-05-03')",
-         "3 flights: UA12 $240, DL40 $199, AA7 $310", "GOOD"),
-        ("book_ticket(flight='DL40')", "Booked DL40, order #5521, $199", "GOOD"),
-    ], 1.0),
-    ("Book the cheapest flight from Boston to Denver on May 3.", [
-        ("search_flight(origin='BOS', destination='DEN', date='2025-05-03')",
-         "3 flights: UA12 $240, DL40 $199, AA7 $310", "GOOD"),
-        ("get_weather(city='Denver')", "Sunny, 21C", "BAD"),
-        ("book_ticket(flight='AA7')", "Booked AA7, order #5522, $310", "BAD"),
-    ], 0.0),
-    ("Cancel order #881 and tell the user the refund amount.", [
-        ("cancel_order(order_id='881')", "Order 881 cancelled; refund $420", "GOOD"),
-        ("reply('Your order is cancelled and $420 will be refunded.')", "conversation ended", "GOOD"),
-    ], 1.0),
-    ("Cancel order #881 and tell the user the refund amount.", [
-        ("cancel_order(order_id='818')", "Error: order 818 not found", "BAD"),
-        ("reply('Done, your order is cancelled.')", "conversation ended", "BAD"),
-    ], 0.0),
-    ("Find a flight from Paris to Rome on June 9 under $150 and book it.", [
-        ("search_flight(origin='CDG', destination='FCO', date='2025-06-09')", "AF1 $180, FR22 $95", "GOOD"),
-        ("book_ticket(flight='FR22')", "Booked FR22, order #77, $95", "GOOD"),
-    ], 1.0),
-    ("Find a flight from Paris to Rome on June 9 under $150 and book it.", [
-        ("search_flight(origin='CDG', destination='FCO', date='2025-09-06')", "AF3 $210", "BAD"),
-        ("book_ticket(flight='AF3')", "Booked AF3, order #78, $210", "BAD"),
-    ], 0.0),
-    ("Book a window seat on flight UA12.", [
-        ("book_ticket(flight='UA12')", "Error: a seat preference is required", "BAD"),
-        ("book_ticket(flight='UA12', seat='window')", "Booked UA12 seat 14A, order #90", "GOOD"),
-    ], 1.0),
-    ("Book a window seat on flight UA12.", [
-        ("book_ticket(flight='UA12')", "Error: a seat preference is required", "BAD"),
-        ("book_ticket(flight='UA12')", "Error: a seat preference is required", "BAD"),
-    ], 0.0),
-]
+from advantage.judge.agreement import DEFAULT_FIXTURE, baselines, fixture_summary, load_fixture, report  # noqa: E402
 
 
 def free_port() -> int:
@@ -107,14 +73,10 @@ def service(module: str, args: list[str], log: Path, timeout: float = 600):
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def items(count: int) -> tuple[list[JudgeTrajectory], list[list[str]]]:
-    trajs, intended = [], []
-    for i in range(count):
-        query, steps, outcome = SCENARIOS[i % len(SCENARIOS)]
-        trajs.append(JudgeTrajectory(trajectory_id=f"bench{i}", query=query, outcome=outcome,
-                                     steps=[JudgeStep(action=a, observation=o) for a, o, _ in steps]))
-        intended.append([label for _, _, label in steps])
-    return trajs, intended
+def items(fixture: list) -> list[JudgeTrajectory]:
+    return [JudgeTrajectory(trajectory_id=t.trajectory_id, task_id=t.task_id, query=t.query, outcome=t.outcome,
+                            steps=[JudgeStep(action=s.action, observation=s.observation) for s in t.steps])
+            for t in fixture]
 
 
 async def judge_all(url: str, trajs: list[JudgeTrajectory], timeout: float):
@@ -127,48 +89,65 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="llm_server model (smollm2 or tiny)")
     parser.add_argument("--llm-url", default=None, help="use a running OpenAI-compatible server (…/v1)")
-    parser.add_argument("--trajectories", type=int, default=8)
+    parser.add_argument("--llm-model", default=None, help="model name at --llm-url (default: --model)")
+    parser.add_argument("--api-key-env", default=None, help="environment variable holding --llm-url's key")
+    parser.add_argument("--structured", choices=["auto", "on", "off"], default="auto")
+    parser.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
+    parser.add_argument("--split", choices=["dev", "test", "all"], default="test")
+    parser.add_argument("--trajectories", type=int, default=None, help="judge only the first N (default: all)")
+    parser.add_argument("--stride", type=int, default=1,
+                        help="judge every k-th trajectory of the half (a spread subset when CPU time is short)")
     parser.add_argument("--max-tokens-per-step", type=int, default=64)
+    parser.add_argument("--max-concurrency", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one LLM call may take")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()
     # A SIGTERM unwinds through the `finally` blocks, so the services started here are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    fixture = load_fixture(args.fixture, None if args.split == "all" else args.split)[::args.stride][:args.trajectories]
+    model = args.llm_model or args.model
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
     with ExitStack() as stack:
         llm_url = args.llm_url or stack.enter_context(
             service("llm_server", ["--model", args.model], work / "llm_server.log")) + "/v1"
         conf = work / "run.yaml"
         conf.write_text(json.dumps({"judge": {
-            "llm": {"base_url": llm_url, "model": args.model, "max_retries": 0, "timeout": args.timeout},
-            "max_tokens_per_step": args.max_tokens_per_step, "audit_log": str(work / "audit.jsonl")}}))
+            "llm": {"base_url": llm_url, "model": model, "max_retries": 0, "timeout": args.timeout,
+                    "structured": args.structured, "api_key_env": args.api_key_env},
+            "max_tokens_per_step": args.max_tokens_per_step, "max_concurrency": args.max_concurrency,
+            "audit_log": str(work / "audit.jsonl")}}))
         judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work / "judge.log"))
-        trajs, intended = items(args.trajectories)
+        trajs = items(fixture)
         start = time.perf_counter()
         response, stats = asyncio.run(judge_all(judge_url, trajs, 3 * args.timeout))
         wall = time.perf_counter() - start
 
-    parsed_agree = parsed_total = 0
-    for judgment, want in zip(response.judgments, intended, strict=True):
-        filled = set(judgment.filled_steps)
-        for label, target in zip(judgment.labels, want, strict=True):
-            if label.step not in filled:
-                parsed_total += 1
-                parsed_agree += int(label.label == target)
-    steps = sum(len(t.steps) for t in trajs)
-    print(json.dumps({
-        "benchmark": "judge", "model": args.model, "trajectories": len(trajs), "steps": steps,
-        "max_tokens_per_step": args.max_tokens_per_step,
-        "raw_parse_rate": round(response.raw_parse_rate, 4),
-        "fallback_rate": round(response.fallback_count / len(trajs), 4),
-        "filled_steps": sum(len(j.filled_steps) for j in response.judgments),
-        "agreement_with_intended_on_parsed": round(parsed_agree / parsed_total, 4) if parsed_total else None,
-        "llm_calls": response.usage.llm_calls, "prompt_tokens": response.usage.prompt_tokens,
-        "completion_tokens": response.usage.completion_tokens,
+    predicted = {j.trajectory_id: [lab.label for lab in j.labels] for j in response.judgments}
+    judge = report(fixture, predicted, args.bootstrap)
+    judge.update({
+        "raw_parse_rate": round(stats.raw_parse_rate, 4), "filled_rate": round(stats.filled_rate, 4),
+        "fallback_rate": round(stats.fallback_rate, 4), "budget_cut_calls": stats.budget_cut_calls,
+        "structured_calls": stats.structured_calls, "llm_calls": stats.llm_calls,
+        "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+        "seconds_per_trajectory": round(wall / len(trajs), 2),
         "good_rate_successful": round(stats.successful.good_rate, 4),
-        "good_rate_failed": round(stats.failed.good_rate, 4),
-        "wall_s": round(wall, 1), "audit_log": str(work / "audit.jsonl"),
-    }))
+        "good_rate_failed": round(stats.failed.good_rate, 4)})
+    line = {
+        "benchmark": "judge", "model": model, "endpoint": "llm_server" if not args.llm_url else args.llm_url,
+        "structured": args.structured, "fixture": args.fixture.name, "split": args.split, "stride": args.stride,
+        "data": fixture_summary(fixture), "bootstrap": f"{args.bootstrap} resamples of tasks",
+        "max_tokens_per_step": args.max_tokens_per_step, "wall_s": round(wall, 1),
+        "judge": judge,
+        "baselines": {name: report(fixture, labels, args.bootstrap) for name, labels in baselines(fixture).items()},
+        "audit_log": str(work / "audit.jsonl"),
+    }
+    text = json.dumps(line)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

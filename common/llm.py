@@ -3,6 +3,10 @@
 A role is a hosted API, a vLLM server or the bundled `llm_server`: all speak /v1/chat/completions.
 Retries with exponential backoff and jitter on 429/5xx/timeouts, a concurrency limit per client,
 token usage counted per role, and an optional on-disk cache keyed by the full request.
+
+Structured outputs: a caller passes OpenAI's `response_format` (json_schema or json_object); the role's
+`structured` setting decides whether it is sent. `auto` probes the endpoint once with a tiny constrained
+request and drops `response_format` where the endpoint refuses it, so callers keep a text-parsing path.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from loguru import logger
@@ -37,12 +41,27 @@ class LLMRoleConfig(StrictModel):
     temperature: float | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=1)
     cache_dir: str | None = None
+    structured: Literal["auto", "on", "off"] = Field(
+        default="auto", description="structured outputs (response_format): auto = use them when the endpoint "
+                                    "accepts them, on = always (an endpoint without them fails), off = never")
 
 
 class LLMError(RuntimeError):
-    def __init__(self, role: str, endpoint: str, message: str):
+    def __init__(self, role: str, endpoint: str, message: str, status: int | None = None):
         super().__init__(f"LLM role '{role}' at {endpoint}: {message}")
-        self.role, self.endpoint = role, endpoint
+        self.role, self.endpoint, self.status = role, endpoint, status
+
+
+# The probe's schema: the smallest request that only a server with structured outputs answers with 2xx.
+_PROBE_FORMAT = {"type": "json_schema", "json_schema": {
+    "name": "probe", "strict": True,
+    "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+               "additionalProperties": False}}}
+
+
+def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's `response_format` for a JSON schema (accepted by vLLM and the bundled llm_server too)."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 class ChatResult(BaseModel):
@@ -55,6 +74,7 @@ class ChatResult(BaseModel):
     completion_token_ids: list[list[int]] | None = None
     completion_logprobs: list[list[float]] | None = None
     cached: bool = False
+    structured: bool = Field(default=False, description="sent with a response_format the endpoint accepted")
 
     @property
     def text(self) -> str:
@@ -74,6 +94,8 @@ class LLMClient:
         self._cache = Path(config.cache_dir) if config.cache_dir else None
         if self._cache:
             self._cache.mkdir(parents=True, exist_ok=True)
+        self._structured: bool | None = {"on": True, "off": False}.get(config.structured)
+        self._probe_lock = asyncio.Lock()
 
     @property
     def usage(self) -> dict[str, int]:
@@ -91,16 +113,59 @@ class LLMClient:
         body.update({k: v for k, v in params.items() if v is not None})
         return body
 
-    async def chat(self, messages: list[dict], **params: Any) -> ChatResult:
-        """Send one chat completion; params are OpenAI's (temperature, max_tokens, stop, n, seed, ...)."""
-        body = self._body(messages, **params)
+    async def supports_structured(self) -> bool:
+        """Whether `response_format` is sent: fixed by `structured: on|off`, probed once under `auto`."""
+        if self._structured is not None:
+            return self._structured
+        async with self._probe_lock:
+            if self._structured is None:
+                body = self._body([{"role": "user", "content": 'Reply with {"ok": true}'}], max_tokens=8,
+                                  temperature=0.0, response_format=_PROBE_FORMAT)
+                try:
+                    async with self._limit:
+                        await self._post_with_retries(body)
+                    self._structured = True
+                except LLMError as exc:
+                    if exc.status is None or exc.status >= 500 or exc.status in (401, 403, 404, 429):
+                        # Down or misconfigured: that says nothing about structured outputs. Ask in text
+                        # this time (the call reports its own error) and probe again next time.
+                        logger.warning("LLM role {}: structured-output probe failed ({}); asking in text",
+                                       self.role, str(exc)[-200:])
+                        return False
+                    self._structured = False
+                    logger.info("LLM role {} at {}: no structured outputs ({}); using text parsing",
+                                self.role, self.endpoint, str(exc)[-200:])
+        return bool(self._structured)
+
+    async def chat(self, messages: list[dict], response_format: dict[str, Any] | None = None,
+                   **params: Any) -> ChatResult:
+        """Send one chat completion; params are OpenAI's (temperature, max_tokens, stop, n, seed, ...).
+
+        `response_format` is sent only where structured outputs are available (see `supports_structured`);
+        `ChatResult.structured` says whether it was.
+        """
+        structured = response_format is not None and await self.supports_structured()
+        body = self._body(messages, **params, response_format=response_format if structured else None)
         cache_file = self._cache_file(body)
         if cache_file and cache_file.is_file():
             self.usage["cache_hits"] += 1
             return ChatResult.model_validate({**json.loads(cache_file.read_text()), "cached": True})
-        async with self._limit:
-            payload = await self._post_with_retries(body)
+        try:
+            async with self._limit:
+                payload = await self._post_with_retries(body)
+        except LLMError as exc:
+            # Under auto, an endpoint that has structured outputs but refuses this schema (too complex,
+            # an unsupported keyword) still answers in text; `on` surfaces the refusal.
+            if not structured or self.config.structured != "auto" or exc.status not in (400, 422):
+                raise
+            logger.warning("LLM role {}: response_format refused ({}); asking without it", self.role,
+                           str(exc)[-200:])
+            structured = False
+            body.pop("response_format", None)
+            async with self._limit:
+                payload = await self._post_with_retries(body)
         result = self._parse(payload)
+        result.structured = structured
         self.usage["requests"] += 1
         self.usage["prompt_tokens"] += result.prompt_tokens
         self.usage["completion_tokens"] += result.completion_tokens
@@ -133,7 +198,8 @@ class LLMClient:
                 await asyncio.sleep(backoff_delay(attempt, 0.5))
                 continue
             if not response.is_success:
-                raise LLMError(self.role, self.endpoint, f"HTTP {response.status_code}: {response.text[:300]!r}")
+                raise LLMError(self.role, self.endpoint, f"HTTP {response.status_code}: {response.text[:300]!r}",
+                               status=response.status_code)
             try:
                 return response.json()
             except ValueError:

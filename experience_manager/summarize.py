@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.llm import LLMClient, LLMError
+from common.llm import LLMClient, LLMError, json_schema_format
 from common.schemas import ExperienceKind
 from experience_manager.text import forbidden_markup, lexical_tokens, normalize, scrub_markup, truncate
 from experience_manager.trajectories import ToolUse, TrajectoryView, transcript
@@ -201,6 +201,27 @@ def _confidence(value: Any) -> float:
         return 0.6
 
 
+def experience_schema(max_items: int) -> dict[str, Any]:
+    """A facet's answer as JSON (`{"experiences": [...]}`, which parse_items reads), for structured outputs."""
+    item = {"type": "object", "properties": {
+        "when_to_use": {"type": "string", "minLength": WHEN_TO_USE_LIMITS[0], "maxLength": WHEN_TO_USE_LIMITS[1]},
+        "experience": {"type": "string", "minLength": CONTENT_LIMITS[0], "maxLength": CONTENT_LIMITS[1]},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 5},
+        "tools_used": {"type": "array", "items": {"type": "string", "maxLength": 60}, "maxItems": 5}},
+        "required": ["when_to_use", "experience", "confidence", "tags", "tools_used"], "additionalProperties": False}
+    return {"type": "object", "properties": {"experiences": {"type": "array", "minItems": 1, "maxItems": max_items,
+                                                             "items": item}},
+            "required": ["experiences"], "additionalProperties": False}
+
+
+MERGE_SCHEMA = {"type": "object", "properties": {
+    "same": {"type": "boolean"},
+    "when_to_use": {"type": "string", "maxLength": WHEN_TO_USE_LIMITS[1]},
+    "experience": {"type": "string", "maxLength": CONTENT_LIMITS[1]}},
+    "required": ["same", "when_to_use", "experience"], "additionalProperties": False}
+
+
 class LLMSummarizer:
     def __init__(self, client: LLMClient, max_items: int = 3, max_tokens: int = 800) -> None:
         self.client, self.max_items, self.max_tokens = client, max_items, max_tokens
@@ -212,7 +233,8 @@ class LLMSummarizer:
         problem = None
         for _attempt in range(2):
             try:
-                result = await self.client.chat(messages, max_tokens=self.max_tokens)
+                result = await self.client.chat(messages, max_tokens=self.max_tokens, response_format=json_schema_format(
+                    "experiences", experience_schema(self.max_items)))
             except LLMError as exc:
                 return [], f"LLM call failed: {exc}"
             items, problem = parse_items(result.text, query, self.max_items)
@@ -261,7 +283,8 @@ class LLMSummarizer:
         """The merged (when_to_use, content) when the LLM says A and B are the same advice, else None."""
         prompt = MERGE_PROMPT.format(a_when=a[0], a_content=a[1], b_when=b[0], b_content=b[1])
         try:
-            result = await self.client.chat([{"role": "user", "content": prompt}], max_tokens=self.max_tokens)
+            result = await self.client.chat([{"role": "user", "content": prompt}], max_tokens=self.max_tokens,
+                                            response_format=json_schema_format("merge", MERGE_SCHEMA))
             data = parse_json(result.text)
         except (LLMError, ValueError):
             return None

@@ -17,10 +17,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from common.llm import LLMClient
+from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.models import Call, Exploration, ExploreStep
-from task_manager.profile import EnvProfile, tool_function, tool_name
+from task_manager.profile import EnvProfile, call_schema, tool_function, tool_name
 from task_manager.values import ValuePool
 
 
@@ -169,9 +169,15 @@ class LLMExplorer:
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
         messages = self.messages(view)
         text = ""
+        # Where the endpoint has structured outputs, the reply is one call of a documented tool.
+        response_format = json_schema_format("tool_call", call_schema(view.tools))
         for _ in range(2):
-            result = await self.llm.chat(messages, temperature=view.temperature, max_tokens=self.max_tokens)
+            result = await self.llm.chat(messages, temperature=view.temperature, max_tokens=self.max_tokens,
+                                         response_format=response_format)
             text = result.text.strip()
+            call = _structured_call(text) if result.structured else None
+            if call is not None:
+                return call.render(), [call]
             # A reply naming no tool would end a tool environment's episode: ask once more.
             if _names_in(text, view.tools):
                 break
@@ -201,6 +207,17 @@ class LLMExplorer:
             messages.append({"role": "assistant", "content": step.action})
             messages.append({"role": "user", "content": f"Observation: {step.observation[:1500]}"})
         return messages
+
+
+def _structured_call(text: str) -> Call | None:
+    """The call in a schema-constrained reply; None when it was cut off (the token limit) or is not a call."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(data.get("arguments"), dict):
+        return None
+    return Call(name=data["name"], arguments=data["arguments"])
 
 
 def _names_in(text: str, tools: list[dict[str, Any]]) -> list[str]:

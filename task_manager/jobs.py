@@ -141,7 +141,9 @@ class JobRunner:
                 synthesis = manager.settings.synthesis
                 synthesizer = LLMSynthesizer(manager.llm("synthesizer"), profile, synthesis.max_tokens,
                                              synthesis.temperature, synthesis.min_confidence)
-                proposals, result.stats = await synthesizer.propose(exploration, manager.recent_queries(request.env))
+                tools = await manager.access.tool_docs(request.env, seed_task)
+                proposals, result.stats = await synthesizer.propose(exploration, manager.recent_queries(request.env),
+                                                                    tools)
             else:
                 hindsight = HindsightSynthesizer(manager.access, profile, manager.settings.synthesis.max_goals,
                                                  manager.settings.synthesis.max_repairs)

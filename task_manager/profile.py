@@ -107,6 +107,24 @@ def tool_function(doc: dict[str, Any]) -> dict[str, Any]:
     return doc.get("function") or doc
 
 
+def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """JSON schema of one call of a documented tool: `{"name": <a tool>, "arguments": <its parameters>}`.
+
+    Used for structured outputs, so that a small model can only write calls the environment accepts.
+    """
+    options = []
+    for doc in tools:
+        fn = tool_function(doc)
+        if not fn.get("name"):
+            continue
+        parameters = fn.get("parameters") or {"type": "object", "properties": {}}
+        options.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": parameters},
+                        "required": ["name", "arguments"], "additionalProperties": False})
+    if not options:
+        raise ValueError("no documented tool to build a call schema from")
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
 def profile_from_env(env_type: str, env_profile: dict[str, Any] | None, tool_docs: list[dict[str, Any]]) -> EnvProfile:
     """The environment's own profile, completed with an operation for every documented tool."""
     data = dict(env_profile or {})

@@ -18,11 +18,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from common.llm import LLMClient
+from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.explore import exploration_text
 from task_manager.models import Call, Exploration, ExploreStep, Proposal, canonical_hash
-from task_manager.profile import EnvProfile
+from task_manager.profile import EnvProfile, call_schema
 from task_manager.replay import replay
 
 GENERATED = "<generated>"
@@ -247,25 +247,65 @@ _STEP_HEADER = re.compile(r"^\s*#\s*step\s*\d+\s*$", re.IGNORECASE | re.MULTILIN
 
 
 def parse_task_blocks(text: str) -> tuple[int, list[dict[str, Any]]]:
-    """(number of <task> blocks, the well-formed ones as {query, confidence, actions})."""
-    blocks = [b for b in _TASK_BLOCK.findall(text or "") if b.strip()]
-    parsed = []
-    for block in blocks:
+    """(number of tasks written, the well-formed ones as {query, confidence, actions}).
+
+    Reads the schema-constrained answer (`{"tasks": [...]}`) or `<task>` blocks of free text.
+    """
+    try:
+        whole = json.loads(text or "")
+    except ValueError:
+        whole = None
+    if isinstance(whole, dict) and isinstance(whole.get("tasks"), list):
+        items: list[Any] = whole["tasks"]
+    elif (text or "").lstrip().startswith('{"tasks"'):
+        items = _complete_objects(text)  # a constrained answer cut by the token limit: keep the finished tasks
+    else:
+        items = []
+        for block in (b for b in _TASK_BLOCK.findall(text or "") if b.strip()):
+            try:
+                items.append(json.loads(_strip_fence(block)))
+            except (ValueError, TypeError):
+                items.append(None)
+    parsed = [task for task in map(_task_item, items) if task is not None]
+    return len(items), parsed
+
+
+def _complete_objects(text: str) -> list[Any]:
+    decoder = json.JSONDecoder()
+    items = []
+    for match in re.finditer(r'\{\s*"query"', text):
         try:
-            data = json.loads(_strip_fence(block))
-        except (ValueError, TypeError):
-            continue
-        if not isinstance(data, dict):
-            continue
-        query = data.get("query")
-        actions = split_actions(data.get("action_sequence"))
-        try:
-            confidence = float(data.get("confidence", 0.5))
-        except (TypeError, ValueError):
-            continue
-        if isinstance(query, str) and query.strip() and actions:
-            parsed.append({"query": query.strip(), "confidence": min(max(confidence, 0.0), 1.0), "actions": actions})
-    return len(blocks), parsed
+            items.append(decoder.raw_decode(text, match.start())[0])
+        except ValueError:
+            items.append(None)  # the task the limit cut: written, not well-formed
+    return items
+
+
+def _task_item(data: Any) -> dict[str, Any] | None:
+    if not isinstance(data, dict):
+        return None
+    query = data.get("query")
+    actions = split_actions(data.get("action_sequence"))
+    try:
+        confidence = float(data.get("confidence", 0.5))
+    except (TypeError, ValueError):
+        return None
+    if isinstance(query, str) and query.strip() and actions:
+        return {"query": query.strip(), "confidence": min(max(confidence, 0.0), 1.0), "actions": actions}
+    return None
+
+
+def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2) -> dict[str, Any]:
+    """The synthesizer's answer as JSON: 1..max_tasks tasks, each a query and 2-4 calls of documented tools
+    (sized so that two tasks fit about 500 tokens)."""
+    task = {"type": "object", "properties": {
+        "query": {"type": "string", "minLength": 10, "maxLength": 200},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "action_sequence": {"type": "array", "minItems": 2, "maxItems": 4, "items": call_schema(tools)}},
+        "required": ["query", "confidence", "action_sequence"], "additionalProperties": False}
+    return {"type": "object", "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": max_tasks,
+                                                       "items": task}},
+            "required": ["tasks"], "additionalProperties": False}
 
 
 def _strip_fence(block: str) -> str:
@@ -304,10 +344,13 @@ class LLMSynthesizer:
         self.llm, self.profile = llm, profile
         self.max_tokens, self.temperature, self.min_confidence = max_tokens, temperature, min_confidence
 
-    async def propose(self, exploration: Exploration, old_queries: list[str] | None = None
-                      ) -> tuple[list[Proposal], SynthesisStats]:
+    async def propose(self, exploration: Exploration, old_queries: list[str] | None = None,
+                      tools: list[dict[str, Any]] | None = None) -> tuple[list[Proposal], SynthesisStats]:
+        """`tools`: the environment's tool docs; given, the answer is schema-constrained where the endpoint can."""
         messages = synthesis_messages(exploration, self.profile, old_queries or [])
-        result = await self.llm.chat(messages, temperature=self.temperature, max_tokens=self.max_tokens)
+        response_format = json_schema_format("tasks", task_schema(tools)) if tools else None
+        result = await self.llm.chat(messages, temperature=self.temperature, max_tokens=self.max_tokens,
+                                     response_format=response_format)
         blocks, parsed = parse_task_blocks(result.text)
         stats = SynthesisStats(proposed=blocks, parsed=len(parsed))
         proposals = [

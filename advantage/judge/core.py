@@ -13,7 +13,7 @@ from pathlib import Path
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter
 
-from advantage.judge.parsing import complete_labels, fallback_labels, parse_judgments, reconcile
+from advantage.judge.parsing import ParsedOutput, complete_labels, fallback_labels, parse_judgments, reconcile
 from advantage.judge.prompt import build_messages, is_success, retry_messages, truncate
 from advantage.judge.schemas import (
     BatchUsage,
@@ -23,7 +23,8 @@ from advantage.judge.schemas import (
     TrajectoryJudgment,
 )
 from advantage.judge.settings import JudgeSettings
-from common.llm import LLMClient, LLMError
+from advantage.judge.structured import label_schema, parse_json_judgments
+from common.llm import LLMClient, LLMError, json_schema_format
 
 
 class _Metrics:
@@ -49,6 +50,14 @@ class _Outcome:
     llm_calls: int = 0
     unparsable_calls: int = 0
     llm_errors: int = 0
+    structured_calls: int = 0
+    budget_cut_calls: int = 0
+
+
+def parse_output(text: str) -> ParsedOutput:
+    """The JSON answer (constrained, or asked for in the prompt), else `Step i Judgment:` lines."""
+    parsed = parse_json_judgments(text)
+    return parsed if parsed.labels else parse_judgments(text)
 
 
 class Judge:
@@ -101,18 +110,25 @@ class Judge:
 
     # ------------------------------------------------------------ one trajectory
 
-    def _messages(self, item: JudgeTrajectory) -> list[dict]:
-        s = self.settings
-        return build_messages(item, max_step_chars=s.max_step_chars, max_query_chars=s.max_query_chars,
-                              success_threshold=s.success_threshold)
+    async def _structured(self) -> bool:
+        return await self.llm.supports_structured()
 
-    def _call_params(self, steps: int) -> dict:
+    def _messages(self, item: JudgeTrajectory, params: dict) -> list[dict]:
+        s = self.settings
+        structured_max_tokens = params["max_tokens"] if "response_format" in params else None
+        return build_messages(item, max_step_chars=s.max_step_chars, max_query_chars=s.max_query_chars,
+                              success_threshold=s.success_threshold, structured_max_tokens=structured_max_tokens)
+
+    def _call_params(self, steps: int, structured: bool) -> dict:
         s, role = self.settings, self.llm.config
         max_tokens = min(s.max_output_tokens, 32 + s.max_tokens_per_step * steps)
         if role.max_tokens is not None:
             max_tokens = min(max_tokens, role.max_tokens)
         temperature = role.temperature if role.temperature is not None else s.temperature
-        return {"max_tokens": max_tokens, "temperature": temperature}
+        params: dict = {"max_tokens": max_tokens, "temperature": temperature}
+        if structured:
+            params["response_format"] = json_schema_format("step_judgments", label_schema(steps, max_tokens))
+        return params
 
     def _cache_key(self, messages: list[dict], params: dict) -> str:
         payload = json.dumps([self.llm.config.model, messages, params, self.settings.retries], sort_keys=True)
@@ -120,8 +136,8 @@ class Judge:
 
     async def _judge_deduplicated(self, item: JudgeTrajectory) -> _Outcome:
         """Serve from the cache, join an identical judgment in flight, or judge and cache it."""
-        messages = self._messages(item)
-        params = self._call_params(len(item.steps))
+        params = self._call_params(len(item.steps), await self._structured())
+        messages = self._messages(item, params)
         key = self._cache_key(messages, params)
         cached = self._cache.get(key)
         if cached is not None:
@@ -159,7 +175,7 @@ class Judge:
         best = None
         outputs: list[str] = []
         errors: list[str] = []
-        prompt_tokens = completion_tokens = unparsable = 0
+        prompt_tokens = completion_tokens = unparsable = structured_calls = budget_cut = 0
         conversation = messages
         async with self._limit:
             for _ in range(1 + self.settings.retries):
@@ -175,14 +191,17 @@ class Judge:
                     completion_tokens += result.completion_tokens
                 text = result.text
                 outputs.append(text)
-                found = reconcile(parse_judgments(text), steps)
+                structured_calls += int(result.structured)
+                cut = bool(result.finish_reasons) and result.finish_reasons[0] == "length"
+                budget_cut += int(cut)
+                found = reconcile(parse_output(text), steps)
                 kind = "parsed" if found.parsed == steps else ("partial" if found.parsed else "unparsable")
                 self.metrics.calls.labels(kind).inc()
                 unparsable += int(found.parsed == 0)
                 if best is None or found.parsed > best.parsed:
                     best = found
-                if found.parsed == steps:
-                    break
+                if found.parsed == steps or result.structured:
+                    break  # a constrained answer comes back the same (temperature 0) or cut the same way
                 conversation = retry_messages(messages, text, found.parsed, steps)
         self.metrics.tokens.labels("prompt").inc(prompt_tokens)
         self.metrics.tokens.labels("completion").inc(completion_tokens)
@@ -192,12 +211,13 @@ class Judge:
             judgment = TrajectoryJudgment(
                 trajectory_id=item.trajectory_id, labels=labels, parsed_labels=best.parsed, filled_steps=filled,
                 reconciliation=notes, attempts=calls, prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens)
+                completion_tokens=completion_tokens, structured=structured_calls > 0, budget_cut=budget_cut > 0)
         else:
             why = (f"LLM output unparsable after {len(outputs)} attempt(s)" if outputs
                    else f"LLM unavailable: {errors[-1] if errors else 'no attempt made'}")
             judgment = self._fallback(item, success, why, attempts=calls, tokens=(prompt_tokens, completion_tokens))
-        return _Outcome(judgment, outputs, llm_calls=calls, unparsable_calls=unparsable, llm_errors=len(errors))
+        return _Outcome(judgment, outputs, llm_calls=calls, unparsable_calls=unparsable, llm_errors=len(errors),
+                        structured_calls=structured_calls, budget_cut_calls=budget_cut)
 
     def _fallback(self, item: JudgeTrajectory, success: bool, why: str, *, attempts: int,
                   tokens: tuple[int, int]) -> TrajectoryJudgment:
@@ -226,6 +246,9 @@ class Judge:
         stats.llm_calls += out.llm_calls
         stats.unparsable_calls += out.unparsable_calls
         stats.llm_errors += out.llm_errors
+        stats.structured_calls += out.structured_calls
+        stats.budget_cut_calls += out.budget_cut_calls
+        stats.trajectories_with_filled += int(bool(j.filled_steps) and not j.fallback)
         stats.prompt_tokens += j.prompt_tokens
         stats.completion_tokens += j.completion_tokens
         for label in j.labels:
@@ -243,6 +266,7 @@ class Judge:
         s = self._stats.model_copy(deep=True)
         s.fallback_rate = s.fallbacks / s.trajectories if s.trajectories else 0.0
         s.raw_parse_rate = s.parsed_labels / s.steps if s.steps else 0.0
+        s.filled_rate = s.filled_steps / s.steps if s.steps else 0.0
         for rates in (s.successful, s.failed):
             rates.good_rate = rates.good / rates.steps if rates.steps else 0.0
         return s

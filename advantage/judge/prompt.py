@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from advantage.judge.schemas import JudgeTrajectory
+from advantage.judge.structured import output_instructions
 
 SYSTEM_PROMPT = """You evaluate the PROCESS of an AI agent: for every numbered step of its trajectory, decide whether that step contributed to the final outcome of the task.
 
@@ -14,7 +15,7 @@ You receive three sections:
 RULES
 When the OUTCOME is SUCCESS:
 - GOOD: the step moved the task toward the successful result or enabled a later step that did (set up a needed state, gathered information that was then used, narrowed the way to the solution, or finished the task correctly).
-- BAD: the step was irrelevant, redundant without new effect, undone later without net benefit, or harmful.
+- BAD: the step was irrelevant, redundant without new effect, undone later without net benefit, or harmful. Unused or later-discarded outputs generally indicate BAD, unless the step's value is still demonstrable elsewhere.
 When the OUTCOME is FAILURE:
 - GOOD only if the step actively fixed an error or measurably brought the solution closer: it corrected an earlier mistake with a visible improvement, established something later steps relied on, or prevented things from getting worse.
 - BAD: the step made no progress, produced output nothing used, repeated a failed attempt, introduced an error, or finalized a wrong or incomplete result.
@@ -26,9 +27,20 @@ GUARDRAILS
 - Judge the technical effect of a step, not its politeness, formatting or intent.
 
 OUTPUT FORMAT
-For every step i, from Step 0 to the last step, write exactly these two lines and nothing else:
+{output_format}"""
+
+TEXT_FORMAT = """For every step i, from Step 0 to the last step, write exactly these two lines and nothing else:
 Step i Analysis: <one or two sentences, quoting the step as evidence>
 Step i Judgment: GOOD or BAD"""
+
+# AgentEvolver's user-turn reminder (sys_msg_1003's prompt builder), by the outcome's sign.
+REMINDER = {
+    True: "Reminder (SUCCESS): did this step move the task forward? Unused or later-discarded outputs "
+          "generally indicate BAD.",
+    False: "Reminder (FAILURE): a step is GOOD only with a DIAGNOSIS, a FIX and quoted EVIDENCE from the "
+           "trajectory; if the evidence is missing, it is BAD. Continuing a wrong plan, repeating the same "
+           "failure or finalising a wrong result is BAD.",
+}
 
 
 def truncate(text: str, limit: int) -> str:
@@ -46,8 +58,10 @@ def is_success(outcome: float, threshold: float) -> bool:
 
 
 def build_messages(trajectory: JudgeTrajectory, *, max_step_chars: int, max_query_chars: int,
-                   success_threshold: float) -> list[dict]:
+                   success_threshold: float, structured_max_tokens: int | None = None) -> list[dict]:
+    """The judge's prompt; `structured_max_tokens` set: the answer is the JSON of `label_schema`."""
     steps = trajectory.steps
+    success = is_success(trajectory.outcome, success_threshold)
     parts = ["### TASK", truncate(trajectory.query or "(no task description given)", max_query_chars), "",
              f"### TRAJECTORY ({len(steps)} steps, numbered 0 to {len(steps) - 1})"]
     for i, step in enumerate(steps):
@@ -55,12 +69,17 @@ def build_messages(trajectory: JudgeTrajectory, *, max_step_chars: int, max_quer
         if step.observation:
             block += ["<|OBSERVATION|>", truncate(step.observation, max_step_chars), "<|END|>"]
         parts.append("\n".join(block))
-    verdict = ("SUCCESS (the task was completed)" if is_success(trajectory.outcome, success_threshold)
-               else "FAILURE (the task was not completed)")
-    parts += ["", "---", f"### OUTCOME: {verdict}; reward {trajectory.outcome:+.4f}", "",
-              f"Now judge all {len(steps)} steps, Step 0 to Step {len(steps) - 1}, in the required format:",
-              "Step 0 Analysis: ...", "Step 0 Judgment: GOOD or BAD"]
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n".join(parts)}]
+    verdict = "SUCCESS (the task was completed)" if success else "FAILURE (the task was not completed)"
+    parts += ["", "---", f"### OUTCOME: {verdict}; reward {trajectory.outcome:+.4f}", REMINDER[success], ""]
+    if structured_max_tokens is None:
+        output_format = TEXT_FORMAT
+        parts += [f"Now judge all {len(steps)} steps, Step 0 to Step {len(steps) - 1}, in the required format:",
+                  "Step 0 Analysis: ...", "Step 0 Judgment: GOOD or BAD"]
+    else:
+        output_format = output_instructions(len(steps), structured_max_tokens)
+        parts += [f"Now judge all {len(steps)} steps. {output_format}"]
+    system = SYSTEM_PROMPT.format(output_format=output_format)
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(parts)}]
 
 
 def retry_messages(messages: list[dict], previous_output: str, parsed: int, steps: int,

@@ -35,6 +35,8 @@ class TrajectoryJudgment(WireModel):
     reconciliation: list[str] = Field(default_factory=list, description="what was done to get one label per step")
     attempts: int = Field(default=0, description="LLM calls made for this trajectory (0 when cached)")
     error: str | None = None
+    structured: bool = Field(default=False, description="the answer was constrained to the label JSON schema")
+    budget_cut: bool = Field(default=False, description="an answer stopped at the output token limit")
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -72,7 +74,11 @@ class JudgeStats(WireModel):
     fallback_rate: float = 0.0
     parsed_labels: int = 0
     raw_parse_rate: float = Field(default=0.0, description="labels parsed before filling / steps, since start")
-    filled_steps: int = 0
+    filled_steps: int = Field(default=0, description="steps whose label was filled (outcome's sign), fallbacks included")
+    filled_rate: float = Field(default=0.0, description="filled_steps / steps")
+    trajectories_with_filled: int = Field(default=0, description="LLM-judged trajectories with some missing labels")
+    budget_cut_calls: int = Field(default=0, description="LLM answers cut by the output token budget")
+    structured_calls: int = Field(default=0, description="LLM calls constrained by a JSON schema")
     cache_hits: int = 0
     llm_calls: int = 0
     unparsable_calls: int = 0

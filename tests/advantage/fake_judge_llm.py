@@ -3,7 +3,7 @@
 Allowed only in tests: it stands in for a hosted API we cannot call here. It answers from the prompt
 itself: step i is GOOD when its action contains the word "useful", else BAD. A `[mode=...]` tag in
 the task text picks a behaviour: well (default), one_based, partial, garbage_then_well, garbage,
-error (HTTP 500).
+error (HTTP 500). Like some hosted APIs, it has no structured outputs: a `response_format` gets a 400.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def build_app(calls: list[dict]) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
+        if body.get("response_format"):
+            return JSONResponse({"error": {"message": "response_format is not supported by this model"}},
+                                status_code=400)
         calls.append(body)
         messages = body["messages"]
         prompt = messages[1]["content"]

@@ -1,4 +1,9 @@
-"""The judge over real HTTP against the bundled `llm_server` (tiny random model and SmolLM2)."""
+"""The judge over real HTTP against the bundled `llm_server` (tiny random model and SmolLM2).
+
+The bundled server has structured outputs, so `judge.llm.structured: auto` constrains the answer to the
+label schema: even a random model then parses every step. With `structured: off` the text path is
+what a hosted endpoint without structured outputs gets.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,16 @@ import json
 import pytest
 
 from advantage.client import JudgeClient, JudgeStep, JudgeTrajectory
+from advantage.judge.agreement import DEFAULT_FIXTURE, load_fixture
 from tests.helpers import ServiceProcess, run_service
 
 
-def judge_conf(tmp_path, llm_url: str, model: str) -> str:
+def judge_conf(tmp_path, llm_url: str, model: str, structured: str = "auto", per_step: int = 40) -> str:
     conf = tmp_path / "run.yaml"
-    # Short generations keep the CPU test quick: two lines per step fit in 40 tokens.
     conf.write_text(json.dumps({"judge": {
-        "llm": {"base_url": llm_url + "/v1", "model": model, "max_retries": 0, "timeout": 600},
-        "audit_log": str(tmp_path / "audit.jsonl"), "max_tokens_per_step": 40}}))
+        "llm": {"base_url": llm_url + "/v1", "model": model, "max_retries": 0, "timeout": 600,
+                "structured": structured},
+        "audit_log": str(tmp_path / "audit.jsonl"), "max_tokens_per_step": per_step}}))
     return str(conf)
 
 
@@ -31,8 +37,10 @@ def flight_trajectories() -> list[JudgeTrajectory]:
     ]
 
 
-async def test_tiny_model_output_is_unparsable_so_every_trajectory_falls_back(tmp_path, tiny_server: ServiceProcess):
-    with run_service("advantage.judge", ["--conf", judge_conf(tmp_path, tiny_server.url, "tiny")]) as judge:
+async def test_tiny_model_text_output_is_unparsable_so_every_trajectory_falls_back(
+        tmp_path, tiny_server: ServiceProcess):
+    conf = judge_conf(tmp_path, tiny_server.url, "tiny", structured="off")
+    with run_service("advantage.judge", ["--conf", conf]) as judge:
         async with JudgeClient(judge.url) as client:
             trajs = flight_trajectories()
             response = await client.judge(trajs)
@@ -44,19 +52,42 @@ async def test_tiny_model_output_is_unparsable_so_every_trajectory_falls_back(tm
         sign = "GOOD" if traj.outcome > 0.5 else "BAD"
         assert [lab.label for lab in judgment.labels] == [sign] * len(traj.steps)
     assert response.usage.llm_calls == 4 and response.usage.completion_tokens > 0
-    assert stats.fallback_rate == 1.0 and stats.unparsable_calls == 4
+    assert stats.fallback_rate == 1.0 and stats.unparsable_calls == 4 and stats.structured_calls == 0
+    assert stats.filled_rate == 1.0
+
+
+async def test_structured_outputs_make_even_a_random_model_parse(tmp_path, tiny_server: ServiceProcess):
+    with run_service("advantage.judge", ["--conf", judge_conf(tmp_path, tiny_server.url, "tiny")]) as judge:
+        async with JudgeClient(judge.url) as client:
+            trajs = flight_trajectories()
+            response = await client.judge(trajs)
+            stats = await client.stats()
+    assert response.raw_parse_rate == 1.0 and response.fallback_count == 0
+    assert stats.structured_calls == 2 and stats.llm_calls == 2  # no retry: a constrained answer is complete
+    assert stats.filled_steps == 0 and stats.budget_cut_calls == 0
+    for traj, judgment in zip(trajs, response.judgments, strict=True):
+        assert judgment.structured and judgment.parsed_labels == len(traj.steps)
 
 
 @pytest.mark.slow
-async def test_smollm2_judges_every_step(tmp_path, smollm2_server: ServiceProcess):
-    """Completes with one label per step; the parse and fallback rates are measured by benchmarks/judge.py."""
+async def test_smollm2_parses_every_step_of_fixture_trajectories(tmp_path, smollm2_server: ServiceProcess):
+    """A handful of ground-truth trajectories (flights and bfcl, success and failure); the full sets and the
+    agreement with their labels are measured by benchmarks/judge.py."""
+    test = load_fixture(DEFAULT_FIXTURE, split="test")
+    picked = [next(t for t in test if t.env == env and t.source == source)
+              for env in ("flights", "bfcl") for source in ("reference", "wrong_argument")]
+    trajs = [JudgeTrajectory(trajectory_id=t.trajectory_id, task_id=t.task_id, query=t.query, outcome=t.outcome,
+                             steps=[JudgeStep(action=s.action, observation=s.observation) for s in t.steps])
+             for t in picked]
     with run_service("advantage.judge", ["--conf", judge_conf(tmp_path, smollm2_server.url, "smollm2")]) as judge:
         async with JudgeClient(judge.url) as client:
-            trajs = flight_trajectories()
             response = await client.judge(trajs, timeout=600)
+            stats = await client.stats()
+    steps = sum(len(t.steps) for t in trajs)
+    assert stats.steps == steps and stats.parsed_labels >= 0.99 * steps and response.raw_parse_rate >= 0.99
+    assert stats.structured_calls == len(trajs) and stats.fallbacks == 0
     for traj, judgment in zip(trajs, response.judgments, strict=True):
         assert [lab.step for lab in judgment.labels] == list(range(len(traj.steps)))
-        assert 1 <= judgment.attempts <= 2
-    assert 0.0 <= response.raw_parse_rate <= 1.0
+        assert judgment.attempts == 1 and judgment.structured
     audit = (tmp_path / "audit.jsonl").read_text().splitlines()
     assert len(audit) == len(trajs)
