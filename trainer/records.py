@@ -80,19 +80,14 @@ def rollout_advantages(rollouts: Sequence[_Rollout], samples: Sequence[_Sample])
     return out
 
 
-def experience_flag(trajectory: Any) -> bool:
-    """The experience bit: `experience_flag`, its one name once the mechanisms layer lands (issue #17);
-    `used_experience` before that."""
-    return bool(getattr(trajectory, "experience_flag", getattr(trajectory, "used_experience", False)))
-
-
 def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_text: TokenText) -> dict[str, Any]:
     t = rollout.trajectory
     return {
         "step": step, "trajectory_id": t.trajectory_id, "task_id": t.task_id, "group_id": t.group_id,
         "env_type": t.env_type, "synthetic": bool(t.metadata.get("synthetic", False)),
         "outcome": t.outcome, "truncated": t.truncated, "policy_version": t.policy_version,
-        "experience_flag": experience_flag(t), "experience_ids": list(t.experience_ids),
+        "experience_flag": t.experience_flag, "experience_ids": list(t.experience_ids),
+        "experience_text": t.metadata.get("experience_text"),
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
         "steps": [s.model_dump(mode="json", exclude_none=True) for s in t.steps],
         "labels": [label.model_dump(mode="json") for label in t.labels] if t.labels is not None else None,

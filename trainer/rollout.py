@@ -129,7 +129,9 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                                 messages=trajectory_messages, steps=steps, truncated=truncated,
                                 experience_flag=exp_text is not None, experience_ids=exp_ids,
                                 policy_version=min(versions) if versions else 0,
-                                metadata={"policy_versions": versions, "synthetic": task.synthetic})
+                                metadata={"policy_versions": versions, "synthetic": task.synthetic,
+                                          # what the policy saw; stripped from the training context
+                                          **({"experience_text": exp_text} if exp_text is not None else {})})
         if task.synthetic and grader is not None:
             state = await env.state(instance_id)
             trajectory.outcome = float(await grader.grade(task, state, trajectory))

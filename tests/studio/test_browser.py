@@ -135,6 +135,9 @@ def test_pages_and_links_match_the_run_files(finished_run, studio, browser, arti
     injected = page.locator(".injected[data-experience]")
     assert [injected.nth(i).get_attribute("data-experience") for i in range(injected.count())] == \
         flagged["experience_ids"]
+    # The exact experience text the policy saw, as the trainer recorded it.
+    assert record["experience_text"]
+    assert page.locator("pre.experience-text").inner_text().strip() == record["experience_text"].strip()
     page.screenshot(path=str(artifacts / "trajectory.png"), full_page=True)
 
     # ... then to the experience that was injected.

@@ -34,8 +34,9 @@ def rollout(i: int, tokenizer, *, flagged: bool = False) -> FakeRollout:
         messages=[ChatMessage(role="user", content="book")],
         steps=[Step(index=0, action=ChatMessage(role="assistant", content="search()"), reward=0.0)],
         outcome=1.0, prompt_ids=ids, response_ids=response, loss_mask=[1] * len(ids) + [0] * len(ids),
-        step_ids=[0] * len(ids) + [1] * len(ids), used_experience=flagged,
-        experience_ids=["exp_a"] if flagged else [], labels=[StepLabel(step=0, label="GOOD", reason="searched")])
+        step_ids=[0] * len(ids) + [1] * len(ids), experience_flag=flagged,
+        experience_ids=["exp_a"] if flagged else [], labels=[StepLabel(step=0, label="GOOD", reason="searched")],
+        metadata={"experience_text": "Search before booking."} if flagged else {})
     half = len(ids)
     segments = [Segment(ids, response[:half], [1] * half, [0] * half),
                 Segment(ids, response[half:], [0] * half, [1] * half)]
@@ -71,6 +72,7 @@ def test_a_record_holds_tokens_mask_steps_labels_advantages_and_the_experience_f
         f.seek(entry["offset"])
         record = json.loads(f.read(entry["length"]))
     assert entry["step"] == record["step"] == 4 and entry["experience_flag"] is record["experience_flag"] is True
+    assert record["experience_text"] == "Search before booking."
     assert record["experience_ids"] == ["exp_a"] and record["labels"] == [
         {"step": 0, "label": "GOOD", "reason": "searched"}]
     assert record["loss_mask"] == [1] * n + [0] * n and record["step_ids"] == [0] * n + [1] * n
