@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
@@ -57,6 +61,32 @@ def _cause(exc: BaseException) -> str:
     return str(cause) if cause is not None else str(exc)
 
 
+ACTOR_NAME = "TrainerActor"
+
+
+def _namespace(output_dir: str) -> str:
+    digest = hashlib.sha256(str(Path(output_dir).resolve()).encode()).hexdigest()[:16]
+    return f"evolver-trainer-{digest}"
+
+
+def _stop_leftover_actor(ray: Any, name: str, timeout_s: float = 60.0) -> bool:
+    """Kill a live actor `name` of this namespace and wait until its name is free; True if there was one."""
+    try:
+        leftover = ray.get_actor(name)
+    except ValueError:
+        return False
+    logger.warning("a trainer actor of an earlier driver is still running on this output folder: stopping it")
+    ray.kill(leftover, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return True
+        time.sleep(0.2)
+    raise RuntimeError(f"the earlier trainer actor {name!r} did not stop within {timeout_s:.0f} s")
+
+
 def run_on_ray(config: TrainerConfig) -> dict:
     import ray
 
@@ -65,7 +95,10 @@ def run_on_ray(config: TrainerConfig) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address)
+        # One namespace per output folder: a restarted trainer finds the actor its killed driver left
+        # behind (Ray reaps it only asynchronously) and stops it before training into the same folder.
+        ray.init(address=address, namespace=_namespace(config.output_dir))
+        _stop_leftover_actor(ray, ACTOR_NAME)
     else:
         # "local" always starts a fresh cluster: a bare ray.init() would join whatever cluster a
         # stale /tmp/ray session points at, with its own resources.
@@ -74,8 +107,8 @@ def run_on_ray(config: TrainerConfig) -> dict:
                  log_to_driver=True)
     try:
         actor_cls = ray.remote(num_cpus=config.ray.num_cpus)(TrainerActorImpl)
-        actor = actor_cls.options(name="TrainerActor").remote(config.model_dump())
-        logger.info("trainer running in Ray actor TrainerActor")
+        actor = actor_cls.options(name=ACTOR_NAME).remote(config.model_dump())
+        logger.info("trainer running in Ray actor {}", ACTOR_NAME)
         return ray.get(actor.run.remote())
     finally:
         ray.shutdown()

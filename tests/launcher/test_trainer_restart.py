@@ -47,3 +47,37 @@ def test_a_trainer_that_gave_up_or_was_misconfigured_is_not_restarted(tmp_path):
         code, out, _ = run_trainer(tmp_path / str(exit_code), str(exit_code))
         assert code == 1, out
         assert f"exited with code {exit_code}" in out and why in out and "restart 1/" not in out
+
+
+def test_a_restarted_trainer_stops_the_actor_its_killed_driver_left_behind(tmp_path):
+    """Ray reaps a dead driver's actor only asynchronously; the next trainer on the same output folder
+    finds it by name in the folder's namespace and stops it before training there."""
+    import os
+
+    import ray
+
+    from trainer.__main__ import ACTOR_NAME, _namespace, _stop_leftover_actor
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    namespace = _namespace(str(tmp_path / "out"))
+    assert namespace == _namespace(str(tmp_path / "out" / ".." / "out"))  # one folder, one namespace
+    assert namespace != _namespace(str(tmp_path / "other"))
+    ray.init(address="local", namespace=namespace, num_cpus=1, include_dashboard=False)
+    try:
+        @ray.remote(num_cpus=0)
+        class Leftover:
+            def ping(self) -> str:
+                return "alive"
+
+        # Detached: it outlives its creator, as the earlier driver's actor outlives that driver for a while.
+        leftover = Leftover.options(name=ACTOR_NAME, lifetime="detached").remote()
+        assert ray.get(leftover.ping.remote()) == "alive"
+        assert _stop_leftover_actor(ray, ACTOR_NAME) is True
+        try:
+            ray.get_actor(ACTOR_NAME)
+            raise AssertionError("the leftover actor is still registered")
+        except ValueError:
+            pass
+        assert _stop_leftover_actor(ray, ACTOR_NAME) is False  # nothing left: nothing to do
+    finally:
+        ray.shutdown()
