@@ -91,7 +91,10 @@ class FeedbackItem(WireModel):
 
 class FeedbackRequest(WireModel):
     results: list[FeedbackItem] = Field(min_length=1, max_length=100_000)
+    # A report sent again with the same id (a retry after a dropped connection, a resumed run) is applied once.
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class FeedbackResponse(WireModel):
     updated: int
+    idempotent_replay: bool = False  # this request_id was applied before; nothing changed now

@@ -99,7 +99,8 @@ def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> F
 
     @app.post("/v1/feedback", response_model=FeedbackResponse, tags=["training"])
     async def feedback(body: FeedbackRequest) -> Any:
-        return {"updated": manager.feedback(body)}
+        updated, replay = manager.feedback(body)
+        return {"updated": updated, "idempotent_replay": replay}
 
     @app.get("/v1/stats", tags=["service"])
     async def stats() -> Any:

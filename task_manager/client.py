@@ -42,10 +42,13 @@ class TaskClient(ServiceClient):
                                 "trajectory": trajectory.model_dump(mode="json") if trajectory else None}
         return await self.post("/v1/grade", json=body, model=GradeResponse, idempotent=True)
 
-    async def feedback(self, outcomes: dict[str, list[float]], env_type: str | None = None) -> int:
-        """Report recent rollout rewards per task id; returns how many tasks were updated."""
+    async def feedback(self, outcomes: dict[str, list[float]], env_type: str | None = None,
+                       request_id: str | None = None) -> int:
+        """Report recent rollout rewards per task id; returns how many tasks were updated. With a
+        `request_id` the report is applied once however often it is sent, so it is retried like a GET."""
         results = [{"task_id": t, "env_type": env_type, "outcomes": list(v)} for t, v in outcomes.items()]
-        return (await self.post("/v1/feedback", json={"results": results}))["updated"]
+        body: dict[str, Any] = {"results": results, "request_id": request_id}
+        return (await self.post("/v1/feedback", json=body, idempotent=request_id is not None))["updated"]
 
     async def list_tasks(self, *, env: str | None = None, synthetic: bool | None = None, limit: int = 100,
                          offset: int = 0) -> TaskPage:

@@ -258,7 +258,8 @@ class TaskManager:
         needs = "`state` (the final state snapshot)" if stored.reference.end_state is not None else "`trajectory`"
         raise ServiceError(400, "nothing_to_grade", f"send {needs} to grade task {request.task_id!r}")
 
-    def feedback(self, request: FeedbackRequest) -> int:
+    def feedback(self, request: FeedbackRequest) -> tuple[int, bool]:
+        """(tasks updated, whether this request_id was applied before and so changed nothing now)."""
         outcomes: dict[str, list[float]] = {}
         for item in request.results:
             bad = [v for v in item.outcomes if not 0.0 <= v <= 1.0]
@@ -267,8 +268,8 @@ class TaskManager:
                                    f"[0, 1], got {bad[:3]}")
             task, _ = self.get_task(item.task_id, item.env_type)
             outcomes.setdefault(task_key(task), []).extend(item.outcomes)
-        self.store.record_outcomes(outcomes, self.settings.curriculum.window)
-        return len(outcomes)
+        applied = self.store.record_outcomes(outcomes, self.settings.curriculum.window, request.request_id)
+        return len(outcomes), not applied
 
     def stats(self) -> dict[str, Any]:
         rates = self.store.pass_rates()

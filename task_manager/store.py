@@ -72,6 +72,11 @@ CREATE TABLE IF NOT EXISTS pass_rates (
     total INTEGER NOT NULL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS feedback_requests (
+    request_id TEXT PRIMARY KEY,
+    updated INTEGER NOT NULL,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS heldout (
     env_type TEXT NOT NULL,
     task_id TEXT NOT NULL,
@@ -230,15 +235,24 @@ class TaskStore:
 
     # ------------------------------------------------------------ pass rates
 
-    def record_outcomes(self, outcomes: dict[str, list[float]], window: int) -> None:
+    def record_outcomes(self, outcomes: dict[str, list[float]], window: int,
+                        request_id: str | None = None) -> bool:
+        """Append `outcomes` to the pass-rate windows; False (and nothing written) if `request_id` was
+        recorded before. The id is stored in the same transaction as the outcomes."""
         now = time.time()
         with self.transaction() as db:
+            if request_id is not None:
+                if db.execute("SELECT 1 FROM feedback_requests WHERE request_id = ?", (request_id,)).fetchone():
+                    return False
+                db.execute("INSERT INTO feedback_requests (request_id, updated, at) VALUES (?,?,?)",
+                           (request_id, len(outcomes), now))
             for task_id, values in outcomes.items():
                 row = db.execute("SELECT recent, total FROM pass_rates WHERE task_id = ?", (task_id,)).fetchone()
                 recent = (json.loads(row["recent"]) if row else []) + [float(v) for v in values]
                 total = (row["total"] if row else 0) + len(values)
                 db.execute("INSERT OR REPLACE INTO pass_rates (task_id, recent, total, updated_at) VALUES (?,?,?,?)",
                            (task_id, json.dumps(recent[-window:]), total, now))
+        return True
 
     def pass_rates(self) -> dict[str, tuple[float, int]]:
         """task_id -> (recent pass rate, rollouts seen in total)."""

@@ -130,7 +130,7 @@ class Mechanisms:
             await self.experience.after_step(lists, summarize=exp.summarize, feedback=exp.feedback,
                                              request_id=request_id)
         if self.tasks is not None and self.task_config.feedback:
-            await self.tasks.feedback([t for g in lists for t in g], env)
+            await self.tasks.feedback([t for g in lists for t in g], env, request_id=request_id)
 
     # ------------------------------------------------------------------ bookkeeping
 

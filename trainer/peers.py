@@ -273,19 +273,21 @@ class TaskPeer:
         self.counters.synthetic_reward_sum += reward
         return reward
 
-    async def feedback(self, trajectories: list[Trajectory], env: str) -> None:
+    async def feedback(self, trajectories: list[Trajectory], env: str, request_id: str | None = None) -> None:
         outcomes: dict[str, list[float]] = defaultdict(list)
         for t in trajectories:
             outcomes[t.task_id].append(float(t.outcome or 0.0))
         if not outcomes:
             return
         try:
-            self.counters.feedback_tasks += await self.client.feedback(dict(outcomes), env_type=env)
+            self.counters.feedback_tasks += await self.client.feedback(dict(outcomes), env_type=env,
+                                                                       request_id=request_id)
         except PeerUnavailable:
             raise
         except ServiceCallError as exc:
-            # The connection dropped mid-call: the report may have been applied, and it carries no
-            # request id to make a second send safe. The curriculum misses (or has) one step's pass rates.
+            # The connection dropped mid-call and the report carries no request id (with one, the client
+            # sends it again and the task manager applies it once): it may have been applied, so it is
+            # not re-sent. The curriculum misses (or has) one step's pass rates.
             if exc.code != "unreachable":
                 raise
             self.counters.feedback_uncertain += 1

@@ -74,3 +74,31 @@ def test_killed_job_resumes_without_duplicates(flights_env: ServiceProcess, tmp_
         assert _wait_done(service.url, clean_id)["status"] == "done"
     clean = {r["task_id"] for r in stored_rows(clean_store, "SELECT task_id FROM tasks")}
     assert clean == {r["task_id"] for r in rows}
+
+
+def test_a_pass_rate_report_with_a_request_id_is_applied_once_across_retries_and_restarts(
+        flights_env: ServiceProcess, tmp_path: Path) -> None:
+    """The trainer sends each step's report with a request id: a retry after a dropped connection, or a
+    resumed run re-sending the step, must not count the same rollouts twice in the curriculum window."""
+    conf, store = _conf(tmp_path, flights_env, "feedback")
+    report = {"results": [{"task_id": None, "env_type": "flights", "outcomes": [1.0, 0.0, 1.0]}],
+              "request_id": "run-a-step3"}
+    with run_service("task_manager", ["--conf", str(conf)]) as service:
+        task_id = httpx.get(f"{service.url}/v1/tasks", params={"env": "flights", "limit": 1},
+                            timeout=30).json()["tasks"][0]["task_id"]
+        report["results"][0]["task_id"] = task_id
+        first = httpx.post(f"{service.url}/v1/feedback", json=report, timeout=30).json()
+        again = httpx.post(f"{service.url}/v1/feedback", json=report, timeout=30).json()
+    assert first == {"updated": 1, "idempotent_replay": False}
+    assert again == {"updated": 1, "idempotent_replay": True}
+    [row] = stored_rows(store, "SELECT total FROM pass_rates")
+    assert row["total"] == 3, "the repeated report was applied once"
+
+    with run_service("task_manager", ["--conf", str(conf)]) as service:  # a restart keeps the applied ids
+        replay = httpx.post(f"{service.url}/v1/feedback", json=report, timeout=30).json()
+        fresh = httpx.post(f"{service.url}/v1/feedback", json={**report, "request_id": "run-a-step4"}, timeout=30)
+        unnamed = httpx.post(f"{service.url}/v1/feedback", json={"results": report["results"]}, timeout=30)
+    assert replay["idempotent_replay"] is True
+    assert fresh.json()["idempotent_replay"] is False and unnamed.status_code == 200
+    [row] = stored_rows(store, "SELECT total FROM pass_rates")
+    assert row["total"] == 9  # 3 + the new step's 3 + the report without an id
