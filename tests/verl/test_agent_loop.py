@@ -238,3 +238,17 @@ def test_experience_rollouts_get_importance_weight_one_for_an_unchanged_policy(e
     assert corrected and metrics["evolver/stripped_logprob_rows"] == 1.0
     weights = data.batch["rollout_is_weights"]
     assert torch.allclose(weights[policy], torch.ones(int(policy.sum())), atol=1e-5)
+
+
+def test_the_outage_budget_and_log_folder_of_the_settings_reach_the_rollout_workers_peers():
+    """A down env service: the agent loop waits `evolver.outage_budget_s` (not the 120 s default), then
+    fails naming the service and its log under `evolver.logs_dir`."""
+    from common.http import PeerUnavailable
+    from tests.helpers import free_port
+
+    config = veRL_config(f"http://127.0.0.1:{free_port()}")
+    config.evolver.outage_budget_s = 0.5
+    config.evolver.logs_dir = "runs/verl-run/logs"
+    with pytest.raises(PeerUnavailable) as caught:
+        run_loop(config, ScriptedServerManager([]), session_id=0)
+    assert "env_service" in str(caught.value) and "runs/verl-run/logs/env_service.log" in str(caught.value)

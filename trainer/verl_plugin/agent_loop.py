@@ -97,13 +97,13 @@ class FreshExperienceRetrieval:
     """`ExperienceSource` opening its own client per call (rollout workers have no long-lived peer);
     called once per task group through `GroupExperience`."""
 
-    def __init__(self, settings: ExperienceSettings, timeout: float) -> None:
-        self.settings, self.timeout = settings, timeout
+    def __init__(self, settings: ExperienceSettings, timeout: float, outage: Any = None) -> None:
+        self.settings, self.timeout, self.outage = settings, timeout, outage
 
     async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
         s = self.settings
         peer = ExperiencePeer(s.url, s.workspace, top_k=s.top_k, min_similarity=s.min_similarity,
-                              timeout=self.timeout)
+                              timeout=self.timeout, outage=self.outage)
         try:
             return await peer.retrieve(query)
         finally:
@@ -120,7 +120,8 @@ def group_experience(uid: str, settings: EvolverVerlSettings) -> GroupExperience
     assert settings.experience is not None
     group = _GROUPS.get(uid)
     if group is None:
-        group = _GROUPS[uid] = GroupExperience(FreshExperienceRetrieval(settings.experience, settings.timeout_s))
+        group = _GROUPS[uid] = GroupExperience(FreshExperienceRetrieval(settings.experience, settings.timeout_s,
+                                                                           settings.outage()))
         while len(_GROUPS) > _GROUPS_KEPT:
             _GROUPS.popitem(last=False)
     return group
@@ -189,10 +190,10 @@ class EvolverEnvAgentLoop(AgentLoopBase):
         sampling = Sampling(max_tokens=settings.rollout.max_new_tokens,
                             temperature=float(sampling_params.get("temperature", settings.rollout.temperature)),
                             top_p=float(sampling_params.get("top_p", settings.rollout.top_p)))
-        grader = (TaskPeer(settings.tasks.url, timeout=settings.timeout_s)
+        grader = (TaskPeer(settings.tasks.url, timeout=settings.timeout_s, outage=settings.outage())
                   if task.synthetic and settings.tasks is not None else None)
         started = time.monotonic()
-        env = EnvPeer(settings.env_url, timeout=settings.timeout_s)
+        env = EnvPeer(settings.env_url, timeout=settings.timeout_s, outage=settings.outage())
         try:
             rollout = await run_episode(task, env, generate, self.tokenizer, settings.rollout,
                                         experience=group_experience(uid, settings) if flagged else None,

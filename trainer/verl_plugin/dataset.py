@@ -63,6 +63,8 @@ class TaskSourceSettings(StrictModel):
     task_url: str | None = None
     synthetic_ratio: float | None = Field(default=None, ge=0, le=1)
     timeout_s: float = Field(default=120.0, gt=0)
+    outage_budget_s: float = Field(default=120.0, ge=0, description="wait this long for a task manager that is down")
+    logs_dir: str | None = Field(default=None, description="where the task manager logs: named in errors")
 
 
 class EvolverTaskDataset(Dataset):
@@ -114,13 +116,14 @@ class EvolverTaskDataset(Dataset):
 
     def _sample(self, step: int) -> list[Task]:
         from trainer.mechanisms import LoopThread, step_batch_seed
-        from trainer.peers import TaskPeer
+        from trainer.peers import OutagePolicy, TaskPeer
 
         s = self.settings
         assert s is not None and s.task_url is not None
         if self._loop is None:
             self._loop = LoopThread()
-            self._peer = TaskPeer(s.task_url, synthetic_ratio=s.synthetic_ratio, timeout=s.timeout_s)
+            self._peer = TaskPeer(s.task_url, synthetic_ratio=s.synthetic_ratio, timeout=s.timeout_s,
+                                  outage=OutagePolicy(budget_s=s.outage_budget_s, logs_dir=s.logs_dir))
         tasks = self._loop.run(self._peer.sample(s.batch_size, s.env, seed=step_batch_seed(s.seed, step)))
         if len(tasks) != s.batch_size:
             raise RuntimeError(f"the task manager returned {len(tasks)} tasks for a batch of {s.batch_size}")

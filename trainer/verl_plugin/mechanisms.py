@@ -38,7 +38,8 @@ class VerlMechanisms:
         self.mechanisms = Mechanisms(
             estimator=settings.estimator, experience_ratio=settings.rollout.experience_ratio,
             task_url=tasks.url if tasks else None, experience_url=experience.url if experience else None,
-            judge_url=settings.judge_url, experience=experience, tasks=tasks, timeout=settings.timeout_s)
+            judge_url=settings.judge_url, experience=experience, tasks=tasks, timeout=settings.timeout_s,
+            outage=settings.outage())
         self.loop.run(self.mechanisms.start())
         self.pending: list[Trajectory] = []
         self.pending_step: int | None = None

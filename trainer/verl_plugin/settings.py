@@ -53,6 +53,18 @@ class EvolverVerlSettings(StrictModel):
     judge_url: str | None = Field(default=None, description="judge service; needed by estimators needing step labels")
     clip_high_boosted: float = Field(default=0.6, ge=0, description="upper clip bound of helped samples, A > 0")
     timeout_s: float = Field(default=120.0, gt=0, description="per HTTP call to our services")
+    outage_budget_s: float = Field(default=120.0, ge=0, description=(
+        "how long a call waits for a service that is unreachable or answers 503 before failing; 0: no waiting"))
+    judge_fallback_after_s: float = Field(default=30.0, ge=0, description=(
+        "the judge down this long: that batch is labelled by the outcome's sign (flagged judge_fallback)"))
+    logs_dir: str | None = Field(default=None, description="where each service logs (<name>.log): named in errors")
+
+    def outage(self) -> Any:
+        """The `trainer.peers.OutagePolicy` of these settings (imported here: this module stays light)."""
+        from trainer.peers import OutagePolicy
+
+        return OutagePolicy(budget_s=self.outage_budget_s, judge_fallback_after_s=self.judge_fallback_after_s,
+                            logs_dir=self.logs_dir)
     run_id: str = Field(default="verl", description="ties feedback calls to (run, step) so a resumed step is not re-applied")
 
 
