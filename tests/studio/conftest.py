@@ -42,8 +42,10 @@ def artifacts() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    # Module scope, not session: Playwright's sync API keeps an event loop running in the main thread
+    # until it stops, and every later test calling asyncio.run() would fail while it is open.
     from playwright.sync_api import sync_playwright
 
     executable = chromium_path()

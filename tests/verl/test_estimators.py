@@ -110,6 +110,11 @@ ROWS = [
 OBSERVATION = {(0, 2), (1, 1)}
 
 
+def final_reward(row: tuple) -> list[float]:
+    """Step rewards as the built-in environments give them: the final score on the last step."""
+    return [0.0] * (len(row[3]) - 1) + [row[1]]
+
+
 def step_batch() -> tuple[DataProto, AdvantageBatch]:
     width = len(ROWS[0][2])
     step_ids = torch.tensor([row[2] for row in ROWS])
@@ -120,14 +125,14 @@ def step_batch() -> tuple[DataProto, AdvantageBatch]:
     for i, row in enumerate(ROWS):
         rm_scores[i, int((step_ids[i] >= 0).sum()) - 1] = row[1]
     extras = [{"step_ids": [s for s in row[2] if s >= 0], "step_labels": row[3], "anchor_keys": row[4],
-               "num_steps": len(row[3]), "step_rewards": [0.0] * len(row[3]), "experience_flag": i % 2 == 0,
+               "num_steps": len(row[3]), "step_rewards": final_reward(row), "experience_flag": i % 2 == 0,
                "task_id": row[0], "trajectory_id": f"traj-{i}", "segment_index": 0} for i, row in enumerate(ROWS)]
     data = DataProto.from_dict(tensors={"rm_scores": rm_scores, "response_mask": mask},
                                non_tensors={"uid": np.array([row[0] for row in ROWS], dtype=object),
                                             **extras_to_non_tensor(extras)})
     expected = AdvantageBatch(response_mask=mask, step_ids=step_ids, outcome=torch.tensor([r[1] for r in ROWS]),
                               group_index=[r[0] for r in ROWS], step_labels=[r[3] for r in ROWS],
-                              anchor_keys=[r[4] for r in ROWS], step_rewards=[[0.0] * len(r[3]) for r in ROWS],
+                              anchor_keys=[r[4] for r in ROWS], step_rewards=[final_reward(r) for r in ROWS],
                               num_steps=[len(r[3]) for r in ROWS])
     return data, expected
 
