@@ -69,7 +69,7 @@ def test_it_trains_a_step_with_judge_labels(tmp_path):
             async def step() -> dict:
                 await trainer.setup()
                 update = trainer.updater.update
-                trainer.updater.update = lambda batch: (samples.extend(batch), update(batch))[1]
+                trainer.updater.update = lambda batch, **kw: (samples.extend(batch), update(batch, **kw))[1]
                 try:
                     return await trainer.train_step()
                 finally:

@@ -183,7 +183,7 @@ def run_local(services, out):
         await trainer.setup()
         trainer.policy = ScriptedPolicy(trainer.tokenizer)
         update = trainer.updater.update
-        trainer.updater.update = lambda batch: (samples.extend(batch), update(batch))[1]  # observe, then update
+        trainer.updater.update = lambda batch, **kw: (samples.extend(batch), update(batch, **kw))[1]  # observe, then update
         log.take()  # setup's calls (task ids of the splits, the workspace) are not the step's
         try:
             await trainer.train_step()
