@@ -44,6 +44,7 @@ class SamplingParams:
     top_logprobs: int = 0  # alternatives reported per position; 0 = none
     n: int = 1
     grammar: CompiledGrammar | None = None  # constrain every row of the request to this grammar
+    ignore_eos: bool = False  # EOS does not end the row (fixed-length benchmark workloads, as vLLM's flag)
 
 
 @dataclass
@@ -417,7 +418,7 @@ class Engine:
     def _finished(self, row: _Row) -> bool:
         params = row.job.params
         reason = None
-        if row.token_ids[-1] in self.eos_ids or row.token_ids[-1] in params.stop_token_ids:
+        if (row.token_ids[-1] in self.eos_ids and not params.ignore_eos) or row.token_ids[-1] in params.stop_token_ids:
             reason = "stop"
         elif row.matcher is not None and row.matcher.is_stopped():
             reason = "stop"  # the grammar is complete: nothing but EOS could follow
