@@ -8,15 +8,15 @@ Workload (SmolLM2-135M-Instruct, temperature 1, seeded, EOS ignored so every row
 Scenarios: `single` (1 row), `rows_8`, `rows_32` (distinct prompts), `groups_8x4` (8 prompts x 4 rollouts,
 the GRPO shape: identical prompts), `long_1` (one ~1,500-token prompt) and `mixed_32` (31 rows + the long one).
 
-Each scenario runs twice per engine: with `max_tokens` and with 1 token. End-to-end tokens/s is tokens over
-the full run's wall time; decode tokens/s is (tokens - rows) / (full run - 1-token run), i.e. with the
-prefill taken out.
+End-to-end tokens/s is tokens over the run's wall time. Scenarios in --split (default single and long_1) also
+run with 1 token: decode tokens/s is (tokens - rows) / (full run - 1-token run), i.e. with the prefill taken out.
+`mixed_32` (31 rows + one long one) runs only when named in --scenarios.
 
 Engines: `engine` (common.generation in process), `llm_server` (the same engine over HTTP, a subprocess),
 `hf_generate` (plain transformers `generate` on the left-padded batch), `llama_cpp` (llama-cpp-python on the
 shipped Q4_1 GGUF, and on an f16 GGUF written from it when --llama-f16 is given; one sequence at a time:
 its Python API does not batch sequences). llama_cpp is skipped when the package is not installed (the
-`bench` extra). Prints one JSON line with the 1-minute load average at start and end.
+`bench` extra); it runs only scenarios of at most 8 rows. Prints one JSON line with the 1-minute load average at start and end.
 """
 
 from __future__ import annotations
@@ -179,17 +179,22 @@ def llama_cpp_runner(gguf: Path, threads: int, model_spec: str):
     return run, llm.close, tokenizer
 
 
-def measure(run: Callable[[list[list[int]], int, int], int], prompts: list[list[int]], max_tokens: int) -> dict:
-    began = time.perf_counter()
-    run(prompts, 1, 0)
-    prefill_s = time.perf_counter() - began
+def measure(run: Callable[[list[list[int]], int, int], int], prompts: list[list[int]], max_tokens: int,
+            split: bool) -> dict:
+    """End-to-end tokens/s; with `split`, also a 1-token run so that decode tokens/s leaves the prefill out."""
     began = time.perf_counter()
     tokens = run(prompts, max_tokens, 0)
     total_s = time.perf_counter() - began
-    decode_s = total_s - prefill_s  # not positive when load noise exceeds the decode time: then no estimate
-    return {"rows": len(prompts), "prompt_tokens": sum(len(p) for p in prompts), "tokens": tokens,
-            "seconds": round(total_s, 2), "tokens_per_s": round(tokens / total_s, 1),
-            "first_token_s": round(prefill_s, 2), "decode_tokens_per_s": round((tokens - len(prompts)) / decode_s, 1) if decode_s > 0 else None}
+    result = {"rows": len(prompts), "prompt_tokens": sum(len(p) for p in prompts), "tokens": tokens,
+              "seconds": round(total_s, 2), "tokens_per_s": round(tokens / total_s, 1)}
+    if split:
+        began = time.perf_counter()
+        run(prompts, 1, 0)
+        prefill_s = time.perf_counter() - began
+        decode_s = total_s - prefill_s  # not positive when load noise exceeds the decode time: then no estimate
+        result["first_token_s"] = round(prefill_s, 2)
+        result["decode_tokens_per_s"] = round((tokens - len(prompts)) / decode_s, 1) if decode_s > 0 else None
+    return result
 
 
 def f16_gguf(q4: Path, out: Path) -> Path:
@@ -225,7 +230,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--engines", default="engine,llm_server,hf_generate,llama_cpp")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", default="single,rows_8,rows_32,groups_8x4,long_1")
+    parser.add_argument("--split", default="single,long_1", help="scenarios that also get a decode-only rate")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -260,7 +266,10 @@ def main() -> None:
             scores = {}
             for scenario in args.scenarios.split(","):
                 rows, per_prompt, long_rows = SCENARIOS[scenario]
-                scores[scenario] = measure(run, build_prompts(tokenizer, rows, per_prompt, long_rows), args.max_tokens)
+                if name.startswith("llama_cpp") and rows > 8:  # sequential: 32 rows run at the single-row rate
+                    continue
+                scores[scenario] = measure(run, build_prompts(tokenizer, rows, per_prompt, long_rows),
+                                           args.max_tokens, scenario in args.split.split(","))
                 print(name, scenario, scores[scenario], file=sys.stderr, flush=True)
             result["engines"][name] = scores
         finally:
