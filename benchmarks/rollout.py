@@ -169,6 +169,7 @@ def llama_cpp_runner(gguf: Path, threads: int, model_spec: str):
         made = 0
         for i, prompt in enumerate(prompts):  # one sequence at a time: the Python API has one KV sequence
             llm.set_seed(seed + i)
+            llm.reset()  # else generate() reuses a cached prompt prefix and the run skips its prefill
             # EOS is ignored, as for the other engines: generate() never stops by itself.
             for count, _ in enumerate(llm.generate(prompt, temp=1.0, top_p=1.0, top_k=0, min_p=0.0, reset=True), 1):
                 if count == max_tokens:
