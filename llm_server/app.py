@@ -257,7 +257,7 @@ async def _generate(served: ServedModel, request: _SamplingFields, prompt_ids: l
         raise ServiceError(400, "invalid_stop_token_ids", f"stop_token_ids must be in [0, {served.vocab_size})")
     params = SamplingParams(max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
                             stop=request.stop_strings(), stop_token_ids=stop_ids, seed=request.seed,
-                            top_logprobs=top_logprobs, n=request.n, grammar=grammar)
+                            top_logprobs=top_logprobs, n=request.n, grammar=grammar, ignore_eos=request.ignore_eos)
     try:
         return await asyncio.wrap_future(served.engine.submit(prompt_ids, params))
     except ValueError as exc:

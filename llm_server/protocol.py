@@ -32,6 +32,7 @@ class _SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM extension
+    ignore_eos: bool = False  # vLLM extension: run to max_tokens (fixed-length benchmark workloads)
     n: int = Field(default=1, ge=1)
     seed: int | None = None
     stream: bool = False

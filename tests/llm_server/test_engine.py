@@ -170,3 +170,33 @@ def test_engine_refuses_requests_that_would_break_a_batch(engine: Engine) -> Non
         with pytest.raises(ValueError, match=re.escape(fragment)):
             engine.submit(ids, params).result(timeout=TIMEOUT)
     assert engine.submit(prompt, SamplingParams(max_tokens=2)).result(timeout=TIMEOUT).completions
+
+
+def test_identical_prompts_are_prefilled_once(engine: Engine) -> None:
+    prompt = _prompts(engine)[1]
+    greedy = SamplingParams(max_tokens=5, temperature=0)
+    alone = engine.submit(prompt, greedy).result(timeout=TIMEOUT)
+    before = (engine.stats.prefill_batches, engine.stats.prefill_tokens, engine.stats.shared_prefill_rows)
+    jobs = [engine.submit(prompt, greedy) for _ in range(3)] + [engine.submit(prompt, SamplingParams(
+        max_tokens=5, temperature=0, n=2))]
+    results = [f.result(timeout=TIMEOUT) for f in jobs]
+    batches = engine.stats.prefill_batches - before[0]
+    assert batches < 4  # requests that arrive together share a forward
+    assert engine.stats.prefill_tokens - before[1] == batches * len(prompt)  # ...and the prompt is computed once
+    assert engine.stats.shared_prefill_rows - before[2] == 5 - batches
+    for completion in [c for r in results for c in r.completions]:
+        assert completion.token_ids == alone.completions[0].token_ids
+        assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in
+                   zip(completion.token_logprobs, alone.completions[0].token_logprobs, strict=True))
+
+
+def test_ignore_eos_runs_to_max_tokens(engine: Engine) -> None:
+    prompt = _prompts(engine)[0]
+    eos = engine.eos_ids[0]
+    # Stop on a token the tiny model emits first, then ask the same row with that token as EOS ignored.
+    first = engine.submit(prompt, SamplingParams(max_tokens=1, temperature=0)).result(timeout=TIMEOUT)
+    token = first.completions[0].token_ids[0]
+    stopped = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0, stop_token_ids=(token,)))
+    assert stopped.result(timeout=TIMEOUT).completions[0].token_ids == [token]
+    forced = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)).result(timeout=TIMEOUT)
+    assert len(forced.completions[0].token_ids) == 6 and eos in engine.eos_ids

@@ -1,0 +1,160 @@
+"""A preallocated KV cache with one slot per running row, and the attention that reads it (for `common.generation`).
+
+Why not HF's DynamicCache: it concatenates every layer's keys and values on every decode step, and joining
+rows of different lengths left-pads and concatenates the whole cache again; with an attention mask, HF's
+SDPA path also repeats each key/value head for its query heads (a 3x copy of the cache per layer and step
+for SmolLM2). At 32 rows those copies moved more bytes per step than the weights.
+
+Here row r of the batch lives in slot r: its tokens at columns 0..lengths[r]-1 of per-layer buffers
+[slots, kv_heads, capacity, head_dim]. A decode step writes one column per row in place and attends over
+columns 0..max length with a per-row mask; rows that finish leave a hole that the last row moves into
+(copying only that row); buffers grow by whole blocks and are freed when the batch empties.
+
+Attention (`ATTENTION`, registered with transformers): a single-token query folds each key/value head's
+query heads into the query-length axis, so grouped-query attention needs no copy of the cache, and runs as
+two batched matmuls (about half the time of SDPA's CPU kernel for 3 query lines, profiled at 32 rows); prompts
+(several tokens, right-padded) run causal SDPA with grouped-query support and no mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+ATTENTION = "evolver_slots"
+_BLOCK = 256  # columns added at a time: reallocations stay rare without reserving the whole context
+
+
+def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                   **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """SDPA where a one-token query over a [rows, 1, 1, keys] mask attends without repeating key/value heads."""
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or attention_mask is None or attention_mask.shape[1] != 1 or heads % kv_heads:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    # Query head h reads key/value head h // group (as HF's repeat_kv): [rows, kv_heads, group, head_dim].
+    folded = query.view(batch, kv_heads, heads // kv_heads, head_dim)
+    # Plain batched matmuls: for a few query lines, SDPA's CPU flash kernel cost ~3x more here (profiled).
+    scores = torch.matmul(folded, key.transpose(-1, -2)) * (scaling if scaling is not None else head_dim ** -0.5)
+    scores = scores.masked_fill(~attention_mask, float("-inf")).softmax(dim=-1)
+    return torch.matmul(scores, value).reshape(batch, 1, heads, head_dim), None
+
+
+AttentionInterface.register(ATTENTION, slot_attention)
+
+
+class SlotCache:
+    """Per-layer key/value buffers; rows are slots 0..rows-1. Passed to the model as `past_key_values`."""
+
+    def __init__(self, config: Any, dtype: torch.dtype, max_rows: int, max_columns: int) -> None:
+        self.layers = int(config.num_hidden_layers)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.dtype, self.max_rows, self.max_columns = dtype, max_rows, max_columns
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.lengths = torch.zeros(0, dtype=torch.long)  # tokens cached per row
+        self.rows = 0
+        self._write: tuple[torch.Tensor, torch.Tensor] | None = None  # decode: (row index, column) per row
+        self._prefill: tuple[int, int] | None = None  # prefill: (first slot, width)
+        self._span = 0  # columns the current decode step attends over
+
+    # ---- what the HF model calls ----------------------------------------------------------
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self._prefill is not None:  # store the prompt; it attends only to itself
+            first, width = self._prefill
+            keys[first:first + key.shape[0], :, :width] = key
+            values[first:first + key.shape[0], :, :width] = value
+            return key, value
+        assert self._write is not None, "SlotCache.update outside a prefill or decode step"
+        rows, columns = self._write
+        keys[rows, :, columns] = key[:, :, 0]
+        values[rows, :, columns] = value[:, :, 0]
+        return keys[:self.rows, :, :self._span], values[:self.rows, :, :self._span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self._prefill is not None else self._span
+
+    # ---- what the engine calls -------------------------------------------------------------
+    def begin_prefill(self, count: int, width: int) -> int:
+        """Make room for `count` new rows of up to `width` prompt tokens; returns their first slot."""
+        first = self.rows
+        self._reserve(first + count, width)
+        self._prefill = (first, width)
+        return first
+
+    def end_prefill(self, lengths: list[int]) -> None:
+        self._prefill = None
+        self.lengths = torch.cat([self.lengths[:self.rows], torch.tensor(lengths, dtype=torch.long)])
+        self.rows += len(lengths)
+
+    def duplicate(self, src: int) -> int:
+        """A new row holding slot `src`'s tokens (a prompt shared by several rows is prefilled once)."""
+        dst = self.rows
+        self._reserve(dst + 1, int(self.lengths[src]))
+        self.lengths = torch.cat([self.lengths[:dst], self.lengths[src:src + 1]])
+        self.rows += 1
+        self._copy_row(src, dst)
+        return dst
+
+    def _copy_row(self, src: int, dst: int) -> None:
+        length = int(self.lengths[src])
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[dst, :, :length] = keys[src, :, :length]
+            values[dst, :, :length] = values[src, :, :length]
+        self.lengths[dst] = length
+
+    def begin_decode(self) -> torch.Tensor:
+        """Prepare one token per row at column lengths[r]; returns the attention mask [rows, 1, 1, span]."""
+        lengths = self.lengths[:self.rows]
+        self._span = int(lengths.max()) + 1
+        self._reserve(self.rows, self._span)
+        self._write = (torch.arange(self.rows), lengths)
+        return (torch.arange(self._span) <= lengths[:, None]).view(self.rows, 1, 1, self._span)
+
+    def end_decode(self) -> None:
+        self._write = None
+        self.lengths[:self.rows] += 1
+
+    def remove(self, indices: list[int]) -> list[tuple[int, int]]:
+        """Drop rows; survivors past the new end move into the holes. Returns the (from, to) moves made."""
+        gone = set(indices)
+        keep = self.rows - len(gone)
+        holes = [i for i in sorted(gone) if i < keep]
+        movers = [i for i in range(keep, self.rows) if i not in gone]
+        for src, dst in zip(movers, holes, strict=True):
+            self._copy_row(src, dst)
+        self.rows = keep
+        self.lengths = self.lengths[:keep].clone()
+        if keep == 0:
+            self.keys, self.values = [], []  # an idle engine holds no cache memory
+        return list(zip(movers, holes, strict=True))
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        return (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
+
+    def _reserve(self, rows: int, columns: int) -> None:
+        have_rows, have_columns = self.capacity
+        if rows <= have_rows and columns <= have_columns:
+            return
+        new_rows = min(self.max_rows, max(rows, 2 * have_rows))  # doubling: few reallocations as rows join
+        new_columns = min(self.max_columns, max(have_columns, -(-columns // _BLOCK) * _BLOCK))
+        if rows > new_rows or columns > new_columns:
+            raise ValueError(f"the cache holds at most {self.max_rows} rows of {self.max_columns} tokens")
+        shape = (new_rows, self.kv_heads, new_columns, self.head_dim)
+        used = int(self.lengths[:self.rows].max()) if self.rows else 0
+        # Zeros, not empty: masked columns still multiply their (zero) attention weight by the stored value.
+        grown_keys = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.layers)]
+        grown_values = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.layers)]
+        if self.keys:
+            for old, new in zip(self.keys + self.values, grown_keys + grown_values, strict=True):
+                new[:self.rows, :, :used] = old[:self.rows, :, :used]
+        self.keys, self.values = grown_keys, grown_values
