@@ -22,8 +22,9 @@ from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.explore import exploration_text
 from task_manager.models import Call, Exploration, ExploreStep, Proposal, canonical_hash
-from task_manager.profile import EnvProfile, call_schema
+from task_manager.profile import EnvProfile, call_schema, tool_function
 from task_manager.replay import replay
+from task_manager.values import ValuePool, shape, shapes_in
 
 GENERATED = "<generated>"
 
@@ -295,17 +296,81 @@ def _task_item(data: Any) -> dict[str, Any] | None:
     return None
 
 
-def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2) -> dict[str, Any]:
+def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2, call: dict[str, Any] | None = None) -> dict[str, Any]:
     """The synthesizer's answer as JSON: 1..max_tasks tasks, each a query and 2-4 calls of documented tools
-    (sized so that two tasks fit about 500 tokens)."""
+    (sized so that two tasks fit about 500 tokens). `call`: the schema of one call (default: any documented call)."""
     task = {"type": "object", "properties": {
         "query": {"type": "string", "minLength": 10, "maxLength": 200},
         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-        "action_sequence": {"type": "array", "minItems": 2, "maxItems": 4, "items": call_schema(tools)}},
+        "action_sequence": {"type": "array", "minItems": 2, "maxItems": 4, "items": call or call_schema(tools)}},
         "required": ["query", "confidence", "action_sequence"], "additionalProperties": False}
     return {"type": "object", "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": max_tasks,
                                                        "items": task}},
             "required": ["tasks"], "additionalProperties": False}
+
+
+MAX_ENUM = 24  # values per argument: the most recently seen; keeps the grammar small
+
+
+def observed_values(exploration: Exploration) -> ValuePool:
+    """The values the exploration actually met: fields of successful observations and the arguments of
+    successful calls. Refusals are left out: they echo made-up values back ("no passenger with id 'P9'")."""
+    pool = ValuePool()
+    for step in exploration.steps:
+        if step.failed:
+            continue
+        pool.harvest(step.observation, step.index)
+        for call in step.calls:
+            for key, value in call.arguments.items():
+                if isinstance(value, (str, int, float, bool)):
+                    pool.by_key.setdefault(key, {})[value] = step.index
+    return pool
+
+
+def _grounded_values(argument: str, schema: dict[str, Any], pool: ValuePool) -> list[Any]:
+    """Observed values for one argument: same-named fields first, else tokens shaped like the doc's example."""
+    kind = schema.get("type", "string")
+    wanted = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,)}.get(kind)
+    if wanted is None:
+        return []  # arrays and objects: no enum of scalars fits them
+    seen = pool.by_key.get(argument, {})
+    if not seen:
+        shapes = shapes_in(str(schema.get("description", "")))
+        seen = {t: s for t, s in pool.tokens.items() if shape(t) in shapes}
+    values = [v for v, _ in sorted(seen.items(), key=lambda item: -item[1])
+              if isinstance(v, wanted) and not (kind != "boolean" and isinstance(v, bool))]
+    if "enum" in schema:
+        values = [v for v in values if v in schema["enum"]]
+    return values[:MAX_ENUM]
+
+
+def grounded_call_schema(tools: list[dict[str, Any]], exploration: Exploration) -> dict[str, Any] | None:
+    """One call of a documented tool whose every argument takes a value the exploration observed (a JSON-schema
+    `enum` per argument), so that a small model can only write calls that may replay. A tool with a required
+    argument nobody observed is left out; an optional one is dropped. None when no tool is left."""
+    pool = observed_values(exploration)
+    options = []
+    for doc in tools:
+        fn = tool_function(doc)
+        parameters = fn.get("parameters") or {}
+        required = set(parameters.get("required") or [])
+        properties: dict[str, Any] = {}
+        for argument, schema in (parameters.get("properties") or {}).items():
+            values = _grounded_values(argument, schema or {}, pool)
+            if values:
+                properties[argument] = {"enum": values}
+            elif argument in required:
+                break
+        else:
+            if fn.get("name") and properties:
+                options.append({"type": "object", "properties": {
+                    "name": {"const": fn["name"]},
+                    "arguments": {"type": "object", "properties": properties, "required": [a for a in properties if a in required],
+                                  "additionalProperties": False}},
+                    "required": ["name", "arguments"], "additionalProperties": False})
+    if not options:
+        return None
+    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def _strip_fence(block: str) -> str:
@@ -340,15 +405,19 @@ class LLMSynthesizer:
     name = "llm"
 
     def __init__(self, llm: LLMClient, profile: EnvProfile, max_tokens: int = 512, temperature: float = 0.7,
-                 min_confidence: float = 0.0) -> None:
-        self.llm, self.profile = llm, profile
+                 min_confidence: float = 0.0, grounded: bool = True) -> None:
+        self.llm, self.profile, self.grounded = llm, profile, grounded
         self.max_tokens, self.temperature, self.min_confidence = max_tokens, temperature, min_confidence
 
     async def propose(self, exploration: Exploration, old_queries: list[str] | None = None,
                       tools: list[dict[str, Any]] | None = None) -> tuple[list[Proposal], SynthesisStats]:
         """`tools`: the environment's tool docs; given, the answer is schema-constrained where the endpoint can."""
         messages = synthesis_messages(exploration, self.profile, old_queries or [])
-        response_format = json_schema_format("tasks", task_schema(tools)) if tools else None
+        response_format = None
+        if tools:
+            # Grounded in the exploration where it observed values; else any documented call.
+            grounded = grounded_call_schema(tools, exploration) if self.grounded else None
+            response_format = json_schema_format("tasks", task_schema(tools, call=grounded))
         result = await self.llm.chat(messages, temperature=self.temperature, max_tokens=self.max_tokens,
                                      response_format=response_format)
         blocks, parsed = parse_task_blocks(result.text)
