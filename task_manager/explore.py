@@ -21,7 +21,7 @@ from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.models import Call, Exploration, ExploreStep
 from task_manager.profile import EnvProfile, call_schema, tool_function, tool_name
-from task_manager.values import ValuePool
+from task_manager.values import ValuePool, known_values
 
 
 @dataclass
@@ -169,8 +169,11 @@ class LLMExplorer:
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
         messages = self.messages(view)
         text = ""
-        # Where the endpoint has structured outputs, the reply is one call of a documented tool.
-        response_format = json_schema_format("tool_call", call_schema(view.tools))
+        # Where the endpoint has structured outputs, the reply is one call of a documented tool, its arguments
+        # drawn from the values met so far (the request, the docs' examples, observations) where there are
+        # any, as the random explorer draws them: SmolLM2 left free invents arguments and ids.
+        response_format = json_schema_format("tool_call", call_schema(
+            view.tools, lambda argument, schema: known_values(view.pool, argument, schema)))
         for _ in range(2):
             result = await self.llm.chat(messages, temperature=view.temperature, max_tokens=self.max_tokens,
                                          response_format=response_format)

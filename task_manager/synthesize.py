@@ -22,9 +22,9 @@ from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.explore import exploration_text
 from task_manager.models import Call, Exploration, ExploreStep, Proposal, canonical_hash
-from task_manager.profile import EnvProfile, call_schema, tool_function
+from task_manager.profile import EnvProfile, call_schema
 from task_manager.replay import replay
-from task_manager.values import ValuePool, shape, shapes_in
+from task_manager.values import ValuePool, known_values
 
 GENERATED = "<generated>"
 
@@ -309,9 +309,6 @@ def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2, call: dict[str,
             "required": ["tasks"], "additionalProperties": False}
 
 
-MAX_ENUM = 24  # values per argument: the most recently seen; keeps the grammar small
-
-
 def observed_values(exploration: Exploration) -> ValuePool:
     """The values the exploration actually met: fields of successful observations and the arguments of
     successful calls. Refusals are left out: they echo made-up values back ("no passenger with id 'P9'")."""
@@ -327,50 +324,14 @@ def observed_values(exploration: Exploration) -> ValuePool:
     return pool
 
 
-def _grounded_values(argument: str, schema: dict[str, Any], pool: ValuePool) -> list[Any]:
-    """Observed values for one argument: same-named fields first, else tokens shaped like the doc's example."""
-    kind = schema.get("type", "string")
-    wanted = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,)}.get(kind)
-    if wanted is None:
-        return []  # arrays and objects: no enum of scalars fits them
-    seen = pool.by_key.get(argument, {})
-    if not seen:
-        shapes = shapes_in(str(schema.get("description", "")))
-        seen = {t: s for t, s in pool.tokens.items() if shape(t) in shapes}
-    values = [v for v, _ in sorted(seen.items(), key=lambda item: -item[1])
-              if isinstance(v, wanted) and not (kind != "boolean" and isinstance(v, bool))]
-    if "enum" in schema:
-        values = [v for v in values if v in schema["enum"]]
-    return values[:MAX_ENUM]
-
-
 def grounded_call_schema(tools: list[dict[str, Any]], exploration: Exploration) -> dict[str, Any] | None:
-    """One call of a documented tool whose every argument takes a value the exploration observed (a JSON-schema
-    `enum` per argument), so that a small model can only write calls that may replay. A tool with a required
-    argument nobody observed is left out; an optional one is dropped. None when no tool is left."""
+    """One call of a documented tool whose every argument takes a value the exploration observed, so that a
+    small model can only write calls that may replay; None when no tool is left (nothing was observed)."""
     pool = observed_values(exploration)
-    options = []
-    for doc in tools:
-        fn = tool_function(doc)
-        parameters = fn.get("parameters") or {}
-        required = set(parameters.get("required") or [])
-        properties: dict[str, Any] = {}
-        for argument, schema in (parameters.get("properties") or {}).items():
-            values = _grounded_values(argument, schema or {}, pool)
-            if values:
-                properties[argument] = {"enum": values}
-            elif argument in required:
-                break
-        else:
-            if fn.get("name") and properties:
-                options.append({"type": "object", "properties": {
-                    "name": {"const": fn["name"]},
-                    "arguments": {"type": "object", "properties": properties, "required": [a for a in properties if a in required],
-                                  "additionalProperties": False}},
-                    "required": ["name", "arguments"], "additionalProperties": False})
-    if not options:
+    try:
+        return call_schema(tools, lambda argument, schema: known_values(pool, argument, schema), require_known=True)
+    except ValueError:
         return None
-    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def _strip_fence(block: str) -> str:
