@@ -130,3 +130,24 @@ def test_llm_synthesizer_writes_only_grounded_calls(tiny_server: ServiceProcess,
     calls = [json.loads(a.removeprefix("<tool_call>").removesuffix("</tool_call>"))
              for p in proposals for a in p.actions]
     assert all(_valid(short_schema, Call.model_validate(c)) for c in calls)
+
+
+def test_explorer_schema_draws_argument_values_from_what_it_met() -> None:
+    from env_service.environments.flights.desk import tool_docs
+
+    from task_manager.profile import call_schema
+    from task_manager.values import ValuePool, known_values
+
+    pool = ValuePool()
+    pool.harvest_request("Book the 2025-06-03 flight from SFO to BOS for Alice Wang.")
+    pool.harvest(json.dumps({"passenger_id": "P1004", "name": "Alice Wang"}), 0)
+    schema = call_schema(tool_docs(), lambda argument, s: known_values(pool, argument, s))
+    by_name = {o["properties"]["name"]["const"]: o["properties"]["arguments"] for o in schema["anyOf"]}
+    search = by_name["search_flight"]["properties"]
+    assert set(search["origin"]["enum"]) == {"SFO", "BOS"} and search["date"]["enum"] == ["2025-06-03"]
+    assert by_name["book_ticket"]["properties"]["passenger_id"]["enum"] == ["P1004"]
+    # Nothing known for a flight id yet: the documented string, bounded so that the call ends within the budget.
+    flight_id = by_name["book_ticket"]["properties"]["flight_id"]
+    assert "enum" not in flight_id and flight_id["type"] == "string" and flight_id["maxLength"] == 60
+    assert all(args["additionalProperties"] is False for args in by_name.values())
+    assert llguidance.LLMatcher.validate_grammar(json_schema_grammar(schema)) == ""
