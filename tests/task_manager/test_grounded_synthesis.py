@@ -17,11 +17,13 @@ import pytest
 from common.grammar import json_schema_grammar
 from common.llm import LLMClient, LLMRoleConfig
 from env_service.client import EnvClient
+from env_service.environments.flights.desk import tool_docs
 from task_manager.envs import EnvAccess
 from task_manager.explore import ExploreConfig, RandomExplorer, explore_episode
 from task_manager.models import Call, Exploration, Proposal
-from task_manager.profile import EnvProfile, profile_from_env
+from task_manager.profile import EnvProfile, call_schema, profile_from_env
 from task_manager.synthesize import LLMSynthesizer, grounded_call_schema, task_schema
+from task_manager.values import ValuePool, known_values
 from task_manager.verify import verify
 from tests.helpers import ServiceProcess
 
@@ -133,11 +135,6 @@ def test_llm_synthesizer_writes_only_grounded_calls(tiny_server: ServiceProcess,
 
 
 def test_explorer_schema_draws_argument_values_from_what_it_met() -> None:
-    from env_service.environments.flights.desk import tool_docs
-
-    from task_manager.profile import call_schema
-    from task_manager.values import ValuePool, known_values
-
     pool = ValuePool()
     pool.harvest_request("Book the 2025-06-03 flight from SFO to BOS for Alice Wang.")
     pool.harvest(json.dumps({"passenger_id": "P1004", "name": "Alice Wang"}), 0)
