@@ -117,18 +117,19 @@ def test_a_proposal_of_allowed_values_replays_and_verifies(flights_env: ServiceP
 
 def test_llm_synthesizer_writes_only_grounded_calls(tiny_server: ServiceProcess, explored: Explored) -> None:
     tools, profile, exploration = explored
-    short = exploration.model_copy(update={"steps": exploration.steps[:6]})  # the tiny model's context is 2048
+    # Two successful steps: the prompt must fit the tiny model's context of 2048 tokens.
+    short = exploration.model_copy(update={"steps": [s for s in exploration.steps if not s.failed][:2]})
     short_schema = grounded_call_schema(tools, short)
     assert short_schema is not None
 
     async def run() -> tuple[list[Proposal], Any]:
         llm = LLMClient("synthesizer", LLMRoleConfig(base_url=f"{tiny_server.url}/v1", model="tiny", timeout=300,
                                                      max_retries=0))
-        synthesizer = LLMSynthesizer(llm, profile, max_tokens=256, temperature=1.0)
+        synthesizer = LLMSynthesizer(llm, profile, max_tokens=256, temperature=0.0)
         return await synthesizer.propose(short, [], tools)
 
     proposals, stats = asyncio.run(run())
-    assert stats.proposed >= 1
+    assert stats.parsed >= 1 and len(proposals) == stats.parsed  # the grammar made even a random model write tasks
     calls = [json.loads(a.removeprefix("<tool_call>").removesuffix("</tool_call>"))
              for p in proposals for a in p.actions]
     assert all(_valid(short_schema, Call.model_validate(c)) for c in calls)
