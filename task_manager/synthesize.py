@@ -22,7 +22,7 @@ from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.explore import exploration_text
 from task_manager.models import Call, Exploration, ExploreStep, Proposal, canonical_hash
-from task_manager.profile import EnvProfile, call_schema
+from task_manager.profile import EnvProfile, call_schema, tool_name
 from task_manager.replay import replay
 from task_manager.values import ValuePool, known_values
 
@@ -296,13 +296,19 @@ def _task_item(data: Any) -> dict[str, Any] | None:
     return None
 
 
-def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2, call: dict[str, Any] | None = None) -> dict[str, Any]:
+def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2, call: dict[str, Any] | None = None,
+                second: dict[str, Any] | None = None) -> dict[str, Any]:
     """The synthesizer's answer as JSON: 1..max_tasks tasks, each a query and 2-4 calls of documented tools
-    (sized so that two tasks fit about 500 tokens). `call`: the schema of one call (default: any documented call)."""
+    (sized so that two tasks fit about 500 tokens). `call`: the schema of one call (default: any documented
+    call); `second`: the schema the second call must meet (default: `call`)."""
+    call = call or call_schema(tools)
+    sequence: dict[str, Any] = {"type": "array", "minItems": 2, "maxItems": 4, "items": call}
+    if second is not None:
+        sequence["prefixItems"] = [call, second]
     task = {"type": "object", "properties": {
         "query": {"type": "string", "minLength": 10, "maxLength": 200},
         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-        "action_sequence": {"type": "array", "minItems": 2, "maxItems": 4, "items": call or call_schema(tools)}},
+        "action_sequence": sequence},
         "required": ["query", "confidence", "action_sequence"], "additionalProperties": False}
     return {"type": "object", "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": max_tasks,
                                                        "items": task}},
@@ -324,10 +330,15 @@ def observed_values(exploration: Exploration) -> ValuePool:
     return pool
 
 
-def grounded_call_schema(tools: list[dict[str, Any]], exploration: Exploration) -> dict[str, Any] | None:
+def grounded_call_schema(tools: list[dict[str, Any]], exploration: Exploration,
+                         changing: bool = False) -> dict[str, Any] | None:
     """One call of a documented tool whose every argument takes a value the exploration observed, so that a
-    small model can only write calls that may replay; None when no tool is left (nothing was observed)."""
+    small model can only write calls that may replay; None when no tool is left (nothing was observed).
+    `changing`: only tools whose call changed the state in the exploration."""
     pool = observed_values(exploration)
+    if changing:
+        names = {c.name for s in exploration.steps if s.state_changed and not s.failed for c in s.calls}
+        tools = [d for d in tools if tool_name(d) in names]
     try:
         return call_schema(tools, lambda argument, schema: known_values(pool, argument, schema), require_known=True)
     except ValueError:
@@ -378,7 +389,10 @@ class LLMSynthesizer:
         if tools:
             # Grounded in the exploration where it observed values; else any documented call.
             grounded = grounded_call_schema(tools, exploration) if self.grounded else None
-            response_format = json_schema_format("tasks", task_schema(tools, call=grounded))
+            # Verification keeps only tasks that change the state: where the exploration changed it, the
+            # second call is one of the tools that did (the first one sets it up, as a search before a booking).
+            changing = grounded_call_schema(tools, exploration, changing=True) if grounded else None
+            response_format = json_schema_format("tasks", task_schema(tools, call=grounded, second=changing))
         result = await self.llm.chat(messages, temperature=self.temperature, max_tokens=self.max_tokens,
                                      response_format=response_format)
         blocks, parsed = parse_task_blocks(result.text)
