@@ -68,7 +68,11 @@ def test_grounded_schema_compiles_and_admits_only_observed_values(explored: Expl
     tools, _, exploration = explored
     schema = grounded_call_schema(tools, exploration)
     assert schema is not None
-    assert llguidance.LLMatcher.validate_grammar(json_schema_grammar(task_schema(tools, call=schema))) == ""
+    changing = grounded_call_schema(tools, exploration, changing=True)
+    assert changing is not None and changing["properties"]["name"]["const"] == "book_ticket"  # the only write seen
+    for second in (None, changing):
+        grammar = json_schema_grammar(task_schema(tools, call=schema, second=second))
+        assert llguidance.LLMatcher.validate_grammar(grammar) == ""
     names = [option["properties"]["name"]["const"] for option in schema["anyOf"]]
     assert set(names) <= {doc["function"]["name"] for doc in tools} and "book_ticket" in names
     # Every call the explorer made successfully can be written again.
