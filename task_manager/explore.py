@@ -21,7 +21,7 @@ from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.models import Call, Exploration, ExploreStep
 from task_manager.profile import EnvProfile, call_schema, tool_function, tool_name
-from task_manager.values import ValuePool
+from task_manager.values import ValuePool, known_values
 
 
 @dataclass
@@ -169,14 +169,28 @@ class LLMExplorer:
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
         messages = self.messages(view)
         text = ""
-        # Where the endpoint has structured outputs, the reply is one call of a documented tool.
-        response_format = json_schema_format("tool_call", call_schema(view.tools))
-        for _ in range(2):
+        # Where the endpoint has structured outputs, the reply is one call of a documented tool, its arguments
+        # drawn from the values met so far (the request, the docs' examples, observations) where there are
+        # any, as the random explorer draws them: SmolLM2 left free invents arguments and ids.
+        tried = {c.name for s in view.steps for c in s.calls}
+        untried = [d for d in view.tools if tool_name(d) and tool_name(d) not in tried]
+        # The breadth phase is for operations not tried yet: while some are left, only they can be called.
+        tools = untried if view.phase == "breadth" and untried else view.tools
+        response_format = json_schema_format("tool_call", call_schema(
+            tools, lambda argument, schema: known_values(view.pool, argument, schema)))
+        done = {c.key() for s in view.steps if not s.failed for c in s.calls}
+        for attempt in range(2):
             result = await self.llm.chat(messages, temperature=view.temperature, max_tokens=self.max_tokens,
                                          response_format=response_format)
             text = result.text.strip()
             call = _structured_call(text) if result.structured else None
             if call is not None:
+                if call.key() in done and attempt == 0:
+                    # The same successful call again teaches nothing new: ask once for another.
+                    messages = [*messages, {"role": "assistant", "content": text},
+                                {"role": "user", "content": "You already made exactly this call. Make a different "
+                                                            "call that uses what the observations returned."}]
+                    continue
                 return call.render(), [call]
             # A reply naming no tool would end a tool environment's episode: ask once more.
             if _names_in(text, view.tools):

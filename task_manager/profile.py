@@ -17,6 +17,7 @@ docs (tools without an entity are gathered under one entity named after the envi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +108,20 @@ def tool_function(doc: dict[str, Any]) -> dict[str, Any]:
     return doc.get("function") or doc
 
 
-def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+MAX_STRING = 60  # characters of a free string argument: a call must finish within the role's token budget
+
+# (argument name, its JSON schema) -> the values allowed for it; empty: none known.
+ValueChoices = Callable[[str, dict[str, Any]], list[Any]]
+
+
+def call_schema(tools: list[dict[str, Any]], choices: ValueChoices | None = None,
+                require_known: bool = False) -> dict[str, Any]:
     """JSON schema of one call of a documented tool: `{"name": <a tool>, "arguments": <its parameters>}`.
 
-    Used for structured outputs, so that a small model can only write calls the environment accepts.
+    Used for structured outputs, so that a small model can only write calls the environment accepts:
+    documented arguments only, free strings bounded. `choices` grounds argument values: an argument with
+    known values must take one of them (a JSON-schema `enum`); with `require_known`, an argument without
+    any is dropped, and a tool whose required argument has none is left out (its call could not replay).
     """
     options = []
     for doc in tools:
@@ -118,11 +129,32 @@ def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
         if not fn.get("name"):
             continue
         parameters = fn.get("parameters") or {"type": "object", "properties": {}}
-        options.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": parameters},
+        required = list(parameters.get("required") or [])
+        properties: dict[str, Any] | None = {}
+        for argument, schema in (parameters.get("properties") or {}).items():
+            values = choices(argument, schema or {}) if choices else []
+            if values:
+                properties[argument] = {"enum": values}
+            elif not require_known:
+                properties[argument] = _bounded(schema or {})
+            elif argument in required:
+                properties = None
+                break
+        if properties is None or (require_known and not properties):
+            continue
+        arguments = {**parameters, "type": "object", "properties": properties,
+                     "required": [a for a in required if a in properties], "additionalProperties": False}
+        options.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": arguments},
                         "required": ["name", "arguments"], "additionalProperties": False})
     if not options:
         raise ValueError("no documented tool to build a call schema from")
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
+    if schema.get("type") == "string" and not ({"enum", "const", "pattern", "maxLength"} & set(schema)):
+        return {**schema, "maxLength": MAX_STRING}
+    return schema
 
 
 def profile_from_env(env_type: str, env_profile: dict[str, Any] | None, tool_docs: list[dict[str, Any]]) -> EnvProfile:

@@ -22,8 +22,9 @@ from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.explore import exploration_text
 from task_manager.models import Call, Exploration, ExploreStep, Proposal, canonical_hash
-from task_manager.profile import EnvProfile, call_schema
+from task_manager.profile import EnvProfile, call_schema, tool_name
 from task_manager.replay import replay
+from task_manager.values import ValuePool, known_values
 
 GENERATED = "<generated>"
 
@@ -295,17 +296,53 @@ def _task_item(data: Any) -> dict[str, Any] | None:
     return None
 
 
-def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2) -> dict[str, Any]:
+def task_schema(tools: list[dict[str, Any]], max_tasks: int = 2, call: dict[str, Any] | None = None,
+                second: dict[str, Any] | None = None) -> dict[str, Any]:
     """The synthesizer's answer as JSON: 1..max_tasks tasks, each a query and 2-4 calls of documented tools
-    (sized so that two tasks fit about 500 tokens)."""
+    (sized so that two tasks fit about 500 tokens). `call`: the schema of one call (default: any documented
+    call); `second`: the schema the second call must meet (default: `call`)."""
+    call = call or call_schema(tools)
+    sequence: dict[str, Any] = {"type": "array", "minItems": 2, "maxItems": 4, "items": call}
+    if second is not None:
+        sequence["prefixItems"] = [call, second]
     task = {"type": "object", "properties": {
         "query": {"type": "string", "minLength": 10, "maxLength": 200},
         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-        "action_sequence": {"type": "array", "minItems": 2, "maxItems": 4, "items": call_schema(tools)}},
+        "action_sequence": sequence},
         "required": ["query", "confidence", "action_sequence"], "additionalProperties": False}
     return {"type": "object", "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": max_tasks,
                                                        "items": task}},
             "required": ["tasks"], "additionalProperties": False}
+
+
+def observed_values(exploration: Exploration) -> ValuePool:
+    """The values the exploration actually met: fields of successful observations and the arguments of
+    successful calls. Refusals are left out: they echo made-up values back ("no passenger with id 'P9'")."""
+    pool = ValuePool()
+    for step in exploration.steps:
+        if step.failed:
+            continue
+        pool.harvest(step.observation, step.index)
+        for call in step.calls:
+            for key, value in call.arguments.items():
+                if isinstance(value, (str, int, float, bool)):
+                    pool.by_key.setdefault(key, {})[value] = step.index
+    return pool
+
+
+def grounded_call_schema(tools: list[dict[str, Any]], exploration: Exploration,
+                         changing: bool = False) -> dict[str, Any] | None:
+    """One call of a documented tool whose every argument takes a value the exploration observed, so that a
+    small model can only write calls that may replay; None when no tool is left (nothing was observed).
+    `changing`: only tools whose call changed the state in the exploration."""
+    pool = observed_values(exploration)
+    if changing:
+        names = {c.name for s in exploration.steps if s.state_changed and not s.failed for c in s.calls}
+        tools = [d for d in tools if tool_name(d) in names]
+    try:
+        return call_schema(tools, lambda argument, schema: known_values(pool, argument, schema), require_known=True)
+    except ValueError:
+        return None
 
 
 def _strip_fence(block: str) -> str:
@@ -340,15 +377,22 @@ class LLMSynthesizer:
     name = "llm"
 
     def __init__(self, llm: LLMClient, profile: EnvProfile, max_tokens: int = 512, temperature: float = 0.7,
-                 min_confidence: float = 0.0) -> None:
-        self.llm, self.profile = llm, profile
+                 min_confidence: float = 0.0, grounded: bool = True) -> None:
+        self.llm, self.profile, self.grounded = llm, profile, grounded
         self.max_tokens, self.temperature, self.min_confidence = max_tokens, temperature, min_confidence
 
     async def propose(self, exploration: Exploration, old_queries: list[str] | None = None,
                       tools: list[dict[str, Any]] | None = None) -> tuple[list[Proposal], SynthesisStats]:
         """`tools`: the environment's tool docs; given, the answer is schema-constrained where the endpoint can."""
         messages = synthesis_messages(exploration, self.profile, old_queries or [])
-        response_format = json_schema_format("tasks", task_schema(tools)) if tools else None
+        response_format = None
+        if tools:
+            # Grounded in the exploration where it observed values; else any documented call.
+            grounded = grounded_call_schema(tools, exploration) if self.grounded else None
+            # Verification keeps only tasks that change the state: where the exploration changed it, the
+            # second call is one of the tools that did (the first one sets it up, as a search before a booking).
+            changing = grounded_call_schema(tools, exploration, changing=True) if grounded else None
+            response_format = json_schema_format("tasks", task_schema(tools, call=grounded, second=changing))
         result = await self.llm.chat(messages, temperature=self.temperature, max_tokens=self.max_tokens,
                                      response_format=response_format)
         blocks, parsed = parse_task_blocks(result.text)

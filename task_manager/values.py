@@ -87,3 +87,21 @@ class ValuePool:
         if since is not None:
             return []
         return examples or list(self.tokens)
+
+
+def known_values(pool: ValuePool, argument: str, schema: dict[str, Any], limit: int = 24) -> list[Any]:
+    """Values of the pool that fit one argument (its JSON type; same-named fields first, else tokens shaped
+    like the doc's example), the most recently seen first, at most `limit` (keeps a grammar small)."""
+    kind = schema.get("type", "string")
+    wanted = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,)}.get(kind)
+    if wanted is None:
+        return []  # arrays and objects: no enum of scalars fits them
+    seen = pool.by_key.get(argument, {})
+    if not seen:
+        shapes = shapes_in(str(schema.get("description", "")))
+        seen = {t: s for t, s in pool.tokens.items() if shape(t) in shapes}
+    values = [v for v, _ in sorted(seen.items(), key=lambda item: -item[1])
+              if isinstance(v, wanted) and (kind == "boolean" or not isinstance(v, bool))]
+    if "enum" in schema:
+        values = [v for v in values if v in schema["enum"]]
+    return values[:limit]
