@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -113,11 +112,10 @@ def llm_server_runner(model_spec: str, dtype: str, threads: int):
     import httpx
 
     from common.models import load_model
+    from tests.helpers import free_port, wait_healthy
 
     _, tokenizer = load_model(model_spec)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = Path(tempfile.gettempdir()) / f"rollout-bench-llm_server-{port}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "llm_server", "--port", str(port), "--model", model_spec,
@@ -125,17 +123,11 @@ def llm_server_runner(model_spec: str, dtype: str, threads: int):
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise SystemExit(f"llm_server did not start; log: {log}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
+    try:
+        wait_healthy(url, proc, timeout=300, log=log)
+    except (RuntimeError, TimeoutError) as exc:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(f"llm_server did not start ({exc}); log: {log}") from None
 
     async def one(client: httpx.AsyncClient, prompt: list[int], max_tokens: int, seed: int) -> int:
         response = await client.post("/v1/completions", json={
