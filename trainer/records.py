@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from advantage.estimators.segments import join_segments
+
 SHARD_PREFIX = "shard-"
 INDEX_NAME = "index.jsonl"
 
@@ -70,11 +72,9 @@ def rollout_advantages(rollouts: Sequence[_Rollout], samples: Sequence[_Sample])
     out: list[list[float]] = []
     cursor = 0
     for rollout in rollouts:
-        values: list[float] = []
-        for _ in rollout.segments:
-            values += [float(a) for a in samples[cursor].advantages]
-            cursor += 1
-        out.append(values)
+        parts = [samples[cursor + k].advantages for k in range(len(rollout.segments))]
+        out.append([float(a) for a in join_segments(parts)])
+        cursor += len(rollout.segments)
     if cursor != len(samples):
         raise ValueError(f"{len(samples)} samples for {cursor} segments of {len(rollouts)} rollouts")
     return out
