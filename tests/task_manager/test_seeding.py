@@ -1,0 +1,82 @@
+"""Pool seeding from self-questioning, over real HTTP: env service, task manager, experience manager.
+
+A real synthesize job makes verified synthetic tasks from train tasks; one more synthetic task, grown
+from a validation task, is planted in the store. Seeding must replay the references (real observations)
+into the pool, leave the planted task out, and refuse by name any held-out or original task it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from common.schemas import Task
+from experience_manager.client import ExperienceClient
+from task_manager.client import TaskClient
+from task_manager.models import Call, Reference, StoredTask
+from task_manager.store import TaskStore
+from tests.experience_manager.conftest import write_conf as write_em_conf
+from tests.helpers import run_service
+from tests.task_manager.conftest import write_conf
+
+pytestmark = pytest.mark.slow
+
+HELD_OUT_SEEDED = "syn-grownfromvalidation01"
+
+
+def _plant_held_out(store_dir) -> None:
+    """A synthetic task whose seed task is a validation task: it must never reach the pool."""
+    store = TaskStore(store_dir / "tasks.sqlite")
+    call = Call(name="get_passenger", arguments={"name": "Alice Wang"})
+    reference = Reference(actions=[call.render()], calls=[call], observations=["{}"], end_state={"orders": []})
+    task = Task(task_id=HELD_OUT_SEEDED, env_type="flights", split="train", synthetic=True,
+                seed_task_id="validation-0001", query="Look up Alice Wang.", metadata={"synthesizer": "hindsight"})
+    store.add_task(StoredTask(task=task, reference=reference, signature="sig-held-out", synthesizer="hindsight"),
+                   goal_key="goal-held-out")
+    store.close()
+
+
+def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task_reaches_it(flights_env, tmp_path):
+    store_dir = tmp_path / "tm"
+    store_dir.mkdir()
+    _plant_held_out(store_dir)
+    tm_conf = write_conf(tmp_path / "tm.yaml", flights_env.url, store_dir, dedup={"embeddings": False})
+    em_conf = write_em_conf(tmp_path / "em.yaml", {"summary": {"mode": "heuristic"}})
+    with run_service("task_manager", ["--conf", str(tm_conf)]) as tm, \
+            run_service("experience_manager", ["--store", str(tmp_path / "em"), "--conf", em_conf]) as em:
+
+        async def scenario() -> None:
+            async with TaskClient(tm.url) as tasks, ExperienceClient(em.url) as pool:
+                await pool.create_workspace("seeded")
+                job = await tasks.submit_job("flights", episodes=2)
+                assert (await tasks.wait_job(job.job_id, timeout=120)).status == "done"
+                synthetic = (await tasks.list_tasks(env="flights", synthetic=True, limit=1000)).tasks
+                from_train = [t.task_id for t in synthetic if t.task_id != HELD_OUT_SEEDED]
+                assert from_train, "the job kept no synthetic task to seed from"
+
+                # Named held-out, original and validation-grown tasks are refused by name; nothing is sent.
+                for bad, why in (("validation-0000", "validation or test"), ("test-0003", "validation or test"),
+                                 ("train-0000", "not a synthetic task"), (HELD_OUT_SEEDED, "not a train task")):
+                    with pytest.raises(httpx.HTTPStatusError) as refused:
+                        await tasks.seed_experience("flights", em.url, "seeded", task_ids=[from_train[0], bad])
+                    assert refused.value.response.status_code == 400
+                    error = refused.value.response.json()["error"]
+                    assert error["code"] == "not_seedable" and bad in error["message"] and why in error["message"]
+                assert (await pool.stats("seeded"))["active"] == 0
+
+                report = await tasks.seed_experience("flights", em.url, "seeded", request_id="seed-1")
+                assert report.candidates == len(from_train) and report.refused == 1
+                assert report.replayed == report.sent == len(from_train) and report.replay_failed == 0
+                assert sorted(report.task_ids) == sorted(from_train)
+                assert report.experiences_created >= 1
+
+                experiences = await pool.list_experiences("seeded")
+                seeded_from = {tid for e in experiences for tid in e.provenance.task_ids}
+                assert seeded_from and seeded_from <= set(from_train)
+                assert not any(t.startswith(("validation", "test")) or t == HELD_OUT_SEEDED for t in seeded_from)
+                # The cases hold the replayed reference's calls: the pool learned from the synthetic tasks.
+                assert all("succeeded" in e.content and "(" in e.content for e in experiences)
+
+        asyncio.run(scenario())
