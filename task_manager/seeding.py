@@ -25,11 +25,17 @@ class SeedingRefused(ValueError):
     """A task that must not seed the pool (held out, or without a verified reference)."""
 
 
-def check_seedable(stored: StoredTask | None, task_id: str, train_ids: set[str]) -> StoredTask:
-    """The stored synthetic task when it may seed the pool; else SeedingRefused saying why."""
+def check_seedable(stored: StoredTask | None, task_id: str, train_ids: set[str],
+                   heldout: dict[str, str] | None = None) -> StoredTask:
+    """The stored synthetic task when it may seed the pool; else SeedingRefused saying why.
+
+    `heldout`: the environment's validation and test task ids -> their split, to name them in the refusal."""
     if stored is None:
-        held = "" if task_id in train_ids else " (if it is a validation or test task id: those never seed the pool)"
-        raise SeedingRefused(f"task {task_id!r} is not a synthetic task of this task manager{held}; only verified "
+        split = (heldout or {}).get(task_id)
+        if split is not None:
+            raise SeedingRefused(f"task {task_id!r} is a {split} task; validation or test tasks never seed the "
+                                 "experience pool")
+        raise SeedingRefused(f"task {task_id!r} is not a synthetic task of this task manager; only verified "
                              "synthetic tasks seed the experience pool")
     task = stored.task
     if not task.synthetic or stored.reference is None:

@@ -285,7 +285,9 @@ class TaskManager:
         try:
             if request.task_ids is not None:
                 ids = list(dict.fromkeys(request.task_ids))
-                chosen = [check_seedable(self.store.get(i), i, train_ids) for i in ids]
+                heldout = {i: split for split in ("validation", "test")
+                           for i in await self.access.task_ids(request.env, split)}
+                chosen = [check_seedable(self.store.get(i), i, train_ids, heldout) for i in ids]
                 wrong_env = [s.task.task_id for s in chosen if s.task.env_type != request.env]
                 if wrong_env:
                     raise SeedingRefused(f"task(s) {', '.join(wrong_env)} belong to another environment than "

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
+from common.http import ServiceCallError
 from common.schemas import Task
 from experience_manager.client import ExperienceClient
 from task_manager.client import TaskClient
@@ -59,11 +59,11 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
                 # Named held-out, original and validation-grown tasks are refused by name; nothing is sent.
                 for bad, why in (("validation-0000", "validation or test"), ("test-0003", "validation or test"),
                                  ("train-0000", "not a synthetic task"), (HELD_OUT_SEEDED, "not a train task")):
-                    with pytest.raises(httpx.HTTPStatusError) as refused:
+                    with pytest.raises(ServiceCallError) as refused:
                         await tasks.seed_experience("flights", em.url, "seeded", task_ids=[from_train[0], bad])
-                    assert refused.value.response.status_code == 400
-                    error = refused.value.response.json()["error"]
-                    assert error["code"] == "not_seedable" and bad in error["message"] and why in error["message"]
+                    error = refused.value
+                    assert (error.status, error.code) == (400, "not_seedable")
+                    assert bad in error.message and why in error.message, error.message
                 assert (await pool.stats("seeded"))["active"] == 0
 
                 report = await tasks.seed_experience("flights", em.url, "seeded", request_id="seed-1")
