@@ -1,7 +1,8 @@
 """Pool seeding from self-questioning, over real HTTP: env service, task manager, experience manager.
 
-A real synthesize job makes verified synthetic tasks from train tasks; one more synthetic task, grown
-from a validation task, is planted in the store. Seeding must replay the references (real observations)
+A real synthesize job makes verified synthetic tasks from train tasks, then the launcher's synthesis gate
+(`launcher.synthesis.seed_experience`) seeds the pool; one more synthetic task, grown from a
+validation task, is planted in the store beforehand. Seeding must replay the references (real observations)
 into the pool, leave the planted task out, and refuse by name any held-out or original task it is given.
 """
 
@@ -13,12 +14,14 @@ import pytest
 
 from common.http import ServiceCallError
 from common.schemas import Task
+from evolver_launcher.synthesis import SynthesisGate
 from experience_manager.client import ExperienceClient
 from task_manager.client import TaskClient
 from task_manager.models import Call, Reference, StoredTask
 from task_manager.store import TaskStore
 from tests.experience_manager.conftest import write_conf as write_em_conf
 from tests.helpers import run_service
+from tests.launcher.test_synthesis import poll
 from tests.task_manager.conftest import write_conf
 
 pytestmark = pytest.mark.slow
@@ -47,30 +50,30 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
     with run_service("task_manager", ["--conf", str(tm_conf)]) as tm, \
             run_service("experience_manager", ["--store", str(tmp_path / "em"), "--conf", em_conf]) as em:
 
-        async def scenario() -> None:
-            async with TaskClient(tm.url) as tasks, ExperienceClient(em.url) as pool:
-                await pool.create_workspace("seeded")
+        async def synthesize() -> None:
+            async with TaskClient(tm.url) as tasks:
                 job = await tasks.submit_job("flights", episodes=2)
                 assert (await tasks.wait_job(job.job_id, timeout=120)).status == "done"
+
+        # The job runs first, so the planted task is not why the gate finds synthetic tasks (it then seeds
+        # without a job of its own, as for a resumed run).
+        asyncio.run(synthesize())
+        said: list[str] = []
+        gate = SynthesisGate(tm.url, ["flights"], episodes=2, timeout_s=120, say=said.append,
+                             experience_url=em.url, workspace="seeded", run_name="unit")
+        assert poll(gate), said
+        counters = gate.results["flights"]["seeding"]
+        assert any("self-navigating seeded from self-questioning" in line for line in said)
+
+        async def scenario() -> None:
+            async with TaskClient(tm.url) as tasks, ExperienceClient(em.url) as pool:
                 synthetic = (await tasks.list_tasks(env="flights", synthetic=True, limit=1000)).tasks
                 from_train = [t.task_id for t in synthetic if t.task_id != HELD_OUT_SEEDED]
                 assert from_train, "the job kept no synthetic task to seed from"
-
-                # Named held-out, original and validation-grown tasks are refused by name; nothing is sent.
-                for bad, why in (("validation-0000", "validation or test"), ("test-0003", "validation or test"),
-                                 ("train-0000", "not a synthetic task"), (HELD_OUT_SEEDED, "not a train task")):
-                    with pytest.raises(ServiceCallError) as refused:
-                        await tasks.seed_experience("flights", em.url, "seeded", task_ids=[from_train[0], bad])
-                    error = refused.value
-                    assert (error.status, error.code) == (400, "not_seedable")
-                    assert bad in error.message and why in error.message, error.message
-                assert (await pool.stats("seeded"))["active"] == 0
-
-                report = await tasks.seed_experience("flights", em.url, "seeded", request_id="seed-1")
-                assert report.candidates == len(from_train) and report.refused == 1
-                assert report.replayed == report.sent == len(from_train) and report.replay_failed == 0
-                assert sorted(report.task_ids) == sorted(from_train)
-                assert report.experiences_created >= 1
+                assert counters["candidates"] == len(from_train) and counters["refused"] == 1
+                assert counters["replayed"] == counters["sent"] == len(from_train) and counters["replay_failed"] == 0
+                assert counters["experiences_created"] >= 1
+                assert (await tasks.stats())["seeding"]["flights"]["sent"] == len(from_train)
 
                 experiences = await pool.list_experiences("seeded")
                 seeded_from = {tid for e in experiences for tid in e.provenance.task_ids}
@@ -78,5 +81,16 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
                 assert not any(t.startswith(("validation", "test")) or t == HELD_OUT_SEEDED for t in seeded_from)
                 # The cases hold the replayed reference's calls: the pool learned from the synthetic tasks.
                 assert all("succeeded" in e.content and "(" in e.content for e in experiences)
+                pool_size = (await pool.stats("seeded"))["active"]
+
+                # Named held-out, original and validation-grown tasks are refused by name; nothing is sent.
+                for bad, why in (("validation-0000", "validation task"), ("test-0003", "test task"),
+                                 ("train-0000", "not a synthetic task"), (HELD_OUT_SEEDED, "not a train task")):
+                    with pytest.raises(ServiceCallError) as refused:
+                        await tasks.seed_experience("flights", em.url, "seeded", task_ids=[from_train[0], bad])
+                    error = refused.value
+                    assert (error.status, error.code) == (400, "not_seedable")
+                    assert bad in error.message and why in error.message, error.message
+                assert (await pool.stats("seeded"))["active"] == pool_size
 
         asyncio.run(scenario())
