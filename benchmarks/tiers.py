@@ -140,6 +140,15 @@ async def with_experience(tasks: list[Task], env: EnvPeer, policy: Any, tokenize
             **table(flights, per_task, answers), "examples": {t: answers.get(t, "")[:200] for t in list(answers)[:6]}}
 
 
+def checkpoint(out: str | None, result: dict[str, Any]) -> None:
+    """The conditions measured so far, so that a run stopped early keeps them (`"partial": true`)."""
+    print(f"tiers: {', '.join(k for k in result if k in ('zero_shot', 'one_case', 'one_demo'))} done", file=sys.stderr,
+          flush=True)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({**result, "partial": True}) + "\n")
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -181,11 +190,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 result["zero_shot"] = {"success": round(zero.avg_at_k, 3), **table(flights, zero.per_task,
                                                                                    zero.per_task_answer)}
                 result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
+                checkpoint(args.out, result)
                 for name, which in (("one_case", 1), ("one_demo", 0)):
                     started = time.monotonic()
                     source = Demonstrations({flights.task(t).query: demos[flights.task(t).kind][which] for t in ids})
                     result[name] = await with_experience(tasks, env, policy, tokenizer, config, source, flights)
                     result[f"{name}_seconds"] = round(time.monotonic() - started, 1)
+                    checkpoint(args.out, result)
                 result["experience_texts"] = {kind: {"one_case": d[1], "one_demo": d[0]}
                                               for kind, d in demos.items() if kind in ("fare_lookup", "book_by_id")}
                 result["examples"] = {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}
