@@ -127,8 +127,12 @@ phase_end build
 
 # ------------------------------------------------------------------ 4. up
 phase_start up "starting ${SERVICES[*]}"
-"${COMPOSE[@]}" up -d "${SERVICES[@]}"
-wait_healthy "${EVOLVER_UP_TIMEOUT:-600}" "${SERVICES[@]}"
+# `up -d` itself blocks, silent, while a dependency turns healthy (the judge waits on llm-server, which
+# converts SmolLM2 on a first start): it runs in the background while wait_healthy shows progress.
+"${COMPOSE[@]}" up -d "${SERVICES[@]}" &
+UP_PID=$!
+wait_healthy "${EVOLVER_UP_TIMEOUT:-600}" "${SERVICES[@]}" || { kill "$UP_PID" 2>/dev/null; exit 1; }
+wait "$UP_PID" || die "docker compose up failed"
 phase_end up
 
 # ------------------------------------------------------------------ 5. train
