@@ -39,12 +39,14 @@ find_compose() {
 # at once when a service exits or turns unhealthy, after timeout_s otherwise.
 wait_healthy() {
     local timeout_s=$1; shift
-    local started now states waiting line svc state
+    local started now states waiting line svc state health
+    local -A created=()
     started=$(date +%s)
     while true; do
         now=$(date +%s)
         states=$("${COMPOSE[@]}" ps -a --format '{{.Service}} {{.State}} {{.Health}}' "$@")
         waiting=()
+        created=()
         while read -r svc state health; do
             [ -n "$svc" ] || continue
             case "$state/$health" in
@@ -53,6 +55,7 @@ wait_healthy() {
                     echo "error: $svc is $state ${health:-}" >&2
                     "${COMPOSE[@]}" logs --tail 30 "$svc" >&2
                     return 1 ;;
+                created/*) waiting+=("$svc"); created[$svc]=1 ;;
                 *) waiting+=("$svc") ;;
             esac
         done <<< "$states"
@@ -66,7 +69,12 @@ wait_healthy() {
             return 1
         fi
         for svc in "${waiting[@]}"; do
-            line=$("${COMPOSE[@]}" logs --no-log-prefix --tail 1 "$svc" 2>/dev/null | tail -n 1 | cut -c 1-110)
+            if [ -n "${created[$svc]:-}" ]; then
+                echo "    $(( now - started ))s  $svc created, waits for the services it depends on"
+                continue
+            fi
+            line=$("${COMPOSE[@]}" logs --no-log-prefix --tail 1 "$svc" 2>/dev/null | tail -n 1 \
+                   | sed 's/\x1b\[[0-9;]*m//g' | cut -c 1-110)
             echo "    $(( now - started ))s  $svc starting: ${line:-(no output yet)}"
         done
         sleep 10

@@ -165,3 +165,11 @@ def test_the_memory_defaults_size_ray_head_for_training_the_default_model(tmp_pa
     lowered = json.loads(run_compose(cmd, "-f", str(COMPOSE_FILE), "config", "--format", "json",
                                      env={"EVOLVER_RAY_MEM": "6g"}).stdout)["services"]
     assert lowered["ray-head"]["mem_limit"] == str(6 * 2**30) and lowered["judge"]["mem_limit"] == str(4 * 2**30)
+
+
+def test_the_build_context_leaves_out_secrets_and_local_state():
+    """`docker compose build` from the repo root copies the folder: .env (API keys) must never land in
+    an image layer, nor the multi-GB .venv or runs/."""
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".env", ".venv", "runs", ".git"} <= ignored
