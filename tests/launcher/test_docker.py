@@ -143,8 +143,8 @@ def test_every_variable_of_the_compose_deployment_is_documented_in_example_env()
     assert undocumented(names, env_text) == set()
     run_yaml = set(RUN_YAML_VARIABLE.findall(without_comment_lines((REPO / "docker" / "run.yaml").read_text())))
     assert undocumented(run_yaml, env_text) == set()
-    # The scripts' own knobs: every EVOLVER_* that quickstart.sh reads.
-    script = (REPO / "docker" / "quickstart.sh").read_text()
+    # The scripts' own knobs: every EVOLVER_* that quickstart.sh and its helpers read.
+    script = "".join((REPO / "docker" / name).read_text() for name in ("quickstart.sh", "lib.sh"))
     assert undocumented(set(re.findall(r"\$\{(EVOLVER_[A-Z_]+)", script)), env_text) == set()
 
 
