@@ -73,7 +73,10 @@ async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
             call = python_call(name, resolved)
             result = await env.step(created.instance_id, call)
             observation = result.observation.text()
-            messages += [{"role": "assistant", "content": call}, {"role": "tool", "content": observation}]
+            # The trajectory the case is made from carries the calls as the task manager's references do
+            # (<tool_call> blocks): the experience manager reads no python-style calls.
+            block = "<tool_call>" + json.dumps({"name": name, "arguments": resolved}) + "</tool_call>"
+            messages += [{"role": "assistant", "content": block}, {"role": "tool", "content": observation}]
             if name == "list_orders":
                 orders = json.loads(observation)
             lines.append(f"Step {len(lines)}: called {call}, which returned {observation[:max_obs_chars]}")
@@ -185,13 +188,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                                                             "max_new_tokens"}),
                                       "demonstrations": first_of_kind, "load_avg_start": os.getloadavg()[0]}
             started = time.monotonic()
+            conditions = set(args.conditions.split(","))
             try:
-                zero = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True)
-                result["zero_shot"] = {"success": round(zero.avg_at_k, 3), **table(flights, zero.per_task,
-                                                                                   zero.per_task_answer)}
-                result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
-                checkpoint(args.out, result)
+                if "zero_shot" in conditions:
+                    zero = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True)
+                    result["zero_shot"] = {"success": round(zero.avg_at_k, 3), **table(flights, zero.per_task,
+                                                                                       zero.per_task_answer),
+                                           "examples": {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
+                    result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
+                    checkpoint(args.out, result)
                 for name, which in (("one_case", 1), ("one_demo", 0)):
+                    if name not in conditions:
+                        continue
                     started = time.monotonic()
                     source = Demonstrations({flights.task(t).query: demos[flights.task(t).kind][which] for t in ids})
                     result[name] = await with_experience(tasks, env, policy, tokenizer, config, source, flights)
@@ -199,7 +207,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     checkpoint(args.out, result)
                 result["experience_texts"] = {kind: {"one_case": d[1], "one_demo": d[0]}
                                               for kind, d in demos.items() if kind in ("fare_lookup", "book_by_id")}
-                result["examples"] = {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}
             finally:
                 await policy.aclose()
                 await env.aclose()
@@ -217,6 +224,8 @@ def main() -> None:
     parser.add_argument("--obs-chars", type=int, default=700, help="characters of each observation in a demo")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--conditions", default="zero_shot,one_case,one_demo",
+                        help="comma-separated: zero_shot, one_case, one_demo")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = asyncio.run(run(args))

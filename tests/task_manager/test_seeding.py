@@ -79,8 +79,10 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
                 seeded_from = {tid for e in experiences for tid in e.provenance.task_ids}
                 assert seeded_from and seeded_from <= set(from_train)
                 assert not any(t.startswith(("validation", "test")) or t == HELD_OUT_SEEDED for t in seeded_from)
-                # The cases hold the replayed reference's calls: the pool learned from the synthetic tasks.
-                assert all("succeeded" in e.content and "(" in e.content for e in experiences)
+                # The cases hold the replayed reference's calls (each ends in a state change): the pool learned
+                # from the synthetic tasks what to call.
+                assert all("succeeded" in e.content and ("book_ticket(" in e.content or "cancel_order(" in e.content)
+                           for e in experiences), [e.content for e in experiences]
                 pool_size = (await pool.stats("seeded"))["active"]
 
                 # Named held-out, original and validation-grown tasks are refused by name; nothing is sent.
