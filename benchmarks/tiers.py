@@ -1,17 +1,20 @@
 """Where can SmolLM2 learn on flights? Its starting success per tier, zero-shot and with one demonstration.
 
     .venv/bin/python benchmarks/tiers.py [--tiers 1,2,3] [--tasks 0] [--max-turns 4] [--max-new-tokens 64]
-                                         [--out benchmarks/results/tiers-smollm2.json]
+        [--conditions zero_shot,one_case,one_demo] [--k 1 --temperature 0] [--out benchmarks/results/tiers-smollm2.json]
 
-Starts `python -m env_service` with `flights: {tiers: [...]}` and evaluates SmolLM2-135M-Instruct, greedy, on
-the validation split (the first `--tasks` ids, 0: all) through the trainer's own path (`trainer.rollout`:
-context template, prompts, env create/step/evaluate over HTTP), without grammar. Two conditions:
-- `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does);
-- `one_demo`: the same episodes with one experience injected the way training injects it
-  (`collect_groups`, eta = 1): a solved *train-split* task of the same kind, its reference calls replayed
-  against the environment over HTTP so the observations in it are real. Never a validation or test task.
+Starts `python -m env_service` with `flights: {tiers: [...]}` and evaluates SmolLM2-135M-Instruct on the
+validation split (the first `--tasks` ids, 0: all) through the trainer's own path (`trainer.rollout`:
+context template, prompts, env create/step/evaluate over HTTP), without grammar. Conditions:
+- `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does); greedy, or avg@k and
+  best@k sampled at `--temperature`;
+- `one_case` / `one_demo` (greedy): the same episodes with one experience injected the way training injects
+  it (`collect_groups`, eta = 1), made from a solved *train-split* task of the same kind, its reference
+  calls replayed against the environment over HTTP so the observations are real (never a validation or
+  test task). `one_case` is what the experience manager's heuristic summary stores for that trajectory
+  (what pool seeding puts in the pool); `one_demo` is the trajectory itself as text, observations included.
 Rollout sizes default to `examples/quickstart.yaml` (4 turns, 64 new tokens, 1536 tokens of context).
-Prints one JSON line: success per tier and kind for both conditions, tool-call rate, the load average.
+Prints one JSON line: success per tier and kind per condition, tool-call rate, the load average.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers
     called: dict[str, list[float]] = {}
     for task_id, outcomes in per_task.items():
         task = flights.task(task_id)
-        success = float(outcomes[0] >= 1.0)
+        success = sum(o >= 1.0 for o in outcomes) / len(outcomes)  # avg@k
         by_tier.setdefault(str(task.tier), []).append(success)
         by_kind.setdefault(task.kind, []).append(success)
     for task_id, answer in answers.items():
@@ -123,7 +126,7 @@ def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers
             float("(" in answer and any(n in answer for n in ("search_flight", "get_passenger", "book_ticket",
                                                               "cancel_order", "list_orders", "tool_call"))))
     def rate(values: dict[str, list[float]]) -> dict[str, Any]:
-        return {k: {"success": round(sum(v) / len(v), 3), "solved": int(sum(v)), "tasks": len(v)}
+        return {k: {"success": round(sum(v) / len(v), 3), "solved": round(sum(v), 2), "tasks": len(v)}
                 for k, v in sorted(values.items())}
     return {"by_tier": rate(by_tier), "by_kind": rate(by_kind),
             "last_action_is_call_by_tier": {k: round(sum(v) / len(v), 3) for k, v in sorted(called.items())}}
@@ -191,9 +194,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             conditions = set(args.conditions.split(","))
             try:
                 if "zero_shot" in conditions:
-                    zero = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True)
-                    result["zero_shot"] = {"success": round(zero.avg_at_k, 3), **table(flights, zero.per_task,
-                                                                                       zero.per_task_answer),
+                    zero = await evaluate_policy(tasks, env, policy.generate, tokenizer,
+                                                 config.model_copy(update={"temperature": args.temperature}),
+                                                 k=args.k, greedy=args.temperature == 0, seed=args.seed)
+                    result["zero_shot"] = {"success": round(zero.avg_at_k, 3), "k": args.k,
+                                           "temperature": args.temperature, f"avg@{args.k}": round(zero.avg_at_k, 3),
+                                           f"best@{args.k}": round(zero.best_at_k, 3),
+                                           **table(flights, zero.per_task, zero.per_task_answer),
                                            "examples": {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
                     result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
                     checkpoint(args.out, result)
@@ -224,6 +231,9 @@ def main() -> None:
     parser.add_argument("--obs-chars", type=int, default=700, help="characters of each observation in a demo")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--k", type=int, default=1, help="zero_shot: samples per task (avg@k, best@k)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="zero_shot: 0 is greedy")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--conditions", default="zero_shot,one_case,one_demo",
                         help="comma-separated: zero_shot, one_case, one_demo")
     parser.add_argument("--out", default=None)
