@@ -162,7 +162,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from trainer.policy import InProcessPolicy
 
     tiers = [int(t) for t in args.tiers.split(",")]
-    env_config = {"tiers": tiers}
+    env_config: dict[str, Any] = {"tiers": tiers}
+    if args.prompt_example:
+        env_config["prompt_example"] = True
     flights = FlightsEnvironment(env_config)
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "env.yaml"
@@ -231,6 +233,7 @@ def main() -> None:
     parser.add_argument("--obs-chars", type=int, default=700, help="characters of each observation in a demo")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-example", action="store_true", help="flights prompt_example: true")
     parser.add_argument("--k", type=int, default=1, help="zero_shot: samples per task (avg@k, best@k)")
     parser.add_argument("--temperature", type=float, default=0.0, help="zero_shot: 0 is greedy")
     parser.add_argument("--seed", type=int, default=0)
