@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
 
-from common.schemas import Task  # noqa: E402
+from common.schemas import ChatMessage, Task  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from env_service.environments.flights.tasks import ORDER_REF  # noqa: E402
 from experience_manager.render import render_experiences  # noqa: E402
@@ -52,15 +52,17 @@ def python_call(name: str, arguments: dict[str, Any]) -> str:
 
 
 async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
-                        max_obs_chars: int) -> tuple[str, str]:
+                        max_obs_chars: int) -> tuple[str, str, list[dict[str, str]]]:
     """A solved train task as (example text, the experience manager's case of it).
 
     The example text: its query, its reference calls and the real observations they got, and the closing
     reply. The case: what the experience manager's heuristic summary stores for the same replayed
-    trajectory (what pool seeding puts into the pool), rendered as retrieval renders it."""
+    trajectory (what pool seeding puts into the pool), rendered as retrieval renders it. The turns: the
+    same exchange as earlier chat turns (observations as user turns, as the trainer's template renders them)."""
     task = flights.task(task_id)
     created = await env.create("flights", Task(task_id=task_id, env_type="flights", split="train"))
     messages: list[dict[str, Any]] = [m.model_dump(exclude_none=True) for m in created.messages]
+    turns = [{"role": "user", "content": task.query}]
     # Not a chat transcript ("User:", "Tool:" lines): SmolLM2 goes on writing such a transcript, tool
     # results included, instead of making one call.
     lines = [f"A solved example of a similar request: \"{task.query}\""]
@@ -83,11 +85,13 @@ async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
             if name == "list_orders":
                 orders = json.loads(observation)
             lines.append(f"Step {len(lines)}: called {call}, which returned {observation[:max_obs_chars]}")
+            turns += [{"role": "assistant", "content": call}, {"role": "user", "content": observation[:max_obs_chars]}]
         closing = f"The answer is {task.answer}." if task.answer is not None else "Done."
         lines.append(f"Final reply: {closing}")
         lines.append("Handle the request below the same way: call one tool per message, then reply in plain text.")
         await env.step(created.instance_id, closing)  # a text reply ends the episode (and is a tier-1 answer)
         messages.append({"role": "assistant", "content": closing})
+        turns.append({"role": "assistant", "content": closing})
         score = (await env.evaluate(created.instance_id)).score
         if score != 1.0:
             raise RuntimeError(f"the reference of {task_id} did not solve it (score {score})")
@@ -96,7 +100,24 @@ async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
     view = build_view(messages=messages, reward=score, success_threshold=1.0, trajectory_id=None, task_id=task_id,
                       query=task.query)
     case = heuristic_case([view])
-    return "\n".join(lines), render_experiences([(case.when_to_use, case.content)])
+    return "\n".join(lines), render_experiences([(case.when_to_use, case.content)]), turns
+
+
+class DemoTurnsEnv:
+    """The env peer with a solved train task of the same kind put before the query as earlier chat turns
+    (the one-shot of issue 14); not how training injects experience, a reference point for it."""
+
+    def __init__(self, env: EnvPeer, flights: FlightsEnvironment, turns: dict[str, list[dict[str, str]]]) -> None:
+        self.env, self.flights, self.turns = env, flights, turns
+
+    async def create(self, env: str, task: Task) -> Any:
+        created = await self.env.create(env, task)
+        demo = [ChatMessage(role=t["role"], content=t["content"]) for t in self.turns[self.flights.task(task.task_id).kind]]
+        created.messages = [created.messages[0], *demo, *created.messages[1:]]
+        return created
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
 
 
 class Demonstrations:
@@ -148,7 +169,8 @@ async def with_experience(tasks: list[Task], env: EnvPeer, policy: Any, tokenize
 
 def checkpoint(out: str | None, result: dict[str, Any]) -> None:
     """The conditions measured so far, so that a run stopped early keeps them (`"partial": true`)."""
-    print(f"tiers: {', '.join(k for k in result if k in ('zero_shot', 'one_case', 'one_demo'))} done", file=sys.stderr,
+    print(f"tiers: {', '.join(k for k in result if k in ('zero_shot', 'one_case', 'one_demo', 'demo_turns'))} done",
+          file=sys.stderr,
           flush=True)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -214,6 +236,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     result[name] = await with_experience(tasks, env, policy, tokenizer, config, source, flights)
                     result[f"{name}_seconds"] = round(time.monotonic() - started, 1)
                     checkpoint(args.out, result)
+                if "demo_turns" in conditions:
+                    started = time.monotonic()
+                    turns_env = DemoTurnsEnv(env, flights, {kind: d[2] for kind, d in demos.items()})
+                    shown = await evaluate_policy(tasks, turns_env, policy.generate, tokenizer, config, k=1, greedy=True)
+                    result["demo_turns"] = {"success": round(shown.avg_at_k, 3),
+                                            **table(flights, shown.per_task, shown.per_task_answer),
+                                            "examples": {t: shown.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
+                    result["demo_turns_seconds"] = round(time.monotonic() - started, 1)
+                    checkpoint(args.out, result)
                 result["experience_texts"] = {kind: {"one_case": d[1], "one_demo": d[0]}
                                               for kind, d in demos.items() if kind in ("fare_lookup", "book_by_id")}
             finally:
@@ -238,7 +269,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="zero_shot: 0 is greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--conditions", default="zero_shot,one_case,one_demo",
-                        help="comma-separated: zero_shot, one_case, one_demo")
+                        help="comma-separated: zero_shot, one_case, one_demo, demo_turns (a solved train task of "
+                             "the same kind as earlier chat turns; not the training path)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = asyncio.run(run(args))
