@@ -1,17 +1,20 @@
 """Where can SmolLM2 learn on flights? Its starting success per tier, zero-shot and with one demonstration.
 
     .venv/bin/python benchmarks/tiers.py [--tiers 1,2,3] [--tasks 0] [--max-turns 4] [--max-new-tokens 64]
-                                         [--out benchmarks/results/tiers-smollm2.json]
+        [--conditions zero_shot,one_case,one_demo] [--k 1 --temperature 0] [--out benchmarks/results/tiers-smollm2.json]
 
-Starts `python -m env_service` with `flights: {tiers: [...]}` and evaluates SmolLM2-135M-Instruct, greedy, on
-the validation split (the first `--tasks` ids, 0: all) through the trainer's own path (`trainer.rollout`:
-context template, prompts, env create/step/evaluate over HTTP), without grammar. Two conditions:
-- `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does);
-- `one_demo`: the same episodes with one experience injected the way training injects it
-  (`collect_groups`, eta = 1): a solved *train-split* task of the same kind, its reference calls replayed
-  against the environment over HTTP so the observations in it are real. Never a validation or test task.
+Starts `python -m env_service` with `flights: {tiers: [...]}` and evaluates SmolLM2-135M-Instruct on the
+validation split (the first `--tasks` ids, 0: all) through the trainer's own path (`trainer.rollout`:
+context template, prompts, env create/step/evaluate over HTTP), without grammar. Conditions:
+- `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does); greedy, or avg@k and
+  best@k sampled at `--temperature`;
+- `one_case` / `one_demo` (greedy): the same episodes with one experience injected the way training injects
+  it (`collect_groups`, eta = 1), made from a solved *train-split* task of the same kind, its reference
+  calls replayed against the environment over HTTP so the observations are real (never a validation or
+  test task). `one_case` is what the experience manager's heuristic summary stores for that trajectory
+  (what pool seeding puts in the pool); `one_demo` is the trajectory itself as text, observations included.
 Rollout sizes default to `examples/quickstart.yaml` (4 turns, 64 new tokens, 1536 tokens of context).
-Prints one JSON line: success per tier and kind for both conditions, tool-call rate, the load average.
+Prints one JSON line: success per tier and kind per condition, tool-call rate, the load average.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
 
-from common.schemas import Task  # noqa: E402
+from common.schemas import ChatMessage, Task  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from env_service.environments.flights.tasks import ORDER_REF  # noqa: E402
 from experience_manager.render import render_experiences  # noqa: E402
@@ -49,15 +52,17 @@ def python_call(name: str, arguments: dict[str, Any]) -> str:
 
 
 async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
-                        max_obs_chars: int) -> tuple[str, str]:
+                        max_obs_chars: int) -> tuple[str, str, list[dict[str, str]]]:
     """A solved train task as (example text, the experience manager's case of it).
 
     The example text: its query, its reference calls and the real observations they got, and the closing
     reply. The case: what the experience manager's heuristic summary stores for the same replayed
-    trajectory (what pool seeding puts into the pool), rendered as retrieval renders it."""
+    trajectory (what pool seeding puts into the pool), rendered as retrieval renders it. The turns: the
+    same exchange as earlier chat turns (observations as user turns, as the trainer's template renders them)."""
     task = flights.task(task_id)
     created = await env.create("flights", Task(task_id=task_id, env_type="flights", split="train"))
     messages: list[dict[str, Any]] = [m.model_dump(exclude_none=True) for m in created.messages]
+    turns = [{"role": "user", "content": task.query}]
     # Not a chat transcript ("User:", "Tool:" lines): SmolLM2 goes on writing such a transcript, tool
     # results included, instead of making one call.
     lines = [f"A solved example of a similar request: \"{task.query}\""]
@@ -73,15 +78,20 @@ async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
             call = python_call(name, resolved)
             result = await env.step(created.instance_id, call)
             observation = result.observation.text()
-            messages += [{"role": "assistant", "content": call}, {"role": "tool", "content": observation}]
+            # The trajectory the case is made from carries the calls as the task manager's references do
+            # (<tool_call> blocks): the experience manager reads no python-style calls.
+            block = "<tool_call>" + json.dumps({"name": name, "arguments": resolved}) + "</tool_call>"
+            messages += [{"role": "assistant", "content": block}, {"role": "tool", "content": observation}]
             if name == "list_orders":
                 orders = json.loads(observation)
             lines.append(f"Step {len(lines)}: called {call}, which returned {observation[:max_obs_chars]}")
+            turns += [{"role": "assistant", "content": call}, {"role": "user", "content": observation[:max_obs_chars]}]
         closing = f"The answer is {task.answer}." if task.answer is not None else "Done."
         lines.append(f"Final reply: {closing}")
         lines.append("Handle the request below the same way: call one tool per message, then reply in plain text.")
         await env.step(created.instance_id, closing)  # a text reply ends the episode (and is a tier-1 answer)
         messages.append({"role": "assistant", "content": closing})
+        turns.append({"role": "assistant", "content": closing})
         score = (await env.evaluate(created.instance_id)).score
         if score != 1.0:
             raise RuntimeError(f"the reference of {task_id} did not solve it (score {score})")
@@ -90,7 +100,24 @@ async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
     view = build_view(messages=messages, reward=score, success_threshold=1.0, trajectory_id=None, task_id=task_id,
                       query=task.query)
     case = heuristic_case([view])
-    return "\n".join(lines), render_experiences([(case.when_to_use, case.content)])
+    return "\n".join(lines), render_experiences([(case.when_to_use, case.content)]), turns
+
+
+class DemoTurnsEnv:
+    """The env peer with a solved train task of the same kind put before the query as earlier chat turns
+    (the one-shot of issue 14); not how training injects experience, a reference point for it."""
+
+    def __init__(self, env: EnvPeer, flights: FlightsEnvironment, turns: dict[str, list[dict[str, str]]]) -> None:
+        self.env, self.flights, self.turns = env, flights, turns
+
+    async def create(self, env: str, task: Task) -> Any:
+        created = await self.env.create(env, task)
+        demo = [ChatMessage(role=t["role"], content=t["content"]) for t in self.turns[self.flights.task(task.task_id).kind]]
+        created.messages = [created.messages[0], *demo, *created.messages[1:]]
+        return created
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
 
 
 class Demonstrations:
@@ -112,7 +139,7 @@ def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers
     called: dict[str, list[float]] = {}
     for task_id, outcomes in per_task.items():
         task = flights.task(task_id)
-        success = float(outcomes[0] >= 1.0)
+        success = sum(o >= 1.0 for o in outcomes) / len(outcomes)  # avg@k
         by_tier.setdefault(str(task.tier), []).append(success)
         by_kind.setdefault(task.kind, []).append(success)
     for task_id, answer in answers.items():
@@ -120,7 +147,7 @@ def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers
             float("(" in answer and any(n in answer for n in ("search_flight", "get_passenger", "book_ticket",
                                                               "cancel_order", "list_orders", "tool_call"))))
     def rate(values: dict[str, list[float]]) -> dict[str, Any]:
-        return {k: {"success": round(sum(v) / len(v), 3), "solved": int(sum(v)), "tasks": len(v)}
+        return {k: {"success": round(sum(v) / len(v), 3), "solved": round(sum(v), 2), "tasks": len(v)}
                 for k, v in sorted(values.items())}
     return {"by_tier": rate(by_tier), "by_kind": rate(by_kind),
             "last_action_is_call_by_tier": {k: round(sum(v) / len(v), 3) for k, v in sorted(called.items())}}
@@ -142,7 +169,8 @@ async def with_experience(tasks: list[Task], env: EnvPeer, policy: Any, tokenize
 
 def checkpoint(out: str | None, result: dict[str, Any]) -> None:
     """The conditions measured so far, so that a run stopped early keeps them (`"partial": true`)."""
-    print(f"tiers: {', '.join(k for k in result if k in ('zero_shot', 'one_case', 'one_demo'))} done", file=sys.stderr,
+    print(f"tiers: {', '.join(k for k in result if k in ('zero_shot', 'one_case', 'one_demo', 'demo_turns'))} done",
+          file=sys.stderr,
           flush=True)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -156,7 +184,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from trainer.policy import InProcessPolicy
 
     tiers = [int(t) for t in args.tiers.split(",")]
-    env_config = {"tiers": tiers}
+    env_config: dict[str, Any] = {"tiers": tiers}
+    if args.prompt_example:
+        env_config["prompt_example"] = True
     flights = FlightsEnvironment(env_config)
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "env.yaml"
@@ -185,21 +215,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                                                             "max_new_tokens"}),
                                       "demonstrations": first_of_kind, "load_avg_start": os.getloadavg()[0]}
             started = time.monotonic()
+            conditions = set(args.conditions.split(","))
             try:
-                zero = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True)
-                result["zero_shot"] = {"success": round(zero.avg_at_k, 3), **table(flights, zero.per_task,
-                                                                                   zero.per_task_answer)}
-                result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
-                checkpoint(args.out, result)
+                if "zero_shot" in conditions:
+                    zero = await evaluate_policy(tasks, env, policy.generate, tokenizer,
+                                                 config.model_copy(update={"temperature": args.temperature}),
+                                                 k=args.k, greedy=args.temperature == 0, seed=args.seed)
+                    result["zero_shot"] = {"success": round(zero.avg_at_k, 3), "k": args.k,
+                                           "temperature": args.temperature, f"avg@{args.k}": round(zero.avg_at_k, 3),
+                                           f"best@{args.k}": round(zero.best_at_k, 3),
+                                           **table(flights, zero.per_task, zero.per_task_answer),
+                                           "examples": {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
+                    result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
+                    checkpoint(args.out, result)
                 for name, which in (("one_case", 1), ("one_demo", 0)):
+                    if name not in conditions:
+                        continue
                     started = time.monotonic()
                     source = Demonstrations({flights.task(t).query: demos[flights.task(t).kind][which] for t in ids})
                     result[name] = await with_experience(tasks, env, policy, tokenizer, config, source, flights)
                     result[f"{name}_seconds"] = round(time.monotonic() - started, 1)
                     checkpoint(args.out, result)
+                if "demo_turns" in conditions:
+                    started = time.monotonic()
+                    turns_env = DemoTurnsEnv(env, flights, {kind: d[2] for kind, d in demos.items()})
+                    shown = await evaluate_policy(tasks, turns_env, policy.generate, tokenizer, config, k=1, greedy=True)
+                    result["demo_turns"] = {"success": round(shown.avg_at_k, 3),
+                                            **table(flights, shown.per_task, shown.per_task_answer),
+                                            "examples": {t: shown.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
+                    result["demo_turns_seconds"] = round(time.monotonic() - started, 1)
+                    checkpoint(args.out, result)
                 result["experience_texts"] = {kind: {"one_case": d[1], "one_demo": d[0]}
                                               for kind, d in demos.items() if kind in ("fare_lookup", "book_by_id")}
-                result["examples"] = {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}
             finally:
                 await policy.aclose()
                 await env.aclose()
@@ -217,6 +264,13 @@ def main() -> None:
     parser.add_argument("--obs-chars", type=int, default=700, help="characters of each observation in a demo")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-example", action="store_true", help="flights prompt_example: true")
+    parser.add_argument("--k", type=int, default=1, help="zero_shot: samples per task (avg@k, best@k)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="zero_shot: 0 is greedy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--conditions", default="zero_shot,one_case,one_demo",
+                        help="comma-separated: zero_shot, one_case, one_demo, demo_turns (a solved train task of "
+                             "the same kind as earlier chat turns; not the training path)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = asyncio.run(run(args))

@@ -273,6 +273,8 @@ def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[st
             _set_default(tm, "env_url", urls["env_service"])
         elif tm.get("env_url") is None:
             raise ConfigError("task_manager.env_url: no env_service in launcher.services, so give its URL")
+        if "experience_manager" in services:  # where pool seeding writes (launcher.synthesis.seed_experience)
+            _set_default(tm, "experience_url", urls["experience_manager"])
     if "experience_manager" in services:
         em = data["experience_manager"]
         if em.get("qdrant_url") is None:

@@ -28,11 +28,11 @@ class SynthesisGate:
     """Callable gate for the trainer: False while the jobs run, True when done; raises if one failed."""
 
     def __init__(self, url: str, environments: list[str], episodes: int, timeout_s: float,
-                 say: Callable[[str], None], *, experience_url: str | None = None, workspace: str = "default",
+                 say: Callable[[str], None], *, seed_experience: bool = False, workspace: str = "default",
                  run_name: str = "run") -> None:
         self.url, self.environments, self.episodes, self.timeout_s = url, environments, episodes, timeout_s
         self.say = say
-        self.experience_url, self.workspace, self.run_name = experience_url, workspace, run_name
+        self.seed_experience, self.workspace, self.run_name = seed_experience, workspace, run_name
         self.results: dict[str, dict] = {}
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
@@ -74,7 +74,7 @@ class SynthesisGate:
                 self.say(f"self-questioning on {env}: {progress.get('episodes_done')} episodes, "
                          f"{progress.get('proposed')} tasks proposed, {progress.get('verified')} verified, "
                          f"{progress.get('kept')} kept ({time.monotonic() - started:.0f}s)")
-            if self.experience_url:
+            if self.seed_experience:
                 for env in self.environments:
                     await self._seed(client, env)
         finally:
@@ -82,8 +82,7 @@ class SynthesisGate:
 
     async def _seed(self, client: TaskClient, env: str) -> None:
         started = time.monotonic()
-        report = await client.seed_experience(env, self.experience_url or "", self.workspace,
-                                              request_id=f"seed-{self.run_name}-{env}-{self.workspace}",
+        report = await client.seed_experience(env, self.workspace, request_id=f"seed-{self.run_name}-{env}-{self.workspace}",
                                               timeout=self.timeout_s)
         self.results.setdefault(env, {})["seeding"] = report.model_dump(exclude={"task_ids"})
         self.say(f"self-navigating seeded from self-questioning on {env}: {report.sent} of {report.candidates} "

@@ -101,10 +101,10 @@ class FeedbackResponse(WireModel):
 
 
 class SeedRequest(WireModel):
-    """Seed an experience pool from verified synthetic tasks (their references replayed, then summarized)."""
+    """Seed an experience pool from verified synthetic tasks (their references replayed, then summarized into
+    `workspace` of the task manager's configured `experience_url`)."""
 
     env: str = Field(min_length=1)
-    experience_url: str = Field(pattern=r"^https?://", description="the experience manager's base URL")
     workspace: str = Field(default="default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     # Default: every verified synthetic task of `env` grown from a train task. Named ids must all be such
     # tasks: a validation or test task (or any other) fails the whole request with 400, nothing is sent.

@@ -85,13 +85,12 @@ class TaskClient(ServiceClient):
                 raise TimeoutError(f"job {job_id} still {job.status} after {timeout}s: {job.progress}")
             await asyncio.sleep(poll)
 
-    async def seed_experience(self, env: str, experience_url: str, workspace: str = "default", *,
-                              task_ids: list[str] | None = None, limit: int = 64, request_id: str | None = None,
+    async def seed_experience(self, env: str, workspace: str = "default", *, task_ids: list[str] | None = None,
+                              limit: int = 64, request_id: str | None = None,
                               timeout: float | None = 900.0) -> SeedResponse:
-        """Seed `workspace` of the experience manager at `experience_url` from verified synthetic tasks.
+        """Seed `workspace` of the task manager's experience manager from verified synthetic tasks.
         Retried only with a `request_id` (the experience manager applies a repeated one once)."""
-        body = {"env": env, "experience_url": experience_url, "workspace": workspace, "task_ids": task_ids,
-                "limit": limit, "request_id": request_id}
+        body = {"env": env, "workspace": workspace, "task_ids": task_ids, "limit": limit, "request_id": request_id}
         return await self.post("/v1/seed_experience", json=body, model=SeedResponse,
                                idempotent=request_id is not None, timeout=timeout)
 

@@ -280,6 +280,10 @@ class TaskManager:
         if request.env not in self.settings.environments:
             raise ServiceError(404, "unknown_environment", f"environment {request.env!r} is not served; "
                                f"configured: {', '.join(self.settings.environments)}")
+        experience_url = self.settings.experience_url
+        if experience_url is None:
+            raise ServiceError(400, "experience_manager_not_configured", "pool seeding needs "
+                               "task_manager.experience_url (the launcher sets it when experience_manager runs)")
         train_ids = {t.task_id for t in self.originals.get(request.env, [])}
         report = SeedReport()
         try:
@@ -301,7 +305,7 @@ class TaskManager:
             raise ServiceError(400, "not_seedable", str(exc)) from None
         chosen = chosen[: request.limit]
         report.candidates = len(chosen)
-        client = ExperienceClient(request.experience_url, timeout=600.0)
+        client = ExperienceClient(experience_url, timeout=600.0)
         try:
             await seed_pool(self.access, chosen, client, request.workspace, request_id=request.request_id,
                             report=report)
@@ -309,7 +313,7 @@ class TaskManager:
             raise
         except Exception as exc:  # the experience manager refused or is down: say which peer and why
             raise ServiceError(502, "experience_manager_failed",
-                               f"seeding {request.workspace!r} at {request.experience_url} failed: {exc}") from None
+                               f"seeding {request.workspace!r} at {experience_url} failed: {exc}") from None
         finally:
             await client.aclose()
         logger.info("seeded experience workspace {} from {} of {} synthetic {} tasks", request.workspace,

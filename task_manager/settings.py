@@ -2,6 +2,7 @@
 
     task_manager:
       env_url: http://127.0.0.1:8080      # the environment service
+      experience_url: null                 # the experience manager that pool seeding writes to (the launcher sets it)
       store_dir: runs/task_manager         # task store (SQLite): a restart continues from it
       environments: [flights]              # environments whose tasks are served and synthesized
       profiles: {flights: task_manager/profiles/flights.json}   # optional; else derived from the env
@@ -90,6 +91,8 @@ class CurriculumSettings(StrictModel):
 class TaskManagerSettings(ServiceSettings):
     port: int = Field(default=8030, ge=0, le=65535)
     env_url: str = "http://127.0.0.1:8080"
+    # Pool seeding sends replayed references here and nowhere else: a caller cannot name another URL.
+    experience_url: str | None = Field(default=None, pattern=r"^https?://")
     store_dir: str = "runs/task_manager"
     environments: list[str] = Field(default_factory=lambda: ["flights"], min_length=1)
     profiles: dict[str, str] = Field(default_factory=dict)  # env -> AgentEvolver-shape profile JSON file

@@ -104,3 +104,10 @@ def test_tiers_over_http_counts_and_tier1_grading(tmp_path):
                     await client.release(created.instance_id)
 
         asyncio.run(scenario())
+
+
+def test_prompt_example_is_opt_in_and_names_no_real_passenger():
+    plain, example = FlightsEnvironment({}), FlightsEnvironment({"prompt_example": True})
+    assert "Example:" not in plain.system_prompt and example.system_prompt.startswith(plain.system_prompt)
+    assert "Zoe Park" in example.system_prompt
+    assert all(p.name != "Zoe Park" for p in example.world.passengers.values())

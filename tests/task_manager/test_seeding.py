@@ -20,7 +20,7 @@ from task_manager.client import TaskClient
 from task_manager.models import Call, Reference, StoredTask
 from task_manager.store import TaskStore
 from tests.experience_manager.conftest import write_conf as write_em_conf
-from tests.helpers import run_service
+from tests.helpers import free_port, run_service
 from tests.launcher.test_synthesis import poll
 from tests.task_manager.conftest import write_conf
 
@@ -45,10 +45,14 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
     store_dir = tmp_path / "tm"
     store_dir.mkdir()
     _plant_held_out(store_dir)
-    tm_conf = write_conf(tmp_path / "tm.yaml", flights_env.url, store_dir, dedup={"embeddings": False})
+    em_port = free_port()
+    # The task manager sends replayed references only to the experience manager its config names.
+    tm_conf = write_conf(tmp_path / "tm.yaml", flights_env.url, store_dir, dedup={"embeddings": False},
+                         experience_url=f"http://127.0.0.1:{em_port}")
     em_conf = write_em_conf(tmp_path / "em.yaml", {"summary": {"mode": "heuristic"}})
     with run_service("task_manager", ["--conf", str(tm_conf)]) as tm, \
-            run_service("experience_manager", ["--store", str(tmp_path / "em"), "--conf", em_conf]) as em:
+            run_service("experience_manager", ["--store", str(tmp_path / "em"), "--conf", em_conf],
+                        port=em_port) as em:
 
         async def synthesize() -> None:
             async with TaskClient(tm.url) as tasks:
@@ -60,7 +64,7 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
         asyncio.run(synthesize())
         said: list[str] = []
         gate = SynthesisGate(tm.url, ["flights"], episodes=2, timeout_s=120, say=said.append,
-                             experience_url=em.url, workspace="seeded", run_name="unit")
+                             seed_experience=True, workspace="seeded", run_name="unit")
         assert poll(gate), said
         counters = gate.results["flights"]["seeding"]
         assert any("self-navigating seeded from self-questioning" in line for line in said)
@@ -79,18 +83,24 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
                 seeded_from = {tid for e in experiences for tid in e.provenance.task_ids}
                 assert seeded_from and seeded_from <= set(from_train)
                 assert not any(t.startswith(("validation", "test")) or t == HELD_OUT_SEEDED for t in seeded_from)
-                # The cases hold the replayed reference's calls: the pool learned from the synthetic tasks.
-                assert all("succeeded" in e.content and "(" in e.content for e in experiences)
+                # The cases hold the replayed reference's calls (each ends in a state change): the pool learned
+                # from the synthetic tasks what to call.
+                assert all("succeeded" in e.content and ("book_ticket(" in e.content or "cancel_order(" in e.content)
+                           for e in experiences), [e.content for e in experiences]
                 pool_size = (await pool.stats("seeded"))["active"]
 
                 # Named held-out, original and validation-grown tasks are refused by name; nothing is sent.
                 for bad, why in (("validation-0000", "validation task"), ("test-0003", "test task"),
                                  ("train-0000", "not a synthetic task"), (HELD_OUT_SEEDED, "not a train task")):
                     with pytest.raises(ServiceCallError) as refused:
-                        await tasks.seed_experience("flights", em.url, "seeded", task_ids=[from_train[0], bad])
+                        await tasks.seed_experience("flights", "seeded", task_ids=[from_train[0], bad])
                     error = refused.value
                     assert (error.status, error.code) == (400, "not_seedable")
                     assert bad in error.message and why in error.message, error.message
+                # A caller cannot send the references anywhere else: the request has no URL to give.
+                with pytest.raises(ServiceCallError) as elsewhere:
+                    await tasks.post("/v1/seed_experience", json={"env": "flights", "experience_url": "http://x.test"})
+                assert elsewhere.value.status == 422 and "experience_url" in str(elsewhere.value)
                 assert (await pool.stats("seeded"))["active"] == pool_size
 
         asyncio.run(scenario())

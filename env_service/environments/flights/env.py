@@ -32,6 +32,16 @@ message if you like, or as <tool_call>{{"name": ..., "arguments": {{...}}}}</too
 When the request is done (or cannot be done), reply in plain text without a tool call; that ends the conversation."""
 
 
+# `prompt_example: true`: one worked exchange in the system prompt. The passenger is made up (no task can
+# ask about them), so the example shows the call format and the closing reply without leaking an answer.
+PROMPT_EXAMPLE = """
+Example:
+User: How much travel credit does Zoe Park have?
+Assistant: get_passenger(name='Zoe Park')
+Tool: {"passenger_id": "P0999", "name": "Zoe Park", "tier": "basic", "travel_credit": 900}
+Assistant: Zoe Park has 900 USD of travel credit."""
+
+
 def _signature(name: str) -> str:
     params = TOOL_SPECS[name][1]
     return f"{name}({', '.join(arg if required else arg + '=None' for arg, (_, required, _) in params.items())})"
@@ -69,7 +79,7 @@ class FlightsEnvironment(Environment):
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        known = {"seed", "routes", "splits", "max_steps", "tiers"}
+        known = {"seed", "routes", "splits", "max_steps", "tiers", "prompt_example"}
         unknown = sorted(set(self.config) - known)
         if unknown:
             raise ValueError(f"unknown flights config key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
@@ -92,6 +102,8 @@ class FlightsEnvironment(Environment):
         self.system_prompt = SYSTEM_PROMPT.format(
             signatures=", ".join(_signature(n) for n in TOOL_SPECS), airports=", ".join(AIRPORTS),
             first=DATES[0], last=DATES[-1])
+        if self.config.get("prompt_example", False):
+            self.system_prompt += PROMPT_EXAMPLE
 
     # ------------------------------------------------------------ tasks
 
