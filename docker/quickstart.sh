@@ -6,7 +6,8 @@
 #
 # Phases (each printed with its time): 1. base image (pulled, or made with debootstrap + docker import
 # when no registry answers), 2. torch (the PyTorch CPU index, or a CPU wheel staged in docker/wheels/),
-# 3. image build, 4. services up and healthy, 5. a training run into its own run folder. The stack
+# 3. image build, 4. services up and healthy, 5. a training run into its own run folder (the loop of
+# examples/quickstart.yaml: synthesis first, then every self-evolving mechanism; docker/README.md). The stack
 # stays up afterwards: the last lines say where the run is, how to look at it and how to stop.
 #
 # Environment (all optional; the .env at the repo root is read too, see example.env):
