@@ -2,7 +2,8 @@
 # End-to-end check of docker/: runs docker/quickstart.sh (base image, build, up, train) on a
 # fresh-clone copy of the repo under its own compose project and free host ports, checks every
 # service's /healthz from inside the compose network and on 127.0.0.1, asserts from the trainer's
-# summary.json that the run trained at least E2E_STEPS steps, prints each container's peak memory
+# summary.json that the run trained at least E2E_STEPS steps with every self-evolving mechanism (synthetic
+# tasks sampled, rollouts with injected experience, judge labels, ADCA-GRPO), prints each container's peak memory
 # against its limit, and tears everything down (containers, network, volumes; also on failure or
 # Ctrl-C). The image stays (docker/README.md says how to remove it).
 #
@@ -93,7 +94,7 @@ for svc in "${SERVICES[@]}"; do
 done
 
 if [ "$EVOLVER_TRAIN" = 1 ]; then
-    say "e2e: the run's summary.json says it trained $STEPS steps of $EVOLVER_POLICY_MODEL"
+    say "e2e: the run's summary.json says it trained $STEPS steps of $EVOLVER_POLICY_MODEL with every mechanism"
     "${COMPOSE[@]}" exec -T studio python -c "
 import json, sys
 path = '/data/runs/$RUN_NAME/trainer/summary.json'
@@ -103,6 +104,19 @@ print(path, {k: summary[k] for k in ('steps', 'rollouts', 'dropped_groups', 'run
 assert summary['steps'] >= $STEPS, f'trained {summary[\"steps\"]} steps, expected $STEPS'
 assert summary['rollouts'] > 0, 'no rollouts'
 assert config['model'] == '$EVOLVER_POLICY_MODEL', config['model']
+# The self-evolving mechanisms ran, not plain GRPO: every one of them left counts in the summary.
+m = summary['mechanisms']
+sq, sn, sa = m['self_questioning'], m['self_navigating'], m['self_attributing']
+print('self-questioning', {k: sq[k] for k in ('tasks_sampled', 'synthetic_sampled', 'tasks_proposed', 'tasks_kept')})
+print('self-navigating', {k: sn[k] for k in ('retrievals', 'hits', 'injected_rollouts', 'experiences_created')})
+print('self-attributing', {k: sa[k] for k in ('steps_labelled', 'parsed_labels', 'good', 'bad', 'fallbacks')})
+print('advantage estimator', config['advantage']['estimator'])
+assert config['advantage']['estimator'] == 'adca_grpo', config['advantage']
+assert sq['synthetic_sampled'] > 0, 'no synthetic task was sampled'
+assert sn['injected_rollouts'] > 0, 'no rollout got injected experience'
+assert sa['steps_labelled'] > 0, 'the judge labelled no step'
+# A random-initialized tiny judge need not write a label that parses (those steps take the outcome's sign).
+assert '$EVOLVER_LLM_MODEL' == 'tiny' or sa['parsed_labels'] > 0, 'no label was read from the judge model'
 "
     say "e2e: the studio lists the run"
     "${COMPOSE[@]}" exec -T studio python -c "

@@ -6,7 +6,8 @@
 #
 # Phases (each printed with its time): 1. base image (pulled, or made with debootstrap + docker import
 # when no registry answers), 2. torch (the PyTorch CPU index, or a CPU wheel staged in docker/wheels/),
-# 3. image build, 4. services up and healthy, 5. a training run into its own run folder. The stack
+# 3. image build, 4. services up and healthy, 5. a training run into its own run folder (the loop of
+# examples/quickstart.yaml: synthesis first, then every self-evolving mechanism; docker/README.md). The stack
 # stays up afterwards: the last lines say where the run is, how to look at it and how to stop.
 #
 # Environment (all optional; the .env at the repo root is read too, see example.env):
@@ -138,7 +139,7 @@ phase_end up
 # ------------------------------------------------------------------ 5. train
 RUN_NAME=${EVOLVER_RUN_NAME:-${EVOLVER_EXPERIMENT:-compose}-$(date -u +%Y%m%d-%H%M%S)}
 if [ "${EVOLVER_TRAIN:-1}" = 1 ]; then
-    phase_start train "training ${EVOLVER_TRAIN_STEPS:-10} steps of ${EVOLVER_POLICY_MODEL:-smollm2} into run $RUN_NAME"
+    phase_start train "training ${EVOLVER_TRAIN_STEPS:-6} steps of ${EVOLVER_POLICY_MODEL:-smollm2} into run $RUN_NAME"
     EVOLVER_RUN_NAME=$RUN_NAME "${COMPOSE[@]}" --profile train run --rm trainer
     phase_end train
 fi

@@ -8,15 +8,24 @@ With `launcher.synthesis.seed_experience`, self-questioning then feeds self-navi
 replays the verified synthetic tasks' references and has the experience manager summarize them into the
 trainer's workspace (`POST /v1/seed_experience`; it refuses held-out tasks). A resumed run sends the
 same request id, which the experience manager applies once.
+
+Where the services run without the launcher (docker compose), the same step runs on its own before the
+trainer: `python -m evolver_launcher.synthesis --conf run.yaml` reads `launcher.synthesis`, the task
+manager's environments and the trainer's peer URLs from the run YAML.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from common.config import ConfigError, compose, validate
+from evolver_launcher.settings import LauncherSettings
 from task_manager.client import TaskClient
 
 
@@ -46,9 +55,14 @@ class SynthesisGate:
             raise SynthesisFailed(self._error)
         return self._done.is_set()
 
+    def run(self) -> dict[str, dict]:
+        """The jobs (and seeding) in the calling thread; each environment's funnel. Raises on failure."""
+        asyncio.run(self._jobs())
+        return self.results
+
     def _run(self) -> None:
         try:
-            asyncio.run(self._jobs())
+            self.run()
         except Exception as exc:  # reported by the supervisor, with the task manager's log
             self._error = f"{type(exc).__name__}: {exc}"
         else:
@@ -89,3 +103,72 @@ class SynthesisGate:
                  f"verified synthetic tasks replayed into workspace {self.workspace!r}, "
                  f"{report.experiences_created} experiences created ({report.refused} refused, "
                  f"{report.replay_failed} failed to replay; {time.monotonic() - started:.0f}s)")
+
+
+# ------------------------------------------------------------------ standalone (docker compose)
+
+
+def _peer_url(raw: dict[str, Any], name: str) -> str | None:
+    url = ((raw.get("trainer") or {}).get("services") or {}).get(name)
+    if url is not None and not isinstance(url, str):
+        raise ConfigError(f"trainer.services.{name}: must be a URL string, got {url!r}")
+    return url
+
+
+def gate_from_config(raw: dict[str, Any], say: Callable[[str], None], run_name: str) -> SynthesisGate | None:
+    """The gate the launcher would attach for this run YAML, its peers found by the trainer's URLs; None
+    when `launcher.synthesis.episodes` is 0."""
+    settings = validate(LauncherSettings, raw.get("launcher") or {}, root="launcher").synthesis
+    if not settings.episodes:
+        if settings.seed_experience:
+            raise ConfigError("launcher.synthesis.seed_experience: seeding the pool from synthetic tasks needs "
+                              "launcher.synthesis.episodes > 0")
+        return None
+    task_url = _peer_url(raw, "task_url")
+    if not task_url:
+        raise ConfigError("trainer.services.task_url: launcher.synthesis.episodes > 0 needs the task manager's URL")
+    environments = (raw.get("task_manager") or {}).get("environments")
+    if not isinstance(environments, list) or not environments or not all(isinstance(e, str) for e in environments):
+        raise ConfigError("task_manager.environments: list the environments to explore (e.g. [flights])")
+    experience_url = None
+    if settings.seed_experience:
+        experience_url = _peer_url(raw, "experience_url")
+        if not experience_url:
+            raise ConfigError("trainer.services.experience_url: launcher.synthesis.seed_experience needs the "
+                              "experience manager's URL")
+    workspace = ((raw.get("trainer") or {}).get("experience") or {}).get("workspace", "default")
+    return SynthesisGate(task_url, environments, settings.episodes, settings.timeout_s, say=say,
+                         experience_url=experience_url, workspace=workspace, run_name=run_name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m evolver_launcher.synthesis",
+        description="Self-questioning before training, against running services (what the launcher does "
+                    "before it starts the trainer); exit 0 when the task store is ready to train on.")
+    parser.add_argument("--conf", required=True, help="the run's YAML (launcher.synthesis, task_manager, trainer)")
+    parser.add_argument("--run-name", default="run", help="names the seeding request (a rerun is applied once)")
+    parser.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. launcher.synthesis.episodes=4")
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        print(f"[synthesis] {message}", flush=True)
+
+    try:
+        gate = gate_from_config(compose(args.conf, args.overrides), say, args.run_name)
+    except ConfigError as exc:
+        print(f"synthesis: {exc}", file=sys.stderr)
+        return 2
+    if gate is None:
+        say("launcher.synthesis.episodes is 0: no self-questioning before training")
+        return 0
+    try:
+        gate.run()
+    except Exception as exc:  # a failed job or an unreachable task manager: the trainer must not start
+        print(f"synthesis: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import load_config
-from evolver_launcher.plan import _section_model
+from common.config import compose, load_config
+from evolver_launcher.plan import TRAINER_URL_FIELDS, _section_model
+from evolver_launcher.synthesis import gate_from_config
 from tests.helpers import REPO
 
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yml"
@@ -68,7 +69,9 @@ def test_compose_file_is_valid_and_has_every_service(tmp_path, monkeypatch):
     assert config["trainer"]["environment"]["RAY_ADDRESS"] == "ray://ray-head:10001"
     # Each trainer run gets its own folder under /data/runs, which the studio serves.
     # (`config` prints the escaped `$$`; the container gets one `$`.)
-    assert "trainer.output_dir=/data/runs/$${EVOLVER_RUN_NAME:-" in config["trainer"]["command"][-1]
+    trainer_command = config["trainer"]["command"][-1]
+    assert trainer_command.startswith("run=$${EVOLVER_RUN_NAME:-")
+    assert "trainer.output_dir=/data/runs/$$run/trainer" in trainer_command
     assert "--runs /data/runs" in " ".join(config["studio"]["command"])
     assert config["ray-head"]["build"]["args"]["BASE"] == "python:3.11-slim"
     rebased = run_compose(cmd, "-f", str(COMPOSE_FILE), "config", "--format", "json",
@@ -89,7 +92,8 @@ def test_compose_config_rejects_a_broken_file(tmp_path, monkeypatch):
 def test_the_compose_run_config_validates_section_by_section(monkeypatch):
     monkeypatch.delenv("QDRANT_URL", raising=False)
     conf = REPO / "docker" / "run.yaml"
-    for section in ("llm_server", "env_service", "task_manager", "experience_manager", "judge", "trainer"):
+    for section in ("launcher", "llm_server", "env_service", "task_manager", "experience_manager", "judge",
+                    "trainer"):
         settings = load_config(_section_model(section), conf, section=section)
         assert settings is not None
     trainer = load_config(_section_model("trainer"), conf, section="trainer")
@@ -97,6 +101,76 @@ def test_the_compose_run_config_validates_section_by_section(monkeypatch):
     monkeypatch.setenv("QDRANT_URL", "http://qdrant:6333")
     em = load_config(_section_model("experience_manager"), conf, section="experience_manager")
     assert em.qdrant_url == "http://qdrant:6333"
+
+
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+RUN_YAML = REPO / "docker" / "run.yaml"
+# Per section, what only the deployment decides (URLs, stores on the volume, Ray, threads, the run folder):
+# everything else in docker/run.yaml must equal examples/quickstart.yaml.
+DEPLOYMENT_KEYS = {
+    "launcher": {"experiment", "services", "ports", "threads", "restart", "ray", "studio"},
+    "llm_server": {"threads"},
+    "env_service": set(),
+    "task_manager": {"env_url", "store_dir"},
+    "experience_manager": {"store", "qdrant_url"},
+    "judge": {"llm", "audit_log"},
+    "trainer": {"output_dir", "torch_threads", "services", "ray"},
+}
+# Environment variables run.yaml reads: unset, so that its defaults are compared.
+RUN_YAML_ENV = ("EVOLVER_LLM_MODEL", "EVOLVER_POLICY_MODEL", "EVOLVER_TRAIN_STEPS", "JUDGE_BASE_URL", "JUDGE_MODEL",
+                "JUDGE_API_KEY_ENV", "QDRANT_URL")
+
+
+def compose_service_address(services: dict, name: str) -> str:
+    """`host:port` a compose service answers on inside the network: its name and its command's --port."""
+    port = re.search(r"--port (\d+)", services[name]["command"])
+    assert port, f"{name}: no --port in its command"
+    return f"{name}:{port.group(1)}"
+
+
+def url_address(url: str) -> str:
+    match = re.fullmatch(r"http://([a-z-]+:\d+)(/v1)?", url)
+    assert match, url
+    return match.group(1)
+
+
+def test_the_compose_trainer_runs_the_quickstart_loop_with_every_mechanism(monkeypatch):
+    """A compose run is the loop of `launcher.py --conf examples/quickstart.yaml`, not plain GRPO: the
+    trainer names each mechanism's service by the compose name and port it answers on, waits for it to be
+    healthy, runs self-questioning before training, and every mechanism setting equals the quickstart's."""
+    for name in RUN_YAML_ENV:
+        monkeypatch.delenv(name, raising=False)
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    trainer = load_config(_section_model("trainer"), RUN_YAML, section="trainer")
+    compose_names = {"env_service": "env-service", "task_manager": "task-manager",
+                     "experience_manager": "experience-manager", "judge": "judge"}
+    assert set(compose_names) == set(TRAINER_URL_FIELDS), "a peer the launcher wires is missing here"
+    for section, field_name in TRAINER_URL_FIELDS.items():
+        url = getattr(trainer.services, field_name)
+        assert url, f"trainer.services.{field_name} is not set: {section} would sit unused"
+        assert url_address(url) == compose_service_address(services, compose_names[section]), field_name
+        assert services["trainer"]["depends_on"][compose_names[section]] == {"condition": "service_healthy"}
+    judge = load_config(_section_model("judge"), RUN_YAML, section="judge")
+    assert url_address(judge.llm.base_url) == compose_service_address(services, "llm-server")
+
+    # The mechanisms are on (not `mechanisms: {}`): ADCA-GRPO on judge labels, experience for half of each
+    # group, synthetic tasks in the mixture, synthesis before training.
+    assert trainer.advantage.needs_step_labels and trainer.rollout.experience_ratio == 0.5
+    assert trainer.tasks.synthetic_ratio == 0.5 and trainer.rollout.env == "flights"
+    gate = gate_from_config(compose(RUN_YAML), say=print, run_name="test")
+    assert gate is not None and gate.url == "http://task-manager:8030"
+    assert (gate.environments, gate.episodes) == (["flights"], 8)
+    command = services["trainer"]["command"][-1]
+    synthesis, training = command.index("python -m evolver_launcher.synthesis --conf docker/run.yaml"), \
+        command.index("exec python -m trainer --conf docker/run.yaml")
+    assert synthesis < training and "&&" in command[synthesis:training], "training must wait for synthesis"
+
+    run_yaml, quickstart = compose(RUN_YAML), compose(QUICKSTART)
+    for section, deployment in DEPLOYMENT_KEYS.items():
+        ours = {k: v for k, v in run_yaml[section].items() if k not in deployment}
+        theirs = {k: v for k, v in quickstart[section].items() if k not in deployment}
+        assert ours == theirs, f"{section}: docker/run.yaml differs from examples/quickstart.yaml"
+    assert quickstart["judge"]["llm"] == {"base_url": "llm_server"}, "the quickstart's judge uses llm_server too"
 
 
 # `${NAME}`, `${NAME:-default}`, `${NAME-default}`: read from the shell or .env by Compose. `$${NAME}` is
