@@ -28,7 +28,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     parser.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16"],
                         help="auto (default): bfloat16 where the CPU has native bf16, else float32")
-    parser.add_argument("--max-batch", type=int, default=None, help="sequences decoded together at most (16)")
+    parser.add_argument("--max-batch", type=int, default=None, help="sequences decoded together at most (32)")
     parser.add_argument("--batch-window-ms", type=float, default=None,
                         help="how long an idle server waits to batch arriving requests (10)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")

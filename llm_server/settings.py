@@ -17,7 +17,8 @@ class LLMServerSettings(ServiceSettings):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="weights and KV cache; auto: bfloat16 where the CPU computes it natively "
                                     "(avx512_bf16 or AMX: ~1.5-2x faster decode), else float32")
-    max_batch: int = Field(default=16, ge=1, description="rows (sequences) decoded together at most")
+    max_batch: int = Field(default=32, ge=1, description=(
+        "rows (sequences) decoded together at most: a GRPO batch of 8 tasks x 4 rollouts decodes as one"))
     batch_window_ms: float = Field(default=10.0, ge=0, description="how long an idle server waits for company")
     threads: int | None = Field(default=None, ge=1, description="torch threads (default: all cores)")
     default_max_tokens: int = Field(default=512, ge=1, description="max_tokens of a chat request that gives none")
