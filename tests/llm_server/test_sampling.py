@@ -49,3 +49,17 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
         seen[0].add(tokens[0])
         seen[1].add(tokens[1])
     assert seen == [{1}, {1, 2}]
+
+
+def test_the_block_search_finds_tokens_in_any_block_of_a_large_vocabulary() -> None:
+    # Vocabulary 1000 (4 blocks of 256, the last one padded): mass 0.5 on token 5, 0.25 on 300 and on 999.
+    logits = torch.full((1, 1000), float("-inf"))
+    logits[0, [5, 300, 999]] = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    gens = _gens(1)
+    counts: dict[int, int] = {}
+    for _ in range(2000):
+        token = sample_rows(logits, [1.0], [1.0], gens)[0]
+        counts[token] = counts.get(token, 0) + 1
+    assert set(counts) == {5, 300, 999}
+    # 4 standard errors at p=0.5 and n=2000 is 0.045.
+    assert abs(counts[5] / 2000 - 0.5) < 0.045 and abs(counts[999] / 2000 - 0.25) < 0.045, counts
