@@ -63,7 +63,7 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.lengths = torch.zeros(0, dtype=torch.long)  # tokens cached per row
         self.rows = 0
-        self._write: tuple[torch.Tensor, torch.Tensor] | None = None  # decode: (row index, column) per row
+        self._write: torch.Tensor | None = None  # decode: per (row, kv head), its flat [slot, head, column] index
         self._prefill: tuple[int, int] | None = None  # prefill: (first slot, width)
         self._span = 0  # columns the current decode step attends over: the whole buffer (see above)
 
@@ -77,9 +77,11 @@ class SlotCache:
             values[first:first + key.shape[0], :, :width] = value
             return key, value
         assert self._write is not None, "SlotCache.update outside a prefill or decode step"
-        rows, columns = self._write
-        keys[rows, :, columns] = key[:, :, 0]
-        values[rows, :, columns] = value[:, :, 0]
+        # One index_copy_ per buffer into its [slots * kv_heads * columns, head_dim] view (flat indices from
+        # begin_decode): mixed advanced indexing cost ~5% of a 32-row bf16 step (profiled).
+        flat = self._write
+        keys.view(-1, self.head_dim).index_copy_(0, flat, key[:, :, 0].reshape(-1, self.head_dim))
+        values.view(-1, self.head_dim).index_copy_(0, flat, value[:, :, 0].reshape(-1, self.head_dim))
         return keys[:self.rows, :, :self._span], values[:self.rows, :, :self._span]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -119,7 +121,8 @@ class SlotCache:
         lengths = self.lengths[:self.rows]
         self._reserve(self.rows, int(lengths.max()) + 1)
         self._span = self.capacity[1]
-        self._write = (torch.arange(self.rows), lengths)
+        heads = torch.arange(self.rows)[:, None] * self.kv_heads + torch.arange(self.kv_heads)[None, :]
+        self._write = (heads * self._span + lengths[:, None]).reshape(-1)
         return (torch.arange(self._span) <= lengths[:, None]).view(self.rows, 1, 1, self._span)
 
     def end_decode(self) -> None:
