@@ -10,7 +10,7 @@ Here row r of the batch lives in slot r: its tokens at columns 0..lengths[r]-1 o
 every allocated column with a per-row mask. Not just columns 0..max length: CPU matmul (bf16 always, fp32
 in the batched case) copies an operand that is not contiguous, and a slice of the column axis is not; that
 copy cost more than reading the < _BLOCK masked columns past the longest row (zeros keep them harmless):
-a 32-row decode step ran 1.3-1.5x faster in fp32 and bf16. Rows that finish leave a hole that the last row
+a quiet 32-row bf16 decode step took 150 ms instead of 174 (fp32: no change; benchmarks/decode_step.py). Rows that finish leave a hole that the last row
 moves into (copying only that row); buffers grow by whole blocks and are freed when the batch empties.
 
 Attention (`ATTENTION`, registered with transformers): a single-token query folds each key/value head's
