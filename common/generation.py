@@ -31,6 +31,7 @@ from loguru import logger
 
 from common.grammar import CompiledGrammar, MaskBatch, apply_bitmask
 from common.kv_slots import ATTENTION, SlotCache
+from common.sampling import sample_rows
 
 
 @dataclass(frozen=True)
@@ -361,23 +362,21 @@ class Engine:
         rows = self._rows[start:]
         logprobs = torch.log_softmax(logits, dim=-1)  # raw: before the grammar mask (see Completion)
         self._constrain(rows, logits)  # in place: the raw values are not needed past this point
-        greedy = logits.argmax(dim=-1).tolist()
+        tokens = sample_rows(logits, [row.job.params.temperature for row in rows],
+                             [row.job.params.top_p for row in rows], [row.generator for row in rows])
+        chosen = logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
         finished: list[int] = []
-        for i, row in enumerate(rows):
+        for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
             params = row.job.params
             if row.aborted:
                 finished.append(start + i)
                 continue
-            if params.temperature <= 0:
-                token = greedy[i]
-            else:
-                token = _sample(logits[i], params.temperature, params.top_p, row.generator)
             if row.matcher is not None and not row.matcher.consume_token(token):
                 self._abort(row, f"the grammar matcher refused token {token}: {row.matcher.get_error()}")
                 finished.append(start + i)
                 continue
             row.token_ids.append(token)
-            row.logprobs.append(float(logprobs[i, token]))
+            row.logprobs.append(chosen[i])
             if params.top_logprobs:
                 values, ids = logprobs[i].topk(params.top_logprobs)
                 row.tops.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
@@ -502,18 +501,6 @@ def _resolve(future: concurrent.futures.Future, outcome: Any) -> None:
             future.set_result(outcome)
     except concurrent.futures.InvalidStateError:
         pass
-
-
-def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
-        keep = (sorted_probs.cumsum(-1) - sorted_probs) < top_p
-        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-        choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
-        return int(order[choice])
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _check_cache_layout(model: Any) -> None:

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="smollm2 (default), tiny, or a local HF model directory")
     parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
-    parser.add_argument("--max-batch", type=int, default=None, help="sequences decoded together at most (16)")
+    parser.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16"],
+                        help="auto (default): bfloat16 where the CPU has native bf16, else float32")
+    parser.add_argument("--max-batch", type=int, default=None, help="sequences decoded together at most (32)")
     parser.add_argument("--batch-window-ms", type=float, default=None,
                         help="how long an idle server waits to batch arriving requests (10)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
@@ -59,14 +60,14 @@ def main(argv: list[str] | None = None) -> None:
     threads = settings.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     try:
-        model, tokenizer = load_from_directory(model_dir, dtype=getattr(torch, settings.dtype))
+        model, tokenizer = load_from_directory(model_dir, dtype=_torch_dtype(settings.dtype))
         engine = Engine(model, tokenizer, max_batch=settings.max_batch,
                         batch_window_s=settings.batch_window_ms / 1000, threads=threads)
     except (ModelLoadError, ValueError) as exc:
         sys.exit(f"llm_server: {exc}")
     name = settings.served_model_name or settings.model
-    logger.info("llm_server: serving {!r} ({} parameters, context {}, max batch {}, {} threads)", name,
-                f"{model.num_parameters():,}", engine.context_length, settings.max_batch, threads)
+    logger.info("llm_server: serving {!r} ({} parameters, {}, context {}, max batch {}, {} threads)", name,
+                f"{model.num_parameters():,}", model.dtype, engine.context_length, settings.max_batch, threads)
     grammars = _grammar_compiler(tokenizer, engine, settings)
     app = build_app(ServedModel(engine, tokenizer, name, settings, grammars))
     try:
@@ -75,6 +76,17 @@ def main(argv: list[str] | None = None) -> None:
         engine.close()
         if grammars is not None:
             grammars.close()
+
+
+def _torch_dtype(name: str) -> Any:
+    """The weights' dtype; `auto` takes bf16 only where the CPU has bf16 instructions (emulated bf16 is slower)."""
+    import torch
+
+    if name != "auto":
+        return getattr(torch, name)
+    native = any(getattr(torch.cpu, probe, lambda: False)()
+                 for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return torch.bfloat16 if native else torch.float32
 
 
 def _grammar_compiler(tokenizer: Any, engine: Engine, settings: LLMServerSettings) -> GrammarCompiler | None:

@@ -22,7 +22,10 @@ from tests.helpers import ServiceProcess, run_service  # noqa: E402
 def smollm2_server() -> Iterator[ServiceProcess]:
     """One SmolLM2 llm_server per test run, shared by every area that needs a real model."""
     # The first start on a fresh machine converts the GGUF once (~30 s); later starts take seconds.
-    with run_service("llm_server", ["--model", "smollm2", "--max-batch", "8"], timeout=300) as server:
+    # float32, not the server's bf16 default: tests compare token paths exactly (greedy from a prompt that
+    # holds generated tokens equals the decoded continuation), which bf16 near-ties break.
+    with run_service("llm_server", ["--model", "smollm2", "--max-batch", "8", "--dtype", "float32"],
+                     timeout=300) as server:
         yield server
 
 

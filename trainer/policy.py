@@ -63,12 +63,18 @@ class InProcessPolicy:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch: int = 32, threads: int | None = None,
-                 policy_version: int = 0) -> None:
+                 policy_version: int = 0, dtype: torch.dtype | None = None) -> None:
         import copy
 
         serving = copy.deepcopy(model).eval()
+        train_dtype = next(model.parameters()).dtype
+        if dtype is not None and dtype != train_dtype:
+            serving = serving.to(dtype)
         for p in serving.parameters():
             p.requires_grad_(False)
+        # The rollout's log-probs can stand for the update's old log-probs only under the training numerics:
+        # bf16 weights shift them by ~1e-2 (the update's fp32 recompute matches to 1e-3).
+        self.exact_logprobs = next(serving.parameters()).dtype == train_dtype
         self.engine = Engine(serving, tokenizer, max_batch=max_batch, threads=threads, policy_version=policy_version)
 
     @property

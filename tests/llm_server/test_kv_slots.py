@@ -26,13 +26,16 @@ def _filled(lengths: list[int]) -> SlotCache:
 def test_decode_mask_covers_each_rows_tokens_and_the_new_one() -> None:
     cache = _filled([2, 4])
     mask = cache.begin_decode()
-    assert mask.shape == (2, 1, 1, 5)
-    assert mask[:, 0, 0].tolist() == [[True, True, True, False, False], [True, True, True, True, True]]
+    # Decode attends over the whole allocated buffer (64 columns here): the mask closes everything past each row.
+    assert mask.shape == (2, 1, 1, 64)
+    assert mask[:, 0, 0, :5].tolist() == [[True, True, True, False, False], [True, True, True, True, True]]
+    assert not mask[:, 0, 0, 5:].any()
     new = torch.tensor([10.0, 20.0]).view(2, 1, 1, 1).expand(2, 1, 1, 2)
     keys, _ = cache.update(new, new, 0)
+    assert keys.shape == (2, 1, 64, 2) and keys.is_contiguous()  # no copy in the attention's matmuls
     # Written at column 2 over the prompt's padding (column 3 still holds padding, masked; 4 was never written).
-    assert keys[0, 0, :, 0].tolist() == [1, 1, 10, 1, 0]
-    assert keys[1, 0, :, 0].tolist() == [2, 2, 2, 2, 20]
+    assert keys[0, 0, :6, 0].tolist() == [1, 1, 10, 1, 0, 0]
+    assert keys[1, 0, :6, 0].tolist() == [2, 2, 2, 2, 20, 0]
     cache.end_decode()
     assert cache.lengths.tolist() == [3, 5]
 
