@@ -15,8 +15,9 @@ Each (row, seed) run is `python launcher.py` as a child process, with a checkpoi
 `launcher.resume: true`: rerunning the same command after an interruption continues from the last
 checkpoint (a finished run is not trained again). Its training curve is the trainer's greedy evaluation
 on a small validation subset after every step. Then its final checkpoint is evaluated on the test split
-(k samples per task at a fixed temperature) by `trainer.evaluate`, in-process, against an env service of
-its own: no experience manager, no grammar, the same prompts as the start evaluation (checked by digest).
+(k samples per task at a fixed temperature) by `python -m trainer.evaluate` as a child process, against an
+env service of its own: the in-process policy alone, no experience manager, no grammar, the same prompts
+as the start evaluation (checked by digest).
 The start evaluation (the base model) is computed once per seed, written as the `base` row, and reused
 by every row of that seed. Raw JSON per run: `<results-dir>/<row>-seed<S>.json`; `--report` turns those
 files (and nothing else) into REPORT.md and ablation.png. Prints one JSON line.
@@ -25,7 +26,6 @@ files (and nothing else) into REPORT.md and ablation.png. Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import hashlib
 import json
@@ -188,10 +188,8 @@ class Harness:
                 "curve_protocol": self.settings.curve.model_dump(), "target_delta": self.settings.target_delta}
 
     def evaluate(self, policy: list[str], *, split: str, tasks: int, k: int, sample: bool, seed: int) -> dict:
-        """`trainer.evaluate` in this process: the in-process policy alone, no experience, no grammar."""
-        from trainer.evaluate import parse_arguments
-        from trainer.evaluate import run as run_evaluation
-
+        """`python -m trainer.evaluate` as a child (its model's memory is gone before the next training run):
+        the in-process policy alone, no experience, no grammar."""
         rollout = self.protocol.run["trainer"]["rollout"]
         argv = ["--env", rollout["env"], "--split", split, "--tasks", str(tasks), "--k", str(k), "--seed", str(seed),
                 "--template", rollout.get("template", "linear"), "--max-turns", str(rollout.get("max_turns", 8)),
@@ -200,9 +198,16 @@ class Harness:
                 "--concurrency", str(self.eval.concurrency), "--threads", str(self.settings.eval_threads)]
         if sample:
             argv += ["--sample", "--temperature", str(self.eval.temperature)]
+        out = self.runs_dir / "evaluations" / f"{hashlib.sha256(json.dumps([policy, argv]).encode()).hexdigest()[:12]}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO)}
         started = time.monotonic()
-        result = asyncio.run(run_evaluation(parse_arguments(["--env-url", self.env_url(), *argv, *policy])))
-        return {**result, "argv": argv, "seconds": round(time.monotonic() - started, 1)}
+        with out.with_suffix(".log").open("wb") as log:
+            code = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--env-url", self.env_url(), *argv, *policy,
+                                   "--out", str(out)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            raise SystemExit(f"ablation: the evaluation failed (exit {code}); see {out.with_suffix('.log')}")
+        return {**json.loads(out.read_text()), "argv": argv, "seconds": round(time.monotonic() - started, 1)}
 
     def result_path(self, row: str, seed: int) -> Path:
         return self.results_dir / f"{row}-seed{seed}.json"
