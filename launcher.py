@@ -184,9 +184,14 @@ def _attach_synthesis(plan) -> None:
     from evolver_launcher.synthesis import SynthesisGate
 
     settings = plan.launcher.synthesis
+    experience_url = None
+    if settings.seed_experience:  # the plan checked that the experience manager is a child of the run
+        experience_url = plan.child("experience_manager").health_url.removesuffix("/healthz")
+    workspace = ((plan.data.get("trainer") or {}).get("experience") or {}).get("workspace", "default")
     trainer.gate = SynthesisGate(plan.child("task_manager").health_url.removesuffix("/healthz"),
                                  plan.data["task_manager"]["environments"], settings.episodes, settings.timeout_s,
-                                 say=lambda message: print(f"[launcher] {message}", flush=True))
+                                 say=lambda message: print(f"[launcher] {message}", flush=True),
+                                 experience_url=experience_url, workspace=workspace, run_name=plan.experiment)
 
 
 def _tensorboard_dir(plan) -> Path:

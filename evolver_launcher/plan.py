@@ -417,6 +417,11 @@ def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], 
             name="trainer", argv=[python, "-m", "trainer", "--conf", str(config_path)],
             log_path=logs / "trainer.log", env=env, depends_on=[c.name for c in children], threads=threads,
             foreground=True, restartable=launcher.restart.trainer, restart_argv_extra=["trainer.resume=true"]))
+        if launcher.synthesis.seed_experience and not (
+                launcher.synthesis.episodes and {"task_manager", "experience_manager"} <= set(services)):
+            raise ConfigError("launcher.synthesis.seed_experience: seeding the pool from synthetic tasks needs "
+                              "launcher.synthesis.episodes > 0 and task_manager and experience_manager in "
+                              "launcher.services")
         if launcher.synthesis.episodes and "task_manager" in services:
             environments = resolved["task_manager"]["environments"]
             children[-1].gate_owner = "task_manager"

@@ -67,6 +67,9 @@ class SynthesisLaunch(StrictModel):
     episodes: int = Field(default=0, ge=0, description="exploration episodes per environment before training "
                                                         "(task manager synthesis job); 0: none")
     timeout_s: float = Field(default=900.0, gt=0)
+    seed_experience: bool = Field(
+        default=False, description="after the jobs, seed the experience pool (the trainer's workspace) from the "
+                                   "verified synthetic tasks' references, replayed; never from held-out tasks")
 
 
 class StudioLaunch(StrictModel):

@@ -3,6 +3,11 @@
 AgentEvolver generates its synthetic tasks before the first training step; so does a run here when
 `launcher.synthesis.episodes > 0`. The jobs run in a background thread while the supervisor keeps
 watching every child; the trainer starts once they are done (a failed job stops the run).
+
+With `launcher.synthesis.seed_experience`, self-questioning then feeds self-navigating: the task manager
+replays the verified synthetic tasks' references and has the experience manager summarize them into the
+trainer's workspace (`POST /v1/seed_experience`; it refuses held-out tasks). A resumed run sends the
+same request id, which the experience manager applies once.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ class SynthesisGate:
     """Callable gate for the trainer: False while the jobs run, True when done; raises if one failed."""
 
     def __init__(self, url: str, environments: list[str], episodes: int, timeout_s: float,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], *, experience_url: str | None = None, workspace: str = "default",
+                 run_name: str = "run") -> None:
         self.url, self.environments, self.episodes, self.timeout_s = url, environments, episodes, timeout_s
         self.say = say
+        self.experience_url, self.workspace, self.run_name = experience_url, workspace, run_name
         self.results: dict[str, dict] = {}
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
@@ -67,5 +74,19 @@ class SynthesisGate:
                 self.say(f"self-questioning on {env}: {progress.get('episodes_done')} episodes, "
                          f"{progress.get('proposed')} tasks proposed, {progress.get('verified')} verified, "
                          f"{progress.get('kept')} kept ({time.monotonic() - started:.0f}s)")
+            if self.experience_url:
+                for env in self.environments:
+                    await self._seed(client, env)
         finally:
             await client.aclose()
+
+    async def _seed(self, client: TaskClient, env: str) -> None:
+        started = time.monotonic()
+        report = await client.seed_experience(env, self.experience_url or "", self.workspace,
+                                              request_id=f"seed-{self.run_name}-{env}-{self.workspace}",
+                                              timeout=self.timeout_s)
+        self.results.setdefault(env, {})["seeding"] = report.model_dump(exclude={"task_ids"})
+        self.say(f"self-navigating seeded from self-questioning on {env}: {report.sent} of {report.candidates} "
+                 f"verified synthetic tasks replayed into workspace {self.workspace!r}, "
+                 f"{report.experiences_created} experiences created ({report.refused} refused, "
+                 f"{report.replay_failed} failed to replay; {time.monotonic() - started:.0f}s)")

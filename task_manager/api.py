@@ -98,3 +98,30 @@ class FeedbackRequest(WireModel):
 class FeedbackResponse(WireModel):
     updated: int
     idempotent_replay: bool = False  # this request_id was applied before; nothing changed now
+
+
+class SeedRequest(WireModel):
+    """Seed an experience pool from verified synthetic tasks (their references replayed, then summarized)."""
+
+    env: str = Field(min_length=1)
+    experience_url: str = Field(pattern=r"^https?://", description="the experience manager's base URL")
+    workspace: str = Field(default="default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # Default: every verified synthetic task of `env` grown from a train task. Named ids must all be such
+    # tasks: a validation or test task (or any other) fails the whole request with 400, nothing is sent.
+    task_ids: list[str] | None = Field(default=None, max_length=10_000)
+    limit: int = Field(default=64, ge=1, le=10_000)
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class SeedResponse(WireModel):
+    env: str
+    workspace: str
+    candidates: int  # synthetic tasks considered
+    refused: int  # left out because they may not seed the pool (only when no ids were named)
+    replayed: int
+    replay_failed: int
+    sent: int  # trajectories summarized into the pool
+    experiences_created: int
+    experiences_updated: int
+    task_ids: list[str]
+    errors: list[str]

@@ -9,6 +9,7 @@
 | `POST /v1/batches` | a training batch: original + synthetic by ratio, curriculum-weighted |
 | `POST /v1/grade` | reward in [0, 1] of a synthetic task from a final state (or a trajectory: LLM judge) |
 | `POST /v1/feedback` | recent rollout outcomes per task (curriculum) |
+| `POST /v1/seed_experience` | seed an experience pool from verified synthetic tasks (never held-out ones) |
 | `GET /v1/stats` | counts, funnel, pass-rate summary |
 """
 
@@ -30,6 +31,8 @@ from task_manager.api import (
     JobInfo,
     JobList,
     JobRequest,
+    SeedRequest,
+    SeedResponse,
     TaskDetail,
     TaskPage,
 )
@@ -101,6 +104,10 @@ def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> F
     async def feedback(body: FeedbackRequest) -> Any:
         updated, replay = manager.feedback(body)
         return {"updated": updated, "idempotent_replay": replay}
+
+    @app.post("/v1/seed_experience", response_model=SeedResponse, tags=["training"])
+    async def seed_experience(body: SeedRequest) -> Any:
+        return await manager.seed_experience(body)
 
     @app.get("/v1/stats", tags=["service"])
     async def stats() -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 from common.http import ServiceClient
 from common.schemas import Task, Trajectory
-from task_manager.api import BatchResponse, GradeResponse, JobInfo, TaskDetail, TaskPage
+from task_manager.api import BatchResponse, GradeResponse, JobInfo, SeedResponse, TaskDetail, TaskPage
 
 
 class TaskClient(ServiceClient):
@@ -84,6 +84,16 @@ class TaskClient(ServiceClient):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job.status} after {timeout}s: {job.progress}")
             await asyncio.sleep(poll)
+
+    async def seed_experience(self, env: str, experience_url: str, workspace: str = "default", *,
+                              task_ids: list[str] | None = None, limit: int = 64, request_id: str | None = None,
+                              timeout: float | None = 900.0) -> SeedResponse:
+        """Seed `workspace` of the experience manager at `experience_url` from verified synthetic tasks.
+        Retried only with a `request_id` (the experience manager applies a repeated one once)."""
+        body = {"env": env, "experience_url": experience_url, "workspace": workspace, "task_ids": task_ids,
+                "limit": limit, "request_id": request_id}
+        return await self.post("/v1/seed_experience", json=body, model=SeedResponse,
+                               idempotent=request_id is not None, timeout=timeout)
 
     async def stats(self) -> dict[str, Any]:
         return await self.get("/v1/stats")

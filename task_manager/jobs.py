@@ -146,7 +146,8 @@ class JobRunner:
                                                                     tools)
             else:
                 hindsight = HindsightSynthesizer(manager.access, profile, manager.settings.synthesis.max_goals,
-                                                 manager.settings.synthesis.max_repairs)
+                                                 manager.settings.synthesis.max_repairs,
+                                                 tuple(manager.settings.synthesis.query_forms))
                 proposals, result.stats = await hindsight.propose(exploration)
             for proposal in proposals:
                 reference, reason = await verify(manager.access, proposal)
@@ -165,8 +166,10 @@ class JobRunner:
         candidates = []
         for proposal, reference in result.verified:
             sig = signature(proposal)
-            goal_key = canonical_hash([proposal.seed_task_id, reference.end_state]) \
-                if reference.end_state is not None else None
+            goal_key = None
+            if reference.end_state is not None:  # one task per goal and query form
+                goal = [proposal.seed_task_id, reference.end_state]
+                goal_key = canonical_hash(goal + ["names"] if proposal.query_form == "names" else goal)
             candidates.append((proposal, reference, sig, goal_key))
         vectors = await manager.embed([p.query for p, *_ in candidates]) if candidates else []
         _fault("kill_before_commit", result.episode)
@@ -182,7 +185,7 @@ class JobRunner:
                     continue
                 task = Task(task_id=f"syn-{canonical_hash(sig)}", env_type=proposal.env_type, split="train",
                             query=proposal.query, seed_task_id=proposal.seed_task_id, synthetic=True,
-                            metadata={"synthesizer": proposal.synthesizer})
+                            metadata={"synthesizer": proposal.synthesizer, "query_form": proposal.query_form})
                 stored = StoredTask(task=task, reference=reference, signature=sig, synthesizer=proposal.synthesizer,
                                     confidence=proposal.confidence, job_id=job_id,
                                     exploration_id=proposal.exploration_id)

@@ -75,6 +75,7 @@ class Proposal(BaseModel):
     env_type: str
     seed_task_id: str
     exploration_id: str = ""
+    query_form: Literal["ids", "names", "free"] = "ids"  # free: written by an LLM
 
 
 class Reference(BaseModel):

@@ -9,7 +9,9 @@ The JSON shape is AgentEvolver's (`cookbook/env_profiles/<env>.json`)::
      "rubrics": [...]}
 
 An operation may also carry `"template"`: a sentence with `{argument}` slots that the hindsight
-synthesizer uses to write queries (e.g. "book flight {flight_id} for passenger {passenger_id}").
+synthesizer uses to write queries (e.g. "book flight {flight_id} for passenger {passenger_id}"), and
+`"natural_template"`: the same request without ids, `{argument.field}` slots naming fields of the records
+the ids identify (e.g. "book the {flight_id.airline} flight ... for {passenger_id.name}").
 A profile is read from such a file, or derived from the environment service's profile and tool
 docs (tools without an entity are gathered under one entity named after the environment).
 """
@@ -35,6 +37,9 @@ class Operation(_Lenient):
     name: str
     description: str = ""
     template: str | None = None
+    # The same request without ids: slots `{argument.field}` name a field of the record the argument's value
+    # identifies (`{passenger_id.name}`), and may hop on (`{order_id.flight_id.origin}`).
+    natural_template: str | None = None
 
 
 class Entity(_Lenient):
@@ -75,6 +80,10 @@ class EnvProfile(_Lenient):
                 lines.append(f"  - attribute {attr}: {description}")
             for op in entity.opts:
                 lines.append(f"  - operation {op.name}: {op.description}")
+        tiers = getattr(self, "tiers", None)  # an extra key: what the environment's task tiers ask
+        if isinstance(tiers, dict) and tiers:
+            lines.append("## Task tiers")
+            lines += [f"- tier {tier}: {text}" for tier, text in tiers.items()]
         return "\n".join(lines)
 
     def preference_instruction(self) -> str:

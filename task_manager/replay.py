@@ -61,6 +61,7 @@ class ReplayResult:
     initial_state: Any = None
     end_state: Any = None  # full snapshot after the last action
     generated: set[str] = field(default_factory=set)  # recorded values that turned out to be generated
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the instance's opening messages (system, user)
 
 
 async def replay(access: EnvAccess, env_type: str, seed_task_id: str, actions: list[str], *,
@@ -72,7 +73,7 @@ async def replay(access: EnvAccess, env_type: str, seed_task_id: str, actions: l
         initial = await instance.snapshot()
         if recorded_initial_state is not None and initial is not None:
             remapper.learn(recorded_initial_state, initial)
-        result = ReplayResult(ok=True, initial_state=initial)
+        result = ReplayResult(ok=True, initial_state=initial, messages=list(instance.messages))
         for i, action in enumerate(actions):
             sent = remapper.apply(action)
             outcome = await instance.step(sent)

@@ -18,7 +18,7 @@ from loguru import logger
 from common.llm import LLMClient
 from common.schemas import Task, new_id
 from common.service import ServiceError
-from task_manager.api import BatchRequest, FeedbackRequest, GradeRequest, JobRequest
+from task_manager.api import BatchRequest, FeedbackRequest, GradeRequest, JobRequest, SeedRequest
 from task_manager.curriculum import sample_batch, task_key
 from task_manager.dedup import DedupIndex
 from task_manager.envs import EnvAccess
@@ -26,6 +26,7 @@ from task_manager.explore import ExploreConfig
 from task_manager.grading import Grade, GradingError, llm_judge, state_match
 from task_manager.jobs import JobRunner, new_progress
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
+from task_manager.seeding import SeedingRefused, SeedReport, check_seedable, seed_pool, seedable_tasks
 from task_manager.settings import TaskManagerSettings
 from task_manager.store import TaskStore
 
@@ -45,6 +46,7 @@ class TaskManager:
         self._synthetic: dict[str, list[Task]] | None = None
         self._llms: dict[str, LLMClient] = {}
         self._embed_lock = asyncio.Lock()
+        self.seeding: dict[str, dict[str, Any]] = {}  # env -> the latest pool-seeding report (run summary)
         self.ready = False
         # Profiles named in config are read now: a wrong path fails at start, not in a job.
         for env, path in settings.profiles.items():
@@ -271,6 +273,51 @@ class TaskManager:
         applied = self.store.record_outcomes(outcomes, self.settings.curriculum.window, request.request_id)
         return len(outcomes), not applied
 
+    async def seed_experience(self, request: SeedRequest) -> dict[str, Any]:
+        """Seed an experience pool from verified synthetic tasks grown from train tasks (never held-out ones)."""
+        from experience_manager.client import ExperienceClient
+
+        if request.env not in self.settings.environments:
+            raise ServiceError(404, "unknown_environment", f"environment {request.env!r} is not served; "
+                               f"configured: {', '.join(self.settings.environments)}")
+        train_ids = {t.task_id for t in self.originals.get(request.env, [])}
+        report = SeedReport()
+        try:
+            if request.task_ids is not None:
+                ids = list(dict.fromkeys(request.task_ids))
+                heldout = {i: split for split in ("validation", "test")
+                           for i in await self.access.task_ids(request.env, split)}
+                chosen = [check_seedable(self.store.get(i), i, train_ids, heldout) for i in ids]
+                wrong_env = [s.task.task_id for s in chosen if s.task.env_type != request.env]
+                if wrong_env:
+                    raise SeedingRefused(f"task(s) {', '.join(wrong_env)} belong to another environment than "
+                                         f"{request.env!r}")
+            else:
+                synthetic = self.synthetic_tasks().get(request.env, [])
+                ids = seedable_tasks(synthetic, train_ids)
+                report.refused = len(synthetic) - len(ids)
+                chosen = [check_seedable(self.store.get(i), i, train_ids) for i in ids]
+        except SeedingRefused as exc:
+            raise ServiceError(400, "not_seedable", str(exc)) from None
+        chosen = chosen[: request.limit]
+        report.candidates = len(chosen)
+        client = ExperienceClient(request.experience_url, timeout=600.0)
+        try:
+            await seed_pool(self.access, chosen, client, request.workspace, request_id=request.request_id,
+                            report=report)
+        except ServiceError:
+            raise
+        except Exception as exc:  # the experience manager refused or is down: say which peer and why
+            raise ServiceError(502, "experience_manager_failed",
+                               f"seeding {request.workspace!r} at {request.experience_url} failed: {exc}") from None
+        finally:
+            await client.aclose()
+        logger.info("seeded experience workspace {} from {} of {} synthetic {} tasks", request.workspace,
+                    report.sent, report.candidates, request.env)
+        result = {"env": request.env, "workspace": request.workspace, **vars(report)}
+        self.seeding[request.env] = {k: v for k, v in result.items() if k != "task_ids"}
+        return result
+
     def stats(self) -> dict[str, Any]:
         rates = self.store.pass_rates()
         curriculum = self.settings.curriculum
@@ -292,6 +339,7 @@ class TaskManager:
         tracked = [r for r, n in rates.values() if n]
         return {
             "environments": envs, "jobs": jobs, "funnel": funnel, "explorations": self.store.exploration_count(),
+            "seeding": self.seeding,
             "pass_rates": {"tracked": len(tracked),
                            "in_band": sum(1 for r in tracked if curriculum.low <= r <= curriculum.high),
                            "mean": (sum(tracked) / len(tracked)) if tracked else None},

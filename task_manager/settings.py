@@ -51,6 +51,9 @@ class SynthesisSettings(StrictModel):
     synthesizer: SynthesizerKind = "auto"  # auto: LLM when llm.synthesizer is set, else hindsight
     max_goals: int = Field(default=4, ge=1)  # hindsight goals per exploration
     max_repairs: int = Field(default=4, ge=0)  # hindsight: read actions added back while minimizing
+    # Hindsight query forms: `ids` spells out the reference's arguments (the easy curriculum stage); `names`
+    # describes them as the environment's own tasks do (names, routes, times), so the agent looks the ids up.
+    query_forms: list[Literal["ids", "names"]] = Field(default_factory=lambda: ["ids"], min_length=1)
     min_confidence: float = Field(default=0.0, ge=0, le=1)
     max_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=0.7, ge=0)

@@ -36,13 +36,17 @@ class SynthesisStats:
 
 
 def signature(proposal: Proposal) -> str:
-    """The reference's operation sequence, with generated ids abstracted: equal for the same task."""
+    """The reference's operation sequence, with generated ids abstracted: equal for the same task.
+
+    A `names` query of a reference is another task than its `ids` query (the agent must look the ids up)."""
     generated = set(proposal.generated)
     if proposal.calls is not None:
         ops = [[c.name, {k: (GENERATED if str(v) in generated else v) for k, v in sorted(c.arguments.items())}]
                for c in proposal.calls]
     else:
         ops = [re.sub(r"\s+", " ", _mask(a, generated)).strip() for a in proposal.actions]
+    if proposal.query_form == "names":
+        return canonical_hash([proposal.env_type, ops, "names"], size=24)
     return canonical_hash([proposal.env_type, ops], size=24)
 
 
@@ -58,9 +62,11 @@ def _mask(text: str, generated: set[str]) -> str:
 class HindsightSynthesizer:
     name = "hindsight"
 
-    def __init__(self, access: EnvAccess, profile: EnvProfile, max_goals: int = 4, max_repairs: int = 4) -> None:
+    def __init__(self, access: EnvAccess, profile: EnvProfile, max_goals: int = 4, max_repairs: int = 4,
+                 query_forms: tuple[str, ...] = ("ids",)) -> None:
         self.access, self.profile = access, profile
         self.max_goals, self.max_repairs = max_goals, max_repairs
+        self.query_forms = tuple(query_forms)
 
     async def propose(self, exploration: Exploration) -> tuple[list[Proposal], SynthesisStats]:
         stats = SynthesisStats()
@@ -72,13 +78,25 @@ class HindsightSynthesizer:
         proposals = []
         for goal_step in sorted(chosen, key=lambda s: s.index):
             stats.proposed += 1
-            proposal = await self._minimal(exploration, goal_step)
-            if proposal is not None:
-                stats.parsed += 1
+            found = await self._minimal(exploration, goal_step)
+            if found is None:
+                continue
+            proposal, sequence = found
+            stats.parsed += 1
+            if "ids" in self.query_forms:
                 proposals.append(proposal)
+            if "names" in self.query_forms:
+                # Only where every id of the request can be described by what the exploration saw.
+                seen = [exploration.initial_state] + [_json(s.observation) for s in exploration.steps[: goal_step.index + 1]
+                                                      if not s.failed]
+                changing = [c for s in sequence if s.state_changed for c in s.calls]
+                natural = write_natural_query(self.profile, changing, seen) if changing else None
+                if natural is not None:
+                    proposals.append(proposal.model_copy(update={"query": natural, "query_form": "names"}))
         return proposals, stats
 
-    async def _minimal(self, exploration: Exploration, goal_step: ExploreStep) -> Proposal | None:
+    async def _minimal(self, exploration: Exploration,
+                       goal_step: ExploreStep) -> tuple[Proposal, list[ExploreStep]] | None:
         successful = [s for s in exploration.steps[: goal_step.index + 1] if not s.failed]
         goal = self.access.comparable(goal_step.state)
         chosen = {s.index for s in successful if s.state_changed}
@@ -86,7 +104,7 @@ class HindsightSynthesizer:
             sequence = [s for s in successful if s.index in chosen]
             result = await self._replay(exploration, sequence)
             if result.ok and self.access.comparable(result.end_state) == goal:
-                return self._proposal(exploration, sequence, goal, result.generated)
+                return self._proposal(exploration, sequence, goal, result.generated), sequence
             if result.ok or result.failed_at is None:
                 break
             needed = self._dependency(successful, chosen, sequence[result.failed_at], result.error)
@@ -96,7 +114,7 @@ class HindsightSynthesizer:
         # Fall back to every successful action up to the goal: that is how the state was reached.
         result = await self._replay(exploration, successful)
         if result.ok and self.access.comparable(result.end_state) == goal:
-            return self._proposal(exploration, successful, goal, result.generated)
+            return self._proposal(exploration, successful, goal, result.generated), successful
         return None
 
     async def _replay(self, exploration: Exploration, sequence: list[ExploreStep]):
@@ -175,6 +193,54 @@ def write_query(profile: EnvProfile, sequence: list[ExploreStep], generated: set
     for sentence in sentences[1:]:
         text += f". Then {sentence[0].lower()}{sentence[1:]}"
     return text + "."
+
+
+_SLOT = re.compile(r"\{([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)\}")
+
+
+def write_natural_query(profile: EnvProfile, calls: list[Call], records: list[Any]) -> str | None:
+    """The request of the state-changing `calls` in the environment's own words: every id replaced by what it
+    identifies.
+
+    Each call's operation needs a `natural_template`; a slot `{argument.field}` is filled from
+    the record (in `records`: the initial state and the observations) whose `argument` equals the call's
+    value; None when a template or a record is missing (the task then keeps only its id form).
+    """
+    operations = profile.operations()
+    sentences = []
+    for call in calls:
+        op = operations.get(call.name)
+        if op is None or not op.natural_template:
+            return None
+        try:
+            sentence = _SLOT.sub(lambda m, args=call.arguments: _resolve(m.group(1), args, records),
+                                 op.natural_template)
+        except LookupError:
+            return None
+        if "{" in sentence:
+            return None
+        sentences.append(sentence)
+    if not sentences:
+        return None
+    text = sentences[0][0].upper() + sentences[0][1:]
+    for sentence in sentences[1:]:
+        text += f". Then {sentence[0].lower()}{sentence[1:]}"
+    return text + "."
+
+
+def _resolve(path: str, arguments: dict[str, Any], records: list[Any]) -> str:
+    """`argument.field[.field...]`: follow the argument's value to its record, then field by field."""
+    key, *fields = path.split(".")
+    if key not in arguments:
+        raise LookupError(key)
+    value: Any = arguments[key]
+    for name in fields:
+        record = next((r for source in records if (r := _record_with(source, key, value)) is not None
+                       and name in r), None)
+        if record is None:
+            raise LookupError(f"{key}={value}")
+        key, value = name, record[name]
+    return str(value)
 
 
 def _first_clause(description: str) -> str:
@@ -400,7 +466,7 @@ class LLMSynthesizer:
         proposals = [
             # A new object per block (never a shared one mutated in a loop).
             Proposal(query=item["query"], confidence=item["confidence"], actions=list(item["actions"]),
-                     recorded_initial_state=exploration.initial_state, synthesizer=self.name,
+                     recorded_initial_state=exploration.initial_state, synthesizer=self.name, query_form="free",
                      env_type=exploration.env_type, seed_task_id=exploration.seed_task_id,
                      exploration_id=exploration.exploration_id)
             for item in parsed if item["confidence"] >= self.min_confidence

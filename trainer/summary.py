@@ -108,7 +108,12 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
             **trainer.tasks.summary(), "tasks_proposed": funnel.get("proposed"), "tasks_kept": funnel.get("kept"),
             "service": stats}
     if trainer.experience is not None:
+        seeding = (mechanisms.get("self_questioning", {}).get("service") or {}).get("seeding") or {}
         mechanisms["self_navigating"] = {**trainer.experience.summary(),
+                                         # pool seeding from verified synthetic tasks before training
+                                         "seeded_trajectories": sum(int(r.get("sent", 0)) for r in seeding.values()),
+                                         "seeded_experiences": sum(int(r.get("experiences_created", 0))
+                                                                   for r in seeding.values()),
                                          "pool": await _service_stats(trainer.experience, "experience manager")}
     if trainer.judge is not None:
         mechanisms["self_attributing"] = {**trainer.judge.summary(),

@@ -117,6 +117,17 @@ def test_bundled_role_needs_the_bundled_server(tmp_path):
         plan_for(small_config(tmp_path), ["launcher.services=[env_service,judge]"])
 
 
+def test_pool_seeding_needs_synthesis_and_both_managers(tmp_path):
+    seeding = ["launcher.synthesis.seed_experience=true"]
+    with pytest.raises(ConfigError, match=r"launcher.synthesis.seed_experience: .*episodes > 0"):
+        plan_for(small_config(tmp_path), seeding)
+    with pytest.raises(ConfigError, match=r"launcher.synthesis.seed_experience: .*experience_manager"):
+        plan_for(small_config(tmp_path), [*seeding, "launcher.synthesis.episodes=2",
+                                          "launcher.services=[llm_server,env_service,task_manager,judge]"])
+    plan = plan_for(small_config(tmp_path), [*seeding, "launcher.synthesis.episodes=2"])
+    assert plan.launcher.synthesis.seed_experience and plan.child("trainer").gate_owner == "task_manager"
+
+
 def test_with_flags_only_add(tmp_path):
     path = small_config(tmp_path)
     base = plan_for(path, ["launcher.services=[env_service]", "launcher.trainer=false"])

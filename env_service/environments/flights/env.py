@@ -10,8 +10,9 @@ from typing import Any
 from common.schemas import ChatMessage, Split
 from env_service.actions import ActionParseError, ParsedCall, parse_actions
 from env_service.environments.base import SPLITS, EnvInstance, Environment, EvalResult, StepResult
+from env_service.environments.flights.answers import answer_correct
 from env_service.environments.flights.desk import TOOL_SPECS, FlightDesk, ToolError, tool_docs
-from env_service.environments.flights.tasks import ORDER_REF, FlightTask, TaskGenerator
+from env_service.environments.flights.tasks import ORDER_REF, TIER_KINDS, FlightTask, TaskGenerator
 from env_service.environments.flights.world import AIRPORTS, DATES, generate_world
 
 
@@ -36,12 +37,39 @@ def _signature(name: str) -> str:
     return f"{name}({', '.join(arg if required else arg + '=None' for arg, (_, required, _) in params.items())})"
 
 
+def _tier_weights(value: Any) -> dict[int, float]:
+    """`tiers: [1, 2, 3]` (equal shares) or `tiers: {1: 0.5, 2: 0.25, 3: 0.25}` (shares of each split)."""
+    if isinstance(value, list):
+        value = {t: 1.0 for t in value}
+    if not isinstance(value, dict) or not value:
+        raise ValueError("flights tiers must be a non-empty list of tiers (e.g. [1, 2, 3]) or a mapping "
+                         "tier -> share (e.g. {1: 0.5, 2: 0.5})")
+    weights: dict[int, float] = {}
+    for tier, share in value.items():
+        if str(tier) not in {str(t) for t in TIER_KINDS}:
+            raise ValueError(f"flights tiers: unknown tier {tier!r}; tiers are {', '.join(map(str, TIER_KINDS))}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or share <= 0:
+            raise ValueError(f"flights tiers: the share of tier {tier} must be a positive number, got {share!r}")
+        weights[int(tier)] = float(share)
+    return dict(sorted(weights.items()))
+
+
+def _tier_counts(size: int, weights: dict[int, float]) -> dict[int, int]:
+    """A split's size shared out by weight (largest remainder, so the counts add up to `size`)."""
+    total = sum(weights.values())
+    exact = {t: size * w / total for t, w in weights.items()}
+    counts = {t: int(x) for t, x in exact.items()}
+    for t in sorted(exact, key=lambda t: (-(exact[t] - counts[t]), t))[: size - sum(counts.values())]:
+        counts[t] += 1
+    return counts
+
+
 class FlightsEnvironment(Environment):
     name = "flights"
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        known = {"seed", "routes", "splits", "max_steps"}
+        known = {"seed", "routes", "splits", "max_steps", "tiers"}
         unknown = sorted(set(self.config) - known)
         if unknown:
             raise ValueError(f"unknown flights config key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
@@ -51,6 +79,11 @@ class FlightsEnvironment(Environment):
         if set(sizes) != set(SPLITS):
             raise ValueError(f"flights splits must be {', '.join(SPLITS)}, got {', '.join(sizes)}")
         self.split_sizes = {s: int(n) for s, n in sizes.items()}
+        # Without `tiers` the ids and tasks are the original ones (`train-0007`, all tier 3), so existing
+        # configs and their recorded results keep their meaning; with it ids carry the tier (`train-t1-0007`).
+        self.tier_weights = _tier_weights(self.config["tiers"]) if "tiers" in self.config else None
+        self.tier_counts = ({s: _tier_counts(n, self.tier_weights) for s, n in self.split_sizes.items()}
+                            if self.tier_weights else None)
         self.world = generate_world(self.seed, int(self.config.get("routes", 36)))
         self.generator = TaskGenerator(self.world, self.seed)
         self._tasks: dict[str, FlightTask] = {}
@@ -63,21 +96,40 @@ class FlightsEnvironment(Environment):
     # ------------------------------------------------------------ tasks
 
     def task_ids(self, split: Split) -> list[str]:
-        return [f"{split}-{i:04d}" for i in range(self.split_sizes[split])]
+        if self.tier_counts is None:
+            return [f"{split}-{i:04d}" for i in range(self.split_sizes[split])]
+        counts = self.tier_counts[split]
+        # Interleaved in proportion, so that the first N ids of a split have the configured mix.
+        order = sorted(((i + 0.5) / n, tier, i) for tier, n in counts.items() for i in range(n))
+        return [f"{split}-t{tier}-{i:04d}" for _, tier, i in order]
 
     def task(self, task_id: str) -> FlightTask:
         task = self._tasks.get(task_id)
         if task is not None:
             return task
-        split, _, index = task_id.partition("-")
-        if split not in self.split_sizes or not index.isdigit() or int(index) >= self.split_sizes[split] \
-                or task_id != f"{split}-{int(index):04d}":
-            raise KeyError(f"no flights task {task_id!r}; ids look like train-0000 "
-                           f"(sizes: {self.split_sizes})")
-        task = self.generator.generate(split, int(index))
+        split, tier, index = self._parse_id(task_id)
+        task = self.generator.generate(split, index, tier)
         with self._lock:
             self._tasks[task_id] = task
         return task
+
+    def _parse_id(self, task_id: str) -> tuple[str, int | None, int]:
+        parts = task_id.split("-")
+        split, index = parts[0], parts[-1]
+        tier = int(parts[1][1:]) if len(parts) == 3 and parts[1][:1] == "t" and parts[1][1:].isdigit() else None
+        if self.tier_counts is None:
+            valid = len(parts) == 2 and split in self.split_sizes and index.isdigit() \
+                and int(index) < self.split_sizes[split] and task_id == f"{split}-{int(index):04d}"
+            if not valid:
+                raise KeyError(f"no flights task {task_id!r}; ids look like train-0000 (sizes: {self.split_sizes})")
+            return split, None, int(index)
+        counts = self.tier_counts.get(split, {})
+        valid = tier is not None and tier in counts and index.isdigit() and int(index) < counts[tier] \
+            and task_id == f"{split}-t{tier}-{int(index):04d}"
+        if not valid:
+            raise KeyError(f"no flights task {task_id!r}; ids look like train-t1-0000 (tasks per split and "
+                           f"tier: {self.tier_counts})")
+        return split, tier, int(index)
 
     def create(self, task_id: str, params: dict[str, Any] | None = None) -> FlightsInstance:
         task = self.task(task_id)
@@ -137,11 +189,23 @@ class FlightsEnvironment(Environment):
                           for n in ("book_ticket", "cancel_order", "list_orders")]},
             ],
             "task_preference": {"num_entities": 2, "num_opts": 3, "relation_difficulty": 3},
+            # What each tier asks, so that a task synthesizer can write tasks of every tier.
+            "tiers": {
+                "1": "one call, answered in text: the cheapest fare of a route and date (search_flight), a "
+                     "passenger's travel credit or id (get_passenger by name); the reply states the value",
+                "2": "two calls, ids given: book the cheapest flight of a route and date for a passenger id "
+                     "(search_flight, book_ticket); cancel a passenger id's booking (list_orders, cancel_order)",
+                "3": "three to five calls, passengers named: book the cheapest flight, possibly under a "
+                     "constraint (nonstop, airline, time); cancel one of several bookings; rebook onto "
+                     "another date",
+            },
         }
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "tools": list(TOOL_SPECS), "seed": self.seed, "flights": len(self.world.flights),
-                "passengers": len(self.world.passengers)}
+                "passengers": len(self.world.passengers),
+                "tiers": {s: {str(t): n for t, n in c.items()} for s, c in self.tier_counts.items()}
+                if self.tier_counts else None}
 
 
 def resolve_order_refs(desk: FlightDesk, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -164,10 +228,11 @@ class FlightsInstance(EnvInstance):
         self.desk = env.fresh_desk(task)
         self.steps = 0
         self.done = False
+        self.reply: str | None = None  # the closing plain-text reply: a tier-1 task's answer
 
     def reset(self) -> list[ChatMessage]:
         self.desk = self.env.fresh_desk(self.task)
-        self.steps, self.done = 0, False
+        self.steps, self.done, self.reply = 0, False, None
         return [ChatMessage(role="system", content=self.env.system_prompt), ChatMessage(role="user", content=self.query)]
 
     def step(self, action: ChatMessage) -> StepResult:
@@ -182,6 +247,7 @@ class FlightsInstance(EnvInstance):
                 role="tool", content=f"Error: could not parse your tool call: {exc}"), info={"error": "parse_error"}))
         if not calls:
             self.done = True
+            self.reply = action.text()
             score = self.evaluate().score
             return StepResult(observation=ChatMessage(role="user", content="Thank you, that is all."),
                               reward=score, done=True, info={"finished": "agent_reply"})
@@ -213,10 +279,17 @@ class FlightsInstance(EnvInstance):
     def evaluate(self, params: dict[str, Any] | None = None) -> EvalResult:
         expected = self.env.expected_state(self.task)
         actual = self.desk.comparable()
-        info: dict[str, Any] = {"kind": self.task.kind}
+        info: dict[str, Any] = {"kind": self.task.kind, "tier": self.task.tier}
         if self.query_replaced:
             info["note"] = "the query was replaced; this grades the original task"
-        if actual == expected:
+        answered = True
+        if self.task.answer is not None:
+            answered = self.reply is not None and answer_correct(self.reply, self.task.answer,
+                                                                 self.task.wrong_answers)
+            info["answer_correct"] = answered
+            if self.reply is None:
+                info["note"] = "no closing text reply: this task is answered in text"
+        if actual == expected and answered:
             return EvalResult(score=1.0, info=info)
         expected_orders = {tuple(o.values()) for o in expected["orders"]}
         actual_orders = {tuple(o.values()) for o in actual["orders"]}

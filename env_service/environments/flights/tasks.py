@@ -1,21 +1,32 @@
 """Deterministic task generation: each task id maps to a seed, a query and a reference solution.
 
-Kinds (cycled by index so every split has all of them): book the cheapest flight, book the
-cheapest flight under a constraint (nonstop, an airline, a departure or arrival time), cancel one
-of several bookings, and rebook onto another date. Queries name passengers, not ids, so the agent
-has to look them up; the reference solution is what a careful agent would call.
+Tasks come in three tiers of difficulty (kinds cycled by index so every split has all of a tier's kinds):
+- tier 1, one call, answered in text: the cheapest fare of a route and date, a passenger's travel
+  credit, a passenger's id. Graded by the answer (`FlightTask.answer`), the state must stay unchanged;
+- tier 2, two calls, ids given: book the cheapest flight for a passenger id (search, book), cancel a
+  passenger id's booking (list orders, cancel);
+- tier 3, three to five calls (the environment's original kinds): book the cheapest flight, book the
+  cheapest flight under a constraint (nonstop, an airline, a departure or arrival time), cancel one
+  of several bookings, and rebook onto another date. Queries name passengers, not ids, so the agent
+  has to look them up.
+The reference solution is what a careful agent would call.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from env_service.environments.flights.world import AIRLINES, AIRPORTS, DATES, Flight, Passenger, World
 
-KINDS = ("book_cheapest", "book_constrained", "cancel", "rebook")
+KINDS = ("book_cheapest", "book_constrained", "cancel", "rebook")  # tier 3
+TIER_KINDS: dict[int, tuple[str, ...]] = {
+    1: ("fare_lookup", "credit_lookup", "id_lookup"),
+    2: ("book_by_id", "cancel_by_id"),
+    3: KINDS,
+}
 ORDER_REF = "$order:"  # reference placeholder: "$order:<passenger>:<flight>" = that active order's id
 
 
@@ -28,6 +39,11 @@ class FlightTask:
     preload: tuple[tuple[str, str], ...] = ()  # (passenger id, flight id) orders present at the start
     reference: tuple[tuple[str, dict[str, Any]], ...] = field(default_factory=tuple)
     target_flight: str | None = None
+    tier: int = 3
+    # Tier 1: the value the text answer must state, and values it must not state (the route's other
+    # fares, the other credit amounts, other ids), so that pasting a whole search result does not pass.
+    answer: str | None = None
+    wrong_answers: tuple[str, ...] = ()
 
 
 def _cheapest(flights: list[Flight], seats: Callable[[Flight], int]) -> Flight | None:
@@ -50,14 +66,20 @@ class TaskGenerator:
     def __init__(self, world: World, seed: int) -> None:
         self.world, self.seed = world, seed
 
-    def generate(self, split: str, index: int) -> FlightTask:
-        rng = random.Random(f"flights:{self.seed}:{split}:{index}")
-        kind = KINDS[index % len(KINDS)]
-        task_id = f"{split}-{index:04d}"
+    def generate(self, split: str, index: int, tier: int | None = None) -> FlightTask:
+        """Task `index` of a split; `tier` None is the original id scheme (`train-0007`, tier 3).
+
+        A tier-3 task draws from the same seed with or without the tier in its id, so `train-t3-0007`
+        is `train-0007` renamed; tiers 1 and 2 draw from their own seeds."""
+        salt = "" if tier in (None, 3) else f":t{tier}"
+        rng = random.Random(f"flights:{self.seed}:{split}:{index}{salt}")
+        kinds = TIER_KINDS[tier or 3]
+        kind = kinds[index % len(kinds)]
+        task_id = f"{split}-{index:04d}" if tier is None else f"{split}-t{tier}-{index:04d}"
         for _ in range(200):  # redraw until the sampled situation has a unique answer
             task = getattr(self, f"_{kind}")(rng, task_id)
             if task is not None:
-                return task
+                return replace(task, tier=tier or 3)
         raise RuntimeError(f"could not generate flights task {task_id}; try another seed")
 
     # ------------------------------------------------------------ helpers
@@ -157,3 +179,53 @@ class TaskGenerator:
                               ("cancel_order", {"order_id": f"{ORDER_REF}{passenger.passenger_id}:{old.flight_id}"}),
                               ("book_ticket", {"passenger_id": passenger.passenger_id, "flight_id": target.flight_id}),
                           ), target_flight=target.flight_id)
+
+    # ------------------------------------------------------------ tier 1: one call, answered in text
+
+    def _fare_lookup(self, rng: random.Random, task_id: str) -> FlightTask | None:
+        passenger, (origin, destination, date) = self._draw(rng)
+        flights = self.world.route_flights(origin, destination, date)
+        target = _cheapest(flights, lambda f: f.seats)
+        if target is None:
+            return None
+        query = (f"What is the cheapest fare with seats left from {_where(origin)} to {_where(destination)} on "
+                 f"{_day(date)}? Reply with the price in USD.")
+        others = sorted({str(f.price) for f in flights} - {str(target.price)})
+        return FlightTask(task_id, "fare_lookup", query, passenger.passenger_id, reference=(
+            ("search_flight", {"origin": origin, "destination": destination, "date": date}),
+        ), target_flight=target.flight_id, answer=str(target.price), wrong_answers=tuple(others))
+
+    def _credit_lookup(self, rng: random.Random, task_id: str) -> FlightTask | None:
+        passenger, _ = self._draw(rng)
+        query = f"How much travel credit does {passenger.name} have? Reply with the amount in USD."
+        others = sorted({str(p.balance) for p in self.world.passengers.values()} - {str(passenger.balance)})
+        return FlightTask(task_id, "credit_lookup", query, passenger.passenger_id, reference=(
+            self._lookup(passenger),), answer=str(passenger.balance), wrong_answers=tuple(others))
+
+    def _id_lookup(self, rng: random.Random, task_id: str) -> FlightTask | None:
+        passenger, _ = self._draw(rng)
+        query = f"What is the passenger id of {passenger.name}?"
+        others = tuple(p for p in self.world.passengers if p != passenger.passenger_id)
+        return FlightTask(task_id, "id_lookup", query, passenger.passenger_id, reference=(
+            self._lookup(passenger),), answer=passenger.passenger_id, wrong_answers=others)
+
+    # ------------------------------------------------------------ tier 2: two calls, ids given
+
+    def _book_by_id(self, rng: random.Random, task_id: str) -> FlightTask | None:
+        task = self._book_cheapest(rng, task_id)
+        if task is None:
+            return None
+        search, book = task.reference[1], task.reference[2]
+        origin, destination, date = (search[1][k] for k in ("origin", "destination", "date"))
+        query = (f"Please book the cheapest available flight from {_where(origin)} to {_where(destination)} "
+                 f"on {_day(date)} for passenger {task.passenger_id}.")
+        return replace(task, kind="book_by_id", query=query, reference=(search, book))
+
+    def _cancel_by_id(self, rng: random.Random, task_id: str) -> FlightTask | None:
+        task = self._cancel(rng, task_id)
+        if task is None or task.target_flight is None:
+            return None
+        number = task.target_flight.split("-")[0]
+        query = (f"Passenger {task.passenger_id} can no longer take flight {number}. Cancel that booking and "
+                 f"keep their other bookings.")
+        return replace(task, kind="cancel_by_id", query=query, reference=task.reference[1:])

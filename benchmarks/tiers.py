@@ -1,0 +1,231 @@
+"""Where can SmolLM2 learn on flights? Its starting success per tier, zero-shot and with one demonstration.
+
+    .venv/bin/python benchmarks/tiers.py [--tiers 1,2,3] [--tasks 0] [--max-turns 4] [--max-new-tokens 64]
+                                         [--out benchmarks/results/tiers-smollm2.json]
+
+Starts `python -m env_service` with `flights: {tiers: [...]}` and evaluates SmolLM2-135M-Instruct, greedy, on
+the validation split (the first `--tasks` ids, 0: all) through the trainer's own path (`trainer.rollout`:
+context template, prompts, env create/step/evaluate over HTTP), without grammar. Two conditions:
+- `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does);
+- `one_demo`: the same episodes with one experience injected the way training injects it
+  (`collect_groups`, eta = 1): a solved *train-split* task of the same kind, its reference calls replayed
+  against the environment over HTTP so the observations in it are real. Never a validation or test task.
+Rollout sizes default to `examples/quickstart.yaml` (4 turns, 64 new tokens, 1536 tokens of context).
+Prints one JSON line: success per tier and kind for both conditions, tool-call rate, the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import yaml  # noqa: E402
+
+from common.schemas import Task  # noqa: E402
+from env_service.environments.flights import FlightsEnvironment  # noqa: E402
+from env_service.environments.flights.tasks import ORDER_REF  # noqa: E402
+from experience_manager.render import render_experiences  # noqa: E402
+from experience_manager.summarize import heuristic_case  # noqa: E402
+from experience_manager.trajectories import build_view  # noqa: E402
+from tests.helpers import run_service  # noqa: E402
+from trainer.peers import EnvPeer  # noqa: E402
+from trainer.policy import Sampling  # noqa: E402
+from trainer.rollout import collect_groups, evaluate_policy  # noqa: E402
+from trainer.settings import RolloutConfig  # noqa: E402
+
+
+def python_call(name: str, arguments: dict[str, Any]) -> str:
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+
+
+async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
+                        max_obs_chars: int) -> tuple[str, str]:
+    """A solved train task as (example text, the experience manager's case of it).
+
+    The example text: its query, its reference calls and the real observations they got, and the closing
+    reply. The case: what the experience manager's heuristic summary stores for the same replayed
+    trajectory (what pool seeding puts into the pool), rendered as retrieval renders it."""
+    task = flights.task(task_id)
+    created = await env.create("flights", Task(task_id=task_id, env_type="flights", split="train"))
+    messages: list[dict[str, Any]] = [m.model_dump(exclude_none=True) for m in created.messages]
+    # Not a chat transcript ("User:", "Tool:" lines): SmolLM2 goes on writing such a transcript, tool
+    # results included, instead of making one call.
+    lines = [f"A solved example of a similar request: \"{task.query}\""]
+    try:
+        orders: list[dict[str, Any]] = []
+        for name, arguments in task.reference:
+            resolved = dict(arguments)
+            for key, value in arguments.items():
+                if isinstance(value, str) and value.startswith(ORDER_REF):  # the order id this run generated
+                    passenger, flight = value[len(ORDER_REF):].split(":")
+                    resolved[key] = next(o["order_id"] for o in orders if o["passenger_id"] == passenger
+                                         and o["flight_id"] == flight and o["status"] == "active")
+            call = python_call(name, resolved)
+            result = await env.step(created.instance_id, call)
+            observation = result.observation.text()
+            messages += [{"role": "assistant", "content": call}, {"role": "tool", "content": observation}]
+            if name == "list_orders":
+                orders = json.loads(observation)
+            lines.append(f"Step {len(lines)}: called {call}, which returned {observation[:max_obs_chars]}")
+        closing = f"The answer is {task.answer}." if task.answer is not None else "Done."
+        lines.append(f"Final reply: {closing}")
+        lines.append("Handle the request below the same way: call one tool per message, then reply in plain text.")
+        await env.step(created.instance_id, closing)  # a text reply ends the episode (and is a tier-1 answer)
+        messages.append({"role": "assistant", "content": closing})
+        score = (await env.evaluate(created.instance_id)).score
+        if score != 1.0:
+            raise RuntimeError(f"the reference of {task_id} did not solve it (score {score})")
+    finally:
+        await env.release(created.instance_id)
+    view = build_view(messages=messages, reward=score, success_threshold=1.0, trajectory_id=None, task_id=task_id,
+                      query=task.query)
+    case = heuristic_case([view])
+    return "\n".join(lines), render_experiences([(case.when_to_use, case.content)])
+
+
+class Demonstrations:
+    """An experience source that returns, for a validation query, the demonstration of its kind."""
+
+    def __init__(self, by_query: dict[str, str]) -> None:
+        self.by_query = by_query
+        self.served = 0
+
+    async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
+        text = self.by_query.get(query)
+        self.served += text is not None
+        return (text, ["demo"]) if text is not None else None
+
+
+def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers: dict[str, str]) -> dict[str, Any]:
+    by_tier: dict[str, list[float]] = {}
+    by_kind: dict[str, list[float]] = {}
+    called: dict[str, list[float]] = {}
+    for task_id, outcomes in per_task.items():
+        task = flights.task(task_id)
+        success = float(outcomes[0] >= 1.0)
+        by_tier.setdefault(str(task.tier), []).append(success)
+        by_kind.setdefault(task.kind, []).append(success)
+    for task_id, answer in answers.items():
+        called.setdefault(str(flights.task(task_id).tier), []).append(
+            float("(" in answer and any(n in answer for n in ("search_flight", "get_passenger", "book_ticket",
+                                                              "cancel_order", "list_orders", "tool_call"))))
+    def rate(values: dict[str, list[float]]) -> dict[str, Any]:
+        return {k: {"success": round(sum(v) / len(v), 3), "solved": int(sum(v)), "tasks": len(v)}
+                for k, v in sorted(values.items())}
+    return {"by_tier": rate(by_tier), "by_kind": rate(by_kind),
+            "last_action_is_call_by_tier": {k: round(sum(v) / len(v), 3) for k, v in sorted(called.items())}}
+
+
+async def with_experience(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any, config: RolloutConfig,
+                          source: Demonstrations, flights: FlightsEnvironment) -> dict[str, Any]:
+    """The evaluation episodes, each given its experience the way training injects it (eta = 1, greedy)."""
+    demo_config = config.model_copy(update={"experience_ratio": 1.0})
+    greedy = Sampling(max_tokens=config.max_new_tokens, temperature=0.0, top_p=1.0)
+    groups = await collect_groups(tasks, env, policy.generate, tokenizer, demo_config, experience=source,
+                                  sampling=greedy, n=1)
+    per_task = {g[0].trajectory.task_id: [float(g[0].trajectory.outcome or 0.0)] for g in groups}
+    answers = {g[0].trajectory.task_id: g[0].trajectory.steps[-1].action.text() for g in groups if g[0].trajectory.steps}
+    solved = sum(v[0] >= 1.0 for v in per_task.values())
+    return {"success": round(solved / max(len(per_task), 1), 3), "experience_given": source.served,
+            **table(flights, per_task, answers), "examples": {t: answers.get(t, "")[:200] for t in list(answers)[:6]}}
+
+
+def checkpoint(out: str | None, result: dict[str, Any]) -> None:
+    """The conditions measured so far, so that a run stopped early keeps them (`"partial": true`)."""
+    print(f"tiers: {', '.join(k for k in result if k in ('zero_shot', 'one_case', 'one_demo'))} done", file=sys.stderr,
+          flush=True)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({**result, "partial": True}) + "\n")
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from common.models import load_model
+    from trainer.policy import InProcessPolicy
+
+    tiers = [int(t) for t in args.tiers.split(",")]
+    env_config = {"tiers": tiers}
+    flights = FlightsEnvironment(env_config)
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "env.yaml"
+        conf.write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config}}}))
+        with run_service("env_service", ["--conf", str(conf), "--log-level", "WARNING"], timeout=300) as service:
+            env = EnvPeer(service.url)
+            ids = await env.task_ids("flights", "validation")
+            ids = ids[: args.tasks] if args.tasks else ids
+            tasks = [Task(task_id=t, env_type="flights", split="validation") for t in ids]
+            # One demonstration per kind: the first train task of that kind.
+            train_ids = await env.task_ids("flights", "train")
+            first_of_kind: dict[str, str] = {}
+            for task_id in train_ids:
+                first_of_kind.setdefault(flights.task(task_id).kind, task_id)
+            demos = {kind: await demonstration(env, flights, tid, args.obs_chars) for kind, tid in first_of_kind.items()}
+
+            torch.set_num_threads(args.threads)
+            model, tokenizer = load_model("smollm2")
+            policy = InProcessPolicy(model, tokenizer, threads=args.threads)
+            config = RolloutConfig(env="flights", template="linear", max_turns=args.max_turns,
+                                   max_context=args.max_context, max_new_tokens=args.max_new_tokens,
+                                   temperature=0.0, concurrency=args.concurrency, retries=1)
+            result: dict[str, Any] = {"benchmark": "tiers", "model": "smollm2", "split": "validation",
+                                      "tasks": len(ids), "env_config": env_config, "greedy": True,
+                                      "rollout": config.model_dump(include={"template", "max_turns", "max_context",
+                                                                            "max_new_tokens"}),
+                                      "demonstrations": first_of_kind, "load_avg_start": os.getloadavg()[0]}
+            started = time.monotonic()
+            try:
+                zero = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True)
+                result["zero_shot"] = {"success": round(zero.avg_at_k, 3), **table(flights, zero.per_task,
+                                                                                   zero.per_task_answer)}
+                result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
+                checkpoint(args.out, result)
+                for name, which in (("one_case", 1), ("one_demo", 0)):
+                    started = time.monotonic()
+                    source = Demonstrations({flights.task(t).query: demos[flights.task(t).kind][which] for t in ids})
+                    result[name] = await with_experience(tasks, env, policy, tokenizer, config, source, flights)
+                    result[f"{name}_seconds"] = round(time.monotonic() - started, 1)
+                    checkpoint(args.out, result)
+                result["experience_texts"] = {kind: {"one_case": d[1], "one_demo": d[0]}
+                                              for kind, d in demos.items() if kind in ("fare_lookup", "book_by_id")}
+                result["examples"] = {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}
+            finally:
+                await policy.aclose()
+                await env.aclose()
+    result["load_avg_end"] = os.getloadavg()[0]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiers", default="1,2,3")
+    parser.add_argument("--tasks", type=int, default=0, help="first N validation ids (0: all)")
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-context", type=int, default=1536)
+    parser.add_argument("--obs-chars", type=int, default=700, help="characters of each observation in a demo")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    line = json.dumps(result)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

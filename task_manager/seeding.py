@@ -1,0 +1,110 @@
+"""Self-questioning feeds self-navigating: seed the experience pool from verified synthetic tasks.
+
+Before training, each verified synthetic task's reference is replayed in a fresh instance of its seed
+task (started with the synthetic query, as the trainer starts it), so the observations in the trajectory
+are the environment's own; the trajectory goes to the experience manager's summarize route, which distils
+it as it distils any rollout. The reference leaves the task manager only this way, towards the pool.
+
+AgentEvolver's `init_exp_before_training` seeds its pool from rollouts on validation tasks. Here no
+held-out task may reach the pool: `check_seedable` accepts only synthetic tasks whose seed task is in the
+environment's train split, and refuses anything else by name, before anything is replayed or sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.schemas import ChatMessage, Step, Task, Trajectory
+from task_manager.envs import EnvAccess
+from task_manager.models import StoredTask
+from task_manager.replay import replay
+
+
+class SeedingRefused(ValueError):
+    """A task that must not seed the pool (held out, or without a verified reference)."""
+
+
+def check_seedable(stored: StoredTask | None, task_id: str, train_ids: set[str],
+                   heldout: dict[str, str] | None = None) -> StoredTask:
+    """The stored synthetic task when it may seed the pool; else SeedingRefused saying why.
+
+    `heldout`: the environment's validation and test task ids -> their split, to name them in the refusal."""
+    if stored is None:
+        split = (heldout or {}).get(task_id)
+        if split is not None:
+            raise SeedingRefused(f"task {task_id!r} is a {split} task; validation or test tasks never seed the "
+                                 "experience pool")
+        raise SeedingRefused(f"task {task_id!r} is not a synthetic task of this task manager; only verified "
+                             "synthetic tasks seed the experience pool")
+    task = stored.task
+    if not task.synthetic or stored.reference is None:
+        raise SeedingRefused(f"task {task_id!r} has no verified reference; only verified synthetic tasks seed the pool")
+    if task.split != "train":
+        raise SeedingRefused(f"task {task_id!r} is in the {task.split} split; validation and test tasks never seed "
+                             "the experience pool")
+    if task.seed_task_id not in train_ids:
+        raise SeedingRefused(f"synthetic task {task_id!r} was made from {task.seed_task_id!r}, which is not a train "
+                             "task of its environment; tasks grown from held-out tasks never seed the pool")
+    return stored
+
+
+@dataclass
+class SeedReport:
+    candidates: int = 0  # verified synthetic tasks considered
+    refused: int = 0  # left out by `check_seedable` (only when no ids were named)
+    replayed: int = 0  # references that replayed to their verified end state
+    replay_failed: int = 0
+    sent: int = 0  # trajectories sent to the experience manager
+    experiences_created: int = 0
+    experiences_updated: int = 0
+    task_ids: list[str] = field(default_factory=list)  # the tasks whose trajectories were sent
+    errors: list[str] = field(default_factory=list)
+
+
+async def reference_trajectory(access: EnvAccess, stored: StoredTask) -> Trajectory | None:
+    """The reference replayed in a fresh instance, as a trajectory with real observations; None when the
+    replay no longer reaches the verified end state."""
+    task, reference = stored.task, stored.reference
+    assert reference is not None and task.seed_task_id is not None
+    result = await replay(access, task.env_type, task.seed_task_id, reference.actions, query=task.query,
+                          recorded_initial_state=reference.initial_state, recorded_observations=reference.observations)
+    if not result.ok:
+        return None
+    if reference.end_state is not None and access.comparable(result.end_state) != reference.end_state:
+        return None
+    messages = [ChatMessage.model_validate(m) for m in result.messages]
+    steps = [Step(index=i, action=ChatMessage(role="assistant", content=action),
+                  observation=ChatMessage(role="tool", content=observation))
+             for i, (action, observation) in enumerate(zip(result.executed, result.observations, strict=True))]
+    messages += [m for s in steps for m in (s.action, s.observation) if m is not None]
+    return Trajectory(task_id=task.task_id, env_type=task.env_type, messages=messages, steps=steps, outcome=1.0,
+                      metadata={"synthetic": True, "seeded_from": "reference", "query": task.query})
+
+
+async def seed_pool(access: EnvAccess, stored: list[StoredTask], experience: Any, workspace: str, *,
+                    request_id: str | None = None, report: SeedReport | None = None) -> SeedReport:
+    """Replay each task's reference and summarize the trajectories into `workspace` of `experience`
+    (an `ExperienceClient`). The tasks must have passed `check_seedable`."""
+    report = report or SeedReport()
+    trajectories = []
+    for item in stored:
+        trajectory = await reference_trajectory(access, item)
+        if trajectory is None:
+            report.replay_failed += 1
+            continue
+        report.replayed += 1
+        trajectories.append(trajectory)
+    if trajectories:
+        result = await experience.summarize(workspace, trajectories, request_id=request_id)
+        report.sent = len(trajectories)
+        report.task_ids = [t.task_id for t in trajectories]
+        report.experiences_created = len(result.created)
+        report.experiences_updated = len(result.updated)
+        report.errors = list(result.errors)[:10]
+    return report
+
+
+def seedable_tasks(synthetic: list[Task], train_ids: set[str]) -> list[str]:
+    """Ids of the synthetic tasks whose seed task is a train task (the default selection)."""
+    return [t.task_id for t in synthetic if t.split == "train" and t.seed_task_id in train_ids]
