@@ -138,6 +138,7 @@ def derive(run: dict[str, Any], row: str, seed: int, settings: AblationSettings,
         keep.add("experience_manager")
     else:
         rollout["experience_ratio"] = 0.0
+        launcher.setdefault("synthesis", {})["seed_experience"] = False  # no pool to seed
     if "judge" in mechanisms:
         keep.add("judge")
     else:

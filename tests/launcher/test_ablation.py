@@ -34,7 +34,7 @@ run:
     threads: {default: 1, trainer: 1}
     restart: {max_restarts: 0, trainer: false}
     ray: {enabled: false}
-    synthesis: {episodes: 2}
+    synthesis: {episodes: 2, seed_experience: true}
   llm_server: {model: tiny}
   env_service: {environments: {flights: {}}}
   task_manager:
@@ -78,7 +78,10 @@ def test_rows_differ_only_in_their_mechanisms(tmp_path):
     for row in ("q", "qn", "qa", "full"):  # zero human data: synthetic tasks only
         assert configs[row]["task_manager"]["mixture"] == {"synthetic_ratio": 1.0, "use_original": False}
     assert configs["grpo"]["trainer"]["train_split"] == "train" and configs["grpo"]["launcher"]["synthesis"] == {
-        "episodes": 0}
+        "episodes": 0, "seed_experience": False}
+    # The pool is seeded from the synthetic tasks only where there is a pool.
+    assert [configs[r]["launcher"]["synthesis"]["seed_experience"] for r in ("q", "qn", "qa", "full")] == [
+        False, True, False, True]
     assert [configs[r]["trainer"]["advantage"]["estimator"] for r in ("q", "qn", "qa", "full", "grpo")] == [
         "grpo", "grpo", "adca_grpo", "adca_grpo", "grpo"]
     assert [configs[r]["trainer"]["rollout"]["experience_ratio"] for r in ("q", "qn", "qa", "full", "grpo")] == [
@@ -154,7 +157,8 @@ def test_ablation_end_to_end_interrupted_and_resumed(tmp_path):
     assert start["prompts"] == end["prompts"] and len(set(end["prompts"])) == 4
     assert start["argv"] == end["argv"]
     assert start["experience_rollouts"] == end["experience_rollouts"] == 0
-    assert run["train"]["mechanisms"]["self_navigating"]["injected_rollouts"] > 0  # while training it had some
+    navigating = run["train"]["mechanisms"]["self_navigating"]
+    assert navigating["seeded_trajectories"] > 0 and navigating["injected_rollouts"] > 0  # training had experience
     assert "endpoint" not in end["policy"] and end["policy"]["step"] == 3
     # Paired per task, from the raw JSON alone.
     by_hand = [per_task_metric(end, "avg")[t] - per_task_metric(start, "avg")[t] for t in sorted(end["per_task"])]
