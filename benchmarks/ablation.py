@@ -250,8 +250,9 @@ class Harness:
         if marker.is_file() and marker.read_text().strip() != self.protocol_sha:
             raise SystemExit(f"ablation: {run_dir} was started under another protocol file; delete it (and "
                              f"{marker}) to start this run again")
+        spent = run_dir.parent / f"{run_dir.name}.seconds"
         if _finished(out, cfg["trainer"]["steps"]):
-            return out, 0.0
+            return out, float(spent.read_text()) if spent.is_file() else 0.0
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(self.protocol_sha)
         conf = run_dir.parent / f"{run_dir.name}.yaml"
@@ -260,11 +261,14 @@ class Harness:
         log = run_dir.parent / f"{run_dir.name}.launcher.log"
         started = time.monotonic()
         code = _run_launcher(conf, log, self.settings.run_timeout_min * 60)
+        # Wall time over every launcher invocation of this run (an interrupted run is continued later).
+        total = float(spent.read_text()) if spent.is_file() else 0.0
+        spent.write_text(str(total + time.monotonic() - started))
         if code != 0 or not _finished(out, cfg["trainer"]["steps"]):
             tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
             raise SystemExit(f"ablation: {row} seed {seed}: the launcher ended with {code} before the last step; "
                              f"rerun the same command to continue from its last checkpoint. Log {log}:\n{tail}")
-        return out, time.monotonic() - started
+        return out, float(spent.read_text())
 
     def row(self, row: str, seed: int) -> dict[str, Any]:
         path = self.result_path(row, seed)
@@ -286,6 +290,7 @@ class Harness:
         payload = {
             **self.meta(row, seed), "config": derive(self.protocol.run, row, seed, self.settings, self.runs_dir),
             "start_eval": f"base-seed{seed}.json (computed once per seed, shared by every row)",
+            # wall_s: the training over every launcher invocation of this run
             "train": {"steps": summary["steps"], "wall_s": round(wall, 1), "step_s": step_seconds,
                       "curve": curve, "reward_per_step": [r.get("rollout/reward_mean") for r in records.values()],
                       "signal": summary.get("training"), "mechanisms": summary.get("mechanisms"),

@@ -58,10 +58,12 @@ class SynthesisGate:
         client = TaskClient(self.url, timeout=60)
         try:
             stats = await client.stats()
+            resumed: set[str] = set()
             for env in self.environments:
                 have = ((stats.get("environments") or {}).get(env) or {}).get("synthetic", 0)
                 if have:
                     self.say(f"self-questioning: {have} synthetic {env} tasks already in the store (resumed run)")
+                    resumed.add(env)
                     continue
                 started = time.monotonic()
                 self.say(f"self-questioning: exploring {env} for {self.episodes} episodes before training")
@@ -75,10 +77,31 @@ class SynthesisGate:
                          f"{progress.get('proposed')} tasks proposed, {progress.get('verified')} verified, "
                          f"{progress.get('kept')} kept ({time.monotonic() - started:.0f}s)")
             if self.experience_url:
+                pool = await self._pool_size() if resumed else 0
                 for env in self.environments:
+                    if env in resumed and pool:
+                        # A resumed run's pool persisted with it. Seeding again would replay the references into
+                        # new trajectories (fresh order ids), which the experience manager refuses under the same
+                        # request id (409 request_id_conflict).
+                        self.say(f"self-navigating: workspace {self.workspace!r} already holds {pool} experiences "
+                                 f"(resumed run); not seeded again from {env}")
+                        continue
                     await self._seed(client, env)
         finally:
             await client.aclose()
+
+    async def _pool_size(self) -> int:
+        """Active experiences in the trainer's workspace (0 when it does not exist yet)."""
+        from common.http import ServiceCallError
+        from experience_manager.client import ExperienceClient
+
+        async with ExperienceClient(self.experience_url or "") as pool:
+            try:
+                return int((await pool.stats(self.workspace)).get("active", 0))
+            except ServiceCallError as exc:
+                if exc.status == 404:
+                    return 0
+                raise
 
     async def _seed(self, client: TaskClient, env: str) -> None:
         started = time.monotonic()
