@@ -99,6 +99,12 @@ def load_protocol(path: Path) -> Protocol:
         raise ConfigError("run.trainer.rollout.experience_ratio: the full row gives experience (set eta > 0)")
     if (trainer.get("advantage") or {}).get("estimator") != "adca_grpo":
         raise ConfigError("run.trainer.advantage.estimator: the full row uses the judge (adca_grpo)")
+    rollout = trainer.get("rollout") or {}
+    # trainer.evaluate (the start and end evaluations) has no flags for these: the in-run curve and the
+    # evaluations would not see the same prompts or sampling.
+    if rollout.get("template_options") or rollout.get("top_p", 1.0) != 1.0:
+        raise ConfigError("run.trainer.rollout: template_options and top_p are not supported by the ablation's "
+                          "evaluations; remove them")
     return protocol
 
 

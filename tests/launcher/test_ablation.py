@@ -97,6 +97,9 @@ def test_a_protocol_without_every_mechanism_is_refused(tmp_path):
     (tmp_path / "p.yaml").write_text(PROTOCOL.replace("advantage: {estimator: adca_grpo}", "advantage: {}"))
     with pytest.raises(ValueError, match="adca_grpo"):
         load_protocol(tmp_path / "p.yaml")
+    (tmp_path / "p.yaml").write_text(PROTOCOL.replace("experience_ratio: 0.5}", "experience_ratio: 0.5, top_p: 0.9}"))
+    with pytest.raises(ValueError, match="top_p"):
+        load_protocol(tmp_path / "p.yaml")
 
 
 def test_paired_changes_and_steps_to_target_by_hand():
