@@ -5,6 +5,7 @@ evaluation that saw no experience and the same prompts before and after."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -180,3 +181,51 @@ def test_ablation_end_to_end_interrupted_and_resumed(tmp_path):
     assert "| +Q&N | 1 |" in text and "| base | 1 |" in text
     assert "- base < +Q: not run" in text
     assert (tmp_path / "results" / "ablation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _raw(directory: Path, row: str, seed: int, per_task: dict[str, list[float]], curve: list[float] | None = None):
+    """A raw result file as benchmarks/ablation.py writes it (only the fields the report reads)."""
+    evaluation = {"per_task": per_task, "prompts": {t: f"p-{t}" for t in per_task}, "tasks": len(per_task), "k": 2}
+    data = {"benchmark": "ablation", "row": row, "seed": seed, "git": {"commit": "c0ffee"},
+            "protocol": {"sha256": "abc"}, "explore": False, "target_delta": 0.10,
+            "eval_protocol": {"split": "test", "k": 2, "temperature": 0.7}}
+    if row == "base":
+        data["eval_start"] = evaluation
+    else:
+        data["eval_end"] = evaluation
+        data["train"] = {"steps": len(curve) - 1, "wall_s": 600.0,
+                         "curve": [{"step": i, "avg@1": v} for i, v in enumerate(curve)]}
+    (directory / f"{row}-seed{seed}.json").write_text(json.dumps(data))
+
+
+def test_report_pools_seeds_per_task_and_checks_the_ordering_by_hand(tmp_path):
+    from benchmarks.ablation_report import summarize, write_report
+
+    curve = [0.25, 0.3, 0.4]
+    _raw(tmp_path, "base", 0, {"a": [0.0, 0.0], "b": [1.0, 0.0]})
+    _raw(tmp_path, "base", 1, {"a": [0.0, 1.0], "b": [0.0, 0.0]})
+    _raw(tmp_path, "q", 0, {"a": [1.0, 0.0], "b": [1.0, 1.0]}, curve)
+    _raw(tmp_path, "q", 1, {"a": [1.0, 1.0], "b": [0.0, 0.0]}, curve)
+    for row in ("qa", "full"):
+        _raw(tmp_path, row, 0, {"a": [1.0, 1.0], "b": [1.0, 1.0]}, curve)
+        _raw(tmp_path, row, 1, {"a": [0.0, 0.0], "b": [1.0, 1.0]}, curve)
+    report = summarize(tmp_path)
+    rows = {r["row"]: r for r in report["rows"]}
+    # Seed means per task: base a 0.25 b 0.25; q a 0.75 b 0.5; full a 0.5 b 1.0.
+    assert rows["base"]["avg_end"]["mean"] == 0.25 and rows["q"]["avg_end"]["mean"] == 0.625
+    assert rows["full"]["avg_end"]["mean"] == 0.75
+    half = 1.959964 * math.sqrt(((0.5 - 0.375) ** 2 + (0.25 - 0.375) ** 2) / 1) / math.sqrt(2)
+    change = rows["q"]["avg_change"]  # per task +0.5 and +0.25
+    assert change["mean"] == 0.375 and change["lo"] == pytest.approx(0.375 - half) and change["n"] == 2
+    # best@2 seed means: base a 0.5 b 0.5; q a 1.0 b 0.5.
+    assert rows["q"]["best_change"]["mean"] == 0.25
+    assert rows["q"]["steps_to_target"] == {0: 2, 1: 2}  # 0.25 + 0.10 first reached at step 2 (0.4)
+    ordering = {(o["lower"], o["higher"]): o for o in report["ordering"]}
+    assert ordering[("base", "q")]["holds"] is True and ordering[("base", "q")]["ci_excludes_0"] is True
+    assert ordering[("q", "qa")]["holds"] is True and ordering[("q", "qa")]["ci_excludes_0"] is False  # -0.25, +0.5
+    assert ordering[("qa", "full")]["holds"] is False  # identical rows: difference 0
+    assert ordering[("q", "qn")]["difference"] is None  # not run
+    write_report(tmp_path)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "- +Q&A < full: difference +0.000 [+0.000, +0.000]: does NOT hold" in text
+    assert "- +Q < +Q&N: not run" in text and "| +Q | 2 | 0.625" in text
