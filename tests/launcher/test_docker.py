@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from common.config import load_config
 from evolver_launcher.plan import _section_model
 from tests.helpers import REPO
 
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yml"
-SERVICES = {"ray-head", "llm-server", "env-service", "task-manager", "experience-manager", "judge", "trainer",
-            "qdrant", "vllm"}
+SERVICES = {"ray-head", "llm-server", "env-service", "task-manager", "experience-manager", "judge", "studio",
+            "trainer", "tensorboard", "qdrant", "vllm"}
+PROFILES = ("train", "tensorboard", "qdrant", "vllm")
+EVERY_PROFILE = [arg for profile in PROFILES for arg in ("--profile", profile)]
 
 
 def compose_command(tmp_path: Path) -> list[str]:
@@ -47,20 +51,25 @@ def run_compose(cmd: list[str], *args: str, env: dict | None = None) -> subproce
 def test_compose_file_is_valid_and_has_every_service(tmp_path, monkeypatch):
     monkeypatch.delenv("DOCKER_CONFIG", raising=False)
     cmd = compose_command(tmp_path)
-    done = run_compose(cmd, "-f", str(COMPOSE_FILE), "config", "-q")
-    assert done.returncode == 0, done.stderr
-    listed = run_compose(cmd, "-f", str(COMPOSE_FILE), "--profile", "train", "--profile", "qdrant",
-                         "--profile", "vllm", "config", "--services")
+    for profiles in ([], *(["--profile", profile] for profile in PROFILES), EVERY_PROFILE):
+        done = run_compose(cmd, "-f", str(COMPOSE_FILE), *profiles, "config", "-q")
+        assert done.returncode == 0, (profiles, done.stderr)
+    listed = run_compose(cmd, "-f", str(COMPOSE_FILE), *EVERY_PROFILE, "config", "--services")
     assert set(listed.stdout.split()) == SERVICES, listed.stderr
-    full = run_compose(cmd, "-f", str(COMPOSE_FILE), "--profile", "train", "config", "--format", "json")
+    full = run_compose(cmd, "-f", str(COMPOSE_FILE), *EVERY_PROFILE, "config", "--format", "json")
     import json
 
     config = json.loads(full.stdout)["services"]
-    for name in SERVICES - {"trainer"} - {"qdrant", "vllm"}:
+    for name in SERVICES:
+        assert all(p.get("host_ip") == "127.0.0.1" for p in config[name].get("ports", [])), name
+    for name in SERVICES - {"trainer", "tensorboard", "qdrant", "vllm"}:
         test = " ".join(config[name]["healthcheck"]["test"])
         assert ("/healthz" in test) or ("/api/version" in test), name
-        assert all(p.get("host_ip") == "127.0.0.1" for p in config[name].get("ports", [])), name
     assert config["trainer"]["environment"]["RAY_ADDRESS"] == "ray://ray-head:10001"
+    # Each trainer run gets its own folder under /data/runs, which the studio serves.
+    # (`config` prints the escaped `$$`; the container gets one `$`.)
+    assert "trainer.output_dir=/data/runs/$${EVOLVER_RUN_NAME:-" in config["trainer"]["command"][-1]
+    assert "--runs /data/runs" in " ".join(config["studio"]["command"])
     assert config["ray-head"]["build"]["args"]["BASE"] == "python:3.11-slim"
     rebased = run_compose(cmd, "-f", str(COMPOSE_FILE), "config", "--format", "json",
                           env={"EVOLVER_BASE_IMAGE": "localdebian:bookworm"})
@@ -88,3 +97,79 @@ def test_the_compose_run_config_validates_section_by_section(monkeypatch):
     monkeypatch.setenv("QDRANT_URL", "http://qdrant:6333")
     em = load_config(_section_model("experience_manager"), conf, section="experience_manager")
     assert em.qdrant_url == "http://qdrant:6333"
+
+
+# `${NAME}`, `${NAME:-default}`, `${NAME-default}`: read from the shell or .env by Compose. `$${NAME}` is
+# escaped (the container's shell reads it) and is not one of them.
+COMPOSE_VARIABLE = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)")
+RUN_YAML_VARIABLE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
+DOCUMENTED = re.compile(r"^#?\s*([A-Za-z_][A-Za-z0-9_]*)=", re.MULTILINE)
+
+
+def without_comment_lines(text: str) -> str:
+    return re.sub(r"(?m)^\s*#.*$", "", text)
+
+
+def compose_variables(text: str) -> set[str]:
+    """Variables a compose file reads: interpolations, and `environment` keys without a value (passed
+    through from the shell)."""
+    code = without_comment_lines(text)
+    names = set(COMPOSE_VARIABLE.findall(code))
+    for service in (yaml.safe_load(text).get("services") or {}).values():
+        environment = service.get("environment") or {}
+        if isinstance(environment, dict):
+            names |= {key for key, value in environment.items() if value is None}
+    return names
+
+
+def undocumented(names: set[str], env_text: str) -> set[str]:
+    """Names that example.env neither sets nor shows commented out (`NAME=` or `# NAME=`)."""
+    return names - set(DOCUMENTED.findall(env_text))
+
+
+def test_the_variable_checks_catch_an_undocumented_variable():
+    compose = ("# ${IN_A_COMMENT}\nservices:\n  a:\n    image: ${IMG:-x}\n    command: sh -c 'echo $${INNER}'\n"
+               "    environment:\n      PASSED:\n      SET: ${FROM_SHELL-}\n")
+    assert compose_variables(compose) == {"IMG", "PASSED", "FROM_SHELL"}
+    assert undocumented({"IMG", "PASSED", "FROM_SHELL"}, "IMG=1\n# PASSED=   # why\n# not FROM_SHELL here\n") == {
+        "FROM_SHELL"}
+
+
+def test_every_variable_of_the_compose_deployment_is_documented_in_example_env():
+    env_text = (REPO / "example.env").read_text()
+    names = compose_variables(COMPOSE_FILE.read_text())
+    assert {"EVOLVER_RAY_MEM", "EVOLVER_SERVICE_MEM", "EVOLVER_TRAINER_MEM", "EVOLVER_BASE_IMAGE",
+            "EVOLVER_TORCH_INDEX", "QDRANT_URL"} <= names
+    assert undocumented(names, env_text) == set()
+    run_yaml = set(RUN_YAML_VARIABLE.findall(without_comment_lines((REPO / "docker" / "run.yaml").read_text())))
+    assert undocumented(run_yaml, env_text) == set()
+    # The scripts' own knobs: every EVOLVER_* that quickstart.sh and its helpers read.
+    script = "".join((REPO / "docker" / name).read_text() for name in ("quickstart.sh", "lib.sh"))
+    assert undocumented(set(re.findall(r"\$\{(EVOLVER_[A-Z_]+)", script)), env_text) == set()
+
+
+def test_the_memory_defaults_size_ray_head_for_training_the_default_model(tmp_path, monkeypatch):
+    """ray-head runs the trainer's actor: its limit must be above the SmolLM2 peak measured in
+    docker/README.md, and each service's limit is its own variable."""
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    for name in ("EVOLVER_RAY_MEM", "EVOLVER_SERVICE_MEM", "EVOLVER_TRAINER_MEM"):
+        monkeypatch.delenv(name, raising=False)
+    cmd = compose_command(tmp_path)
+    import json
+
+    config = json.loads(run_compose(cmd, "-f", str(COMPOSE_FILE), "--profile", "train", "config",
+                                    "--format", "json").stdout)["services"]
+    assert config["ray-head"]["mem_limit"] == str(8 * 2**30)
+    assert config["judge"]["mem_limit"] == str(4 * 2**30)
+    assert config["trainer"]["mem_limit"] == str(2 * 2**30)
+    lowered = json.loads(run_compose(cmd, "-f", str(COMPOSE_FILE), "config", "--format", "json",
+                                     env={"EVOLVER_RAY_MEM": "6g"}).stdout)["services"]
+    assert lowered["ray-head"]["mem_limit"] == str(6 * 2**30) and lowered["judge"]["mem_limit"] == str(4 * 2**30)
+
+
+def test_the_build_context_leaves_out_secrets_and_local_state():
+    """`docker compose build` from the repo root copies the folder: .env (API keys) must never land in
+    an image layer, nor the multi-GB .venv or runs/."""
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".env", ".venv", "runs", ".git"} <= ignored
