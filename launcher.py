@@ -188,8 +188,15 @@ def _attach_synthesis(plan) -> None:
     trainer.gate = SynthesisGate(plan.child("task_manager").health_url.removesuffix("/healthz"),
                                  plan.data["task_manager"]["environments"], settings.episodes, settings.timeout_s,
                                  say=lambda message: print(f"[launcher] {message}", flush=True),
-                                 seed_experience=settings.seed_experience, workspace=workspace,
-                                 run_name=plan.experiment)
+                                 seed_experience=settings.seed_experience, experience_url=_experience_url(plan),
+                                 workspace=workspace, run_name=plan.experiment)
+
+
+def _experience_url(plan) -> str | None:
+    """The experience manager's base URL when the launcher runs one (a resumed run checks its pool)."""
+    if not any(c.name == "experience_manager" for c in plan.children):
+        return None
+    return plan.child("experience_manager").health_url.removesuffix("/healthz")
 
 
 def _tensorboard_dir(plan) -> Path:

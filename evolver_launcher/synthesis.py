@@ -37,11 +37,13 @@ class SynthesisGate:
     """Callable gate for the trainer: False while the jobs run, True when done; raises if one failed."""
 
     def __init__(self, url: str, environments: list[str], episodes: int, timeout_s: float,
-                 say: Callable[[str], None], *, seed_experience: bool = False, workspace: str = "default",
+                 say: Callable[[str], None], *, seed_experience: bool = False, experience_url: str | None = None,
+                 workspace: str = "default",
                  run_name: str = "run") -> None:
         self.url, self.environments, self.episodes, self.timeout_s = url, environments, episodes, timeout_s
         self.say = say
         self.seed_experience, self.workspace, self.run_name = seed_experience, workspace, run_name
+        self.experience_url = experience_url  # only to see whether a resumed run's pool is already seeded
         self.results: dict[str, dict] = {}
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
@@ -72,10 +74,12 @@ class SynthesisGate:
         client = TaskClient(self.url, timeout=60)
         try:
             stats = await client.stats()
+            resumed: set[str] = set()
             for env in self.environments:
                 have = ((stats.get("environments") or {}).get(env) or {}).get("synthetic", 0)
                 if have:
                     self.say(f"self-questioning: {have} synthetic {env} tasks already in the store (resumed run)")
+                    resumed.add(env)
                     continue
                 started = time.monotonic()
                 self.say(f"self-questioning: exploring {env} for {self.episodes} episodes before training")
@@ -89,10 +93,31 @@ class SynthesisGate:
                          f"{progress.get('proposed')} tasks proposed, {progress.get('verified')} verified, "
                          f"{progress.get('kept')} kept ({time.monotonic() - started:.0f}s)")
             if self.seed_experience:
+                pool = await self._pool_size() if resumed and self.experience_url else 0
                 for env in self.environments:
+                    if env in resumed and pool:
+                        # A resumed run's pool persisted with it. Seeding again would replay the references into
+                        # new trajectories (fresh order ids), which the experience manager refuses under the same
+                        # request id (409 request_id_conflict).
+                        self.say(f"self-navigating: workspace {self.workspace!r} already holds {pool} experiences "
+                                 f"(resumed run); not seeded again from {env}")
+                        continue
                     await self._seed(client, env)
         finally:
             await client.aclose()
+
+    async def _pool_size(self) -> int:
+        """Active experiences in the trainer's workspace (0 when it does not exist yet)."""
+        from common.http import ServiceCallError
+        from experience_manager.client import ExperienceClient
+
+        async with ExperienceClient(self.experience_url or "") as pool:
+            try:
+                return int((await pool.stats(self.workspace)).get("active", 0))
+            except ServiceCallError as exc:
+                if exc.status == 404:
+                    return 0
+                raise
 
     async def _seed(self, client: TaskClient, env: str) -> None:
         started = time.monotonic()
@@ -138,7 +163,8 @@ def gate_from_config(raw: dict[str, Any], say: Callable[[str], None], run_name: 
                               "experience manager's URL")
     workspace = ((raw.get("trainer") or {}).get("experience") or {}).get("workspace", "default")
     return SynthesisGate(task_url, environments, settings.episodes, settings.timeout_s, say=say,
-                         experience_url=experience_url, workspace=workspace, run_name=run_name)
+                         seed_experience=settings.seed_experience, experience_url=experience_url,
+                         workspace=workspace, run_name=run_name)
 
 
 def main(argv: list[str] | None = None) -> int:

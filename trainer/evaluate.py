@@ -34,7 +34,7 @@ from trainer.rollout import EvalSummary, RolloutConfig, evaluate_policy, is_inva
 from trainer.summary import interval, per_task_values
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--env-url", required=True, help="the environment service base URL")
     parser.add_argument("--env", required=True, help="environment name on the service")
@@ -148,7 +148,8 @@ def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
                (f"avg@{summary.k}", f"best@{summary.k}", "invalid_action_rate")}
     return {**meta, f"avg@{summary.k}": summary.avg_at_k, f"best@{summary.k}": summary.best_at_k,
             "invalid_action_rate": summary.invalid_action_rate, "tasks": summary.tasks, "k": summary.k,
-            "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer}
+            "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer,
+            "prompts": summary.per_task_prompt, "experience_rollouts": summary.experience_rollouts}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -215,7 +216,7 @@ def print_result(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _arguments(argv)
+    args = parse_arguments(argv)
     try:
         result = asyncio.run(run(args))
     except (FileNotFoundError, ValueError, ModelLoadError) as exc:

@@ -45,7 +45,7 @@ from trainer.resilience import (
     outage_table,
 )
 from trainer.rollout import EvalSummary, GroupStats, Rollout, collect_groups, evaluate_policy
-from trainer.summary import run_summary, write_summary
+from trainer.summary import mixed_outcome_groups, run_summary, write_summary
 from trainer.update import PolicyUpdater, TrainSample, UpdateProgress
 
 
@@ -254,6 +254,7 @@ class LocalTrainer:
         metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
                                      "rollout/dropped_groups": float(self.group_stats.dropped_groups - dropped_before),
                                      "rollout/groups": float(len(groups)),
+                                     "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)),
                                      "rollout/synthetic_frac": float(np.mean([t.synthetic for t in tasks]))}
         metrics.update(self._rollout_metrics(rollouts, t1 - t0))
         await mechanisms.label([r.trajectory for r in rollouts])

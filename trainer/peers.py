@@ -109,6 +109,8 @@ class ExperienceCounters:
     feedback_with_baseline: int = 0
     queued_deliveries: int = 0  # summarize/feedback calls that waited for the manager to come back
     delivered_late: int = 0
+    # A step re-run after a resume whose earlier attempt was already delivered (same request id, new rollouts).
+    already_delivered: int = 0
 
 
 @dataclass
@@ -195,6 +197,14 @@ class ExperiencePeer:
         try:
             await item.send(self.delivery)
         except ServiceCallError as exc:
+            if exc.code == "request_id_conflict":
+                # The run was killed after this step's delivery and before its checkpoint; the resumed run
+                # re-sampled the step. The pool already holds that step once: applying it twice is what the
+                # request id prevents.
+                self.counters.already_delivered += 1
+                logger.info("{} {} was delivered before the resume; the re-run step is not sent again", item.kind,
+                            item.request_id)
+                return
             if not is_outage(exc):
                 raise
             self.pending.append(item)

@@ -11,6 +11,7 @@ rollouts whole (GRPO never sees a partial group).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -224,6 +225,10 @@ class EvalSummary:
     per_task: dict[str, list[float]] = field(default_factory=dict)  # outcome of each of the k samples
     per_task_invalid: dict[str, float] = field(default_factory=dict)  # invalid steps / steps, per task
     per_task_answer: dict[str, str] = field(default_factory=dict)  # the first sample's last action text
+    # Audit of what the policy was shown: the sha256 of each task's first prompt (token ids, the same for
+    # every sample of a task) and how many samples were given experience (evaluation gives none).
+    per_task_prompt: dict[str, str] = field(default_factory=dict)
+    experience_rollouts: int = 0
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         return {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
@@ -243,10 +248,14 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     task_steps: dict[str, int] = {}
     task_invalid: dict[str, int] = {}
     answers: dict[str, str] = {}
+    prompts: dict[str, str] = {}
+    with_experience = 0
     for g in groups:
         for r in g:
             task_id = r.trajectory.task_id
             per_task.setdefault(task_id, []).append(float(r.trajectory.outcome or 0.0))
+            prompts.setdefault(task_id, prompt_digest(r.trajectory.prompt_ids))
+            with_experience += int(r.trajectory.experience_flag)
             task_steps[task_id] = task_steps.get(task_id, 0) + len(r.trajectory.steps)
             task_invalid[task_id] = task_invalid.get(task_id, 0) + r.invalid_steps
             if task_id not in answers and r.trajectory.steps:
@@ -258,4 +267,10 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     best = sum(max(v) for v in success.values()) / len(success)
     invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
     per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
-    return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers)
+    return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers, prompts,
+                       with_experience)
+
+
+def prompt_digest(token_ids: Sequence[int]) -> str:
+    """A short stable fingerprint of a prompt's token ids (equal digests: the same prompt)."""
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from trainer.rollout import EvalSummary
+from trainer.rollout import EvalSummary, Rollout
 
 if TYPE_CHECKING:
     from trainer.local import LocalTrainer
@@ -66,6 +67,30 @@ def eval_table(before: EvalSummary | None, after: EvalSummary | None) -> dict[st
     return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k}
 
 
+def mixed_outcome_groups(groups: Sequence[Sequence[Rollout]]) -> int:
+    """Groups whose rollouts did not all get the same outcome: the only ones where GRPO's outcome term
+    is not zero (ADCA's attribution term can still move the others)."""
+    return sum(1 for group in groups if len({float(r.trajectory.outcome or 0.0) for r in group}) > 1)
+
+
+def training_signal(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """From the run's per-step metrics: did every step move the weights, and how many groups carried an
+    outcome signal. A non-zero gradient is necessary, not sufficient (random judge labels also move
+    weights), hence the share of mixed-outcome groups beside it.
+
+    A step logged twice (re-run after a resume) counts once, its last record."""
+    steps = {int(r["step"]): r for r in records if int(r.get("step", 0)) > 0 and "rollout/groups" in r}
+    ordered = [steps[s] for s in sorted(steps)]
+    norms = [float(r.get("update/grad_norm", 0.0)) for r in ordered]
+    groups = sum(int(r.get("rollout/groups", 0)) for r in ordered)
+    mixed = sum(int(r.get("rollout/mixed_outcome_groups", 0)) for r in ordered)
+    nonzero = sum(1 for g in norms if g > 0.0)
+    return {"steps": len(ordered), "steps_with_nonzero_grad": nonzero,
+            "every_step_nonzero_grad": bool(ordered) and nonzero == len(ordered),
+            "grad_norm_per_step": norms, "groups": groups, "mixed_outcome_groups": mixed,
+            "mixed_outcome_share": mixed / groups if groups else None}
+
+
 async def _service_stats(peer: Any, name: str) -> dict[str, Any] | None:
     try:
         return await peer.stats()
@@ -99,6 +124,7 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
         "dropped_groups": stats.dropped_groups, "failed_attempts": stats.failed_attempts, "rollouts": stats.rollouts,
         "plot": str(plot) if plot else None,
         "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after")),
+        "training": training_signal(trainer.metrics.records()),
         "mechanisms": mechanisms,
         "resilience": trainer.resilience_summary(),
     }
@@ -143,6 +169,12 @@ def print_summary(summary: dict[str, Any]) -> None:
                 continue
             table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         console.print(table)
+    training = summary.get("training") or {}
+    if training.get("steps"):
+        share = training.get("mixed_outcome_share")
+        console.print(f"training signal: non-zero gradient on {training['steps_with_nonzero_grad']} of "
+                      f"{training['steps']} steps; groups with mixed outcomes {training['mixed_outcome_groups']} of "
+                      f"{training['groups']}" + (f" ({share:.2f})" if share is not None else ""))
     resilience = summary.get("resilience") or {}
     if resilience.get("outages"):
         table = Table(title="peer outages the run rode through")

@@ -32,3 +32,34 @@ def test_table_pairs_tasks_and_reads_k_samples():
     assert rows["best@2"]["delta"]["mean"] == 0.5 and rows["best@2"]["delta"]["n"] == 2
     assert rows["invalid_action_rate"]["delta"]["mean"] == -0.5
     assert "delta" not in eval_table(None, after)["rows"][0]
+
+
+def _group(*outcomes):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(trajectory=SimpleNamespace(outcome=o)) for o in outcomes]
+
+
+def test_mixed_outcome_groups_counts_groups_whose_outcomes_differ():
+    from trainer.summary import mixed_outcome_groups
+
+    groups = [_group(0.0, 0.0, 0.0), _group(0.0, 1.0, 0.0), _group(None, 0.0), _group(0.5, 1.0), _group(1.0, 1.0)]
+    assert mixed_outcome_groups(groups) == 2  # None reads as 0.0, so the third group is uniform
+
+
+def test_training_signal_counts_steps_with_a_gradient_and_mixed_groups_once_per_step():
+    from trainer.summary import training_signal
+
+    records = [
+        {"step": 0, "eval/avg@1": 0.0},  # the evaluation before training: not a step
+        {"step": 1, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 0.0, "update/grad_norm": 0.0},
+        {"step": 2, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 2.0, "update/grad_norm": 0.5},
+        {"step": 2, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 1.0, "update/grad_norm": 0.25},  # re-run
+        {"step": 3, "rollout/groups": 4.0, "rollout/mixed_outcome_groups": 1.0},  # no update: no gradient
+    ]
+    got = training_signal(records)
+    assert got["steps"] == 3 and got["steps_with_nonzero_grad"] == 1 and got["every_step_nonzero_grad"] is False
+    assert got["grad_norm_per_step"] == [0.0, 0.25, 0.0]
+    assert got["groups"] == 8 and got["mixed_outcome_groups"] == 2 and got["mixed_outcome_share"] == 0.25
+    assert training_signal(records[2:3])["every_step_nonzero_grad"] is True
+    assert training_signal([])["mixed_outcome_share"] is None and training_signal([])["every_step_nonzero_grad"] is False

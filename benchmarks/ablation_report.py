@@ -1,0 +1,171 @@
+"""The ablation's report from its raw JSON alone: REPORT.md (table, ordering check) and ablation.png.
+
+Every number comes from `<results-dir>/<row>-seed<S>.json` as `benchmarks/ablation.py` wrote it; every
+file there is used (no selection). Pooling over seeds: per test task, the mean over seeds of its avg@k
+(or best@k), so the unit of the 95% interval is the task (n = tasks), the conservative choice when the
+seeds share the tasks. Row-against-row differences are paired per task the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from benchmarks.ablation import ROWS, paired, per_task_metric
+from trainer.summary import interval
+
+LABELS = {"base": "base", "q": "+Q", "qn": "+Q&N", "qa": "+Q&A", "full": "full", "grpo": "GRPO (train split)"}
+# AgentEvolver's ordering: base < +Q < +Q&N, +Q < +Q&A, and both below full.
+ORDERING = (("base", "q"), ("q", "qn"), ("q", "qa"), ("qn", "full"), ("qa", "full"))
+
+
+def load_results(directory: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    for path in sorted(Path(directory).glob("*-seed*.json")):
+        data = json.loads(path.read_text())
+        if data.get("benchmark") == "ablation":
+            runs.setdefault(data["row"], {})[int(data["seed"])] = data
+    return runs
+
+
+def end_eval(runs: dict[str, dict[int, dict[str, Any]]], row: str, seed: int) -> dict[str, Any]:
+    """A row's evaluation at the end; base's is its start evaluation (no training)."""
+    data = runs[row][seed]
+    return data["eval_start"] if row == "base" else data["eval_end"]
+
+
+def seed_mean(runs: dict[str, dict[int, dict[str, Any]]], row: str, seeds: list[int], metric: str) -> dict[str, float]:
+    """Per task, the mean over `seeds` of the row's end metric."""
+    per_seed = [per_task_metric(end_eval(runs, row, s), metric) for s in seeds]
+    tasks = set.intersection(*(set(p) for p in per_seed))
+    return {t: sum(p[t] for p in per_seed) / len(per_seed) for t in sorted(tasks)}
+
+
+def row_difference(runs: dict[str, dict[int, dict[str, Any]]], low: str, high: str, metric: str) -> dict[str, Any] | None:
+    """high - low per task (seed means over the seeds both rows have), with its 95% interval."""
+    seeds = sorted(set(runs.get(low, {})) & set(runs.get(high, {})))
+    if not seeds:
+        return None
+    for s in seeds:  # the same tasks and prompts, or the comparison is not paired
+        paired(end_eval(runs, low, s), end_eval(runs, high, s), metric)
+    a, b = seed_mean(runs, high, seeds, metric), seed_mean(runs, low, seeds, metric)
+    return {**interval([a[t] - b[t] for t in a if t in b], (-1.0, 1.0)), "seeds": seeds}
+
+
+def steps_to_target(data: dict[str, Any], target_delta: float) -> int | None:
+    curve = data["train"]["curve"]
+    target = curve[0]["avg@1"] + target_delta
+    return next((p["step"] for p in curve[1:] if p["avg@1"] >= target - 1e-12), None)
+
+
+def summarize(directory: Path) -> dict[str, Any]:
+    runs = load_results(directory)
+    if "base" not in runs:
+        raise ValueError(f"{directory}: no base-seed*.json (the start evaluation); run the ablation first")
+    any_run = next(iter(runs["base"].values()))
+    k = any_run["eval_protocol"]["k"]
+    commits = sorted({d["git"].get("commit") or "?" for r in runs.values() for d in r.values()})
+    protocols = sorted({d["protocol"]["sha256"] for r in runs.values() for d in r.values()})
+    rows = []
+    for row in [r for r in ROWS if r in runs]:
+        seeds = sorted(runs[row])
+        entry: dict[str, Any] = {"row": row, "label": LABELS[row], "seeds": seeds}
+        for metric in ("avg", "best"):
+            entry[f"{metric}_end"] = interval(list(seed_mean(runs, row, seeds, metric).values()), (0.0, 1.0))
+            if row != "base":
+                entry[f"{metric}_change"] = row_difference(runs, "base", row, metric)
+        if row != "base":
+            target = runs[row][seeds[0]].get("target_delta", 0.10)
+            entry["steps_to_target"] = {s: steps_to_target(runs[row][s], target) for s in seeds}
+            entry["steps"] = {s: runs[row][s]["train"]["steps"] for s in seeds}
+            entry["minutes"] = {s: round(runs[row][s]["train"]["wall_s"] / 60, 1) for s in seeds}
+        rows.append(entry)
+    ordering = []
+    for low, high in ORDERING:
+        diff = row_difference(runs, low, high, "avg") if low in runs and high in runs else None
+        ordering.append({"lower": low, "higher": high, "difference": diff,
+                         "holds": None if diff is None else diff["mean"] > 0,
+                         "ci_excludes_0": None if diff is None else diff["lo"] > 0})
+    return {"k": k, "tasks": any_run["eval_start"]["tasks"], "split": any_run["eval_protocol"]["split"],
+            "temperature": any_run["eval_protocol"]["temperature"], "commits": commits,
+            "protocol_sha256": protocols, "explore": any_run.get("explore", False), "rows": rows,
+            "ordering": ordering, "curves": {row: {s: d["train"]["curve"] for s, d in runs[row].items()}
+                                              for row in runs if row != "base"}}
+
+
+def _cell(value: dict[str, float] | None, signed: bool = False) -> str:
+    if not value or value.get("n", 0) == 0 or math.isnan(value["mean"]):
+        return "-"
+    sign = "+" if signed else ""
+    return f"{value['mean']:{sign}.3f} [{value['lo']:{sign}.3f}, {value['hi']:{sign}.3f}]"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    k = report["k"]
+    lines = [f"# Ablation: {report['split']} split, {report['tasks']} tasks, k = {k} at temperature "
+             f"{report['temperature']}" + (" (EXPLORATION: validation split)" if report["explore"] else ""),
+             "", f"Generated by `benchmarks/ablation.py --report` from every raw JSON file beside it. "
+                 f"Commit(s): {', '.join(c[:10] for c in report['commits'])}; protocol sha256: "
+                 f"{', '.join(p[:12] for p in report['protocol_sha256'])}.",
+             f"Means over {report['split']} tasks of the per-task mean over seeds, 95% CI over tasks; changes are "
+             "paired per task against base (the start evaluation, computed once per seed and shared by every row). "
+             "Minutes: the training run's wall time over all its launcher invocations (evaluations not included).",
+             "",
+             f"| row | seeds | avg@{k} [95% CI] | change avg@{k} (paired) | best@{k} | change best@{k} (paired) "
+             "| steps to target (per seed) | minutes (per seed) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        reach = ", ".join("-" if v is None else str(v) for v in (r.get("steps_to_target") or {}).values()) or "-"
+        minutes = ", ".join(str(v) for v in (r.get("minutes") or {}).values()) or "-"
+        lines.append(f"| {r['label']} | {len(r['seeds'])} | {_cell(r['avg_end'])} | {_cell(r.get('avg_change'), True)} "
+                     f"| {_cell(r['best_end'])} | {_cell(r.get('best_change'), True)} | {reach} | {minutes} |")
+    lines += ["", f"Paper's ordering (avg@{k}, paired per task):", ""]
+    for o in report["ordering"]:
+        name = f"{LABELS[o['lower']]} < {LABELS[o['higher']]}"
+        if o["difference"] is None:
+            lines.append(f"- {name}: not run")
+        else:
+            verdict = ("holds, CI excludes 0" if o["ci_excludes_0"] else "holds in the mean, CI includes 0"
+                       if o["holds"] else "does NOT hold")
+            lines.append(f"- {name}: difference {_cell(o['difference'], True)}: {verdict}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> Path:
+    """The validation-subset curve, one line per row (mean over its seeds), base as the flat start."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    start = None
+    for row, seeds in report["curves"].items():
+        steps = sorted({p["step"] for curve in seeds.values() for p in curve})
+        means = [sum(p["avg@1"] for c in seeds.values() for p in c if p["step"] == s)
+                 / max(sum(1 for c in seeds.values() for p in c if p["step"] == s), 1) for s in steps]
+        start = means[0] if start is None else start
+        ax.plot(steps, means, marker="o", label=f"{LABELS[row]} ({len(seeds)} seeds)")
+        ax.axhline(means[0], color="grey", lw=0.6, ls=":")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("greedy avg@1, validation subset")
+    ax.set_title("ablation training curves (step 0 = base)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_report(directory: Path) -> dict[str, Any]:
+    directory = Path(directory)
+    report = summarize(directory)
+    (directory / "REPORT.md").write_text(markdown(report))
+    png = plot(report, directory / "ablation.png") if report["curves"] else None
+    (directory / "report.json").write_text(json.dumps({k: v for k, v in report.items() if k != "curves"}, indent=1))
+    return {"benchmark": "ablation-report", "results_dir": str(directory), "rows": [r["row"] for r in report["rows"]],
+            "report": str(directory / "REPORT.md"), "plot": str(png) if png else None,
+            "ordering": {f"{o['lower']}<{o['higher']}": o["holds"] for o in report["ordering"]}}
