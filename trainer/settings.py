@@ -64,3 +64,6 @@ class PolicyLossConfig(StrictModel):
     dual_clip_c: float = Field(default=3.0, gt=1.0, description="bound on the loss of negative-advantage tokens")
     kl_coef: float = Field(default=0.0, ge=0, description="low-variance (k3) KL to the frozen reference")
     entropy_coef: float = Field(default=0.0, ge=0)
+    importance_cap: float = Field(default=2.0, gt=0, description=(
+        "off-policy samples (trainer.overlap): truncation of the importance weight pi_prox / mu of the "
+        "policy the update starts from against the one that generated the token"))
