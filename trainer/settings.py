@@ -43,6 +43,8 @@ class OptimConfig(StrictModel):
     logits: Literal["response", "full"] = Field(
         default="response", description="vocabulary projection only where a trained token is predicted, or everywhere")
     bucket_by_length: bool = Field(default=True, description="cut micro-batches from length-sorted minibatches")
+    share_prompts: bool = Field(default=True, description=(
+        "the completions of one prompt share one forward of it (KV cache with gradient), in one minibatch"))
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="forward autocast dtype (master weights and optimizer stay fp32)")
     reuse_rollout_logprobs: bool = Field(
