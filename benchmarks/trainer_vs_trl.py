@@ -88,7 +88,8 @@ def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
            "training_tokens_per_step": round(tokens / n, 1),
            "reward_mean": round(sum(h["rollout/reward_mean"] for h in steps) / n, 4),
            "optim": config.optim.model_dump(include={"logits", "bucket_by_length", "dtype",
-                                                     "reuse_rollout_logprobs", "micro_batch_size"})}
+                                                     "reuse_rollout_logprobs", "micro_batch_size",
+                                                     "share_prompts"})}
     if args.eval:
         out["held_out_success"] = round(result["history"][-1]["eval/avg@1"], 4)
     return out
