@@ -14,6 +14,7 @@ import torch
 
 from common.models import load_model
 from tests.helpers import run_env_service
+from tests.trainer.test_learning import ENV_YAML  # the cue task: rewards vary within a group from the start
 from trainer.config import TrainerConfig
 from trainer.local import LocalTrainer
 from trainer.loss import PolicyLossConfig, behaviour_weights, policy_loss
@@ -77,17 +78,6 @@ def test_only_stale_correctable_samples_are_weighted(tiny):
     assert metrics["update/off_policy_sample_frac"] == pytest.approx(2 / 5)
     assert metrics["update/importance_weight_mean"] == pytest.approx(float(old[1].exp().mean()), rel=1e-5)
     assert metrics["update/importance_truncated_frac"] == 0.0
-
-
-ENV_YAML = """env_service:
-  environments:
-    signal:
-      fallback: first_char
-      system: signal
-      query: go
-      cue: "{signal}"
-      cue_repeat: 16
-"""
 
 
 @pytest.fixture(scope="module")
