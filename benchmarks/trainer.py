@@ -1,7 +1,7 @@
 """Trainer speed: seconds per GRPO step and its time shares, before and after the update levers, in one run.
 
     .venv/bin/python benchmarks/trainer.py [--model smollm2|tiny] [--tasks 8] [--n 4] [--steps 2]
-                                           [--levers] [--rollout-rates]
+                                           [--levers] [--rollout-rates] [--overlap] [--only-after]
 
 Starts a real env service (the `signal` environment, two turns) on a free port and runs training steps
 with the local trainer twice, back to back on the same machine: `before` with the update levers off
@@ -13,6 +13,9 @@ after the first update only through the updates themselves.
 on identical copies of the model with the levers switched on one at a time (then bf16, then LoRA,
 each on top of the others), so each lever's share of the update time is seen without rollout noise.
 `--rollout-rates` adds rollout tokens/s batched vs one episode at a time (the earlier benchmark).
+`--overlap` adds a third run, the defaults with `trainer.overlap` (the next step's rollouts collected
+during this step's update); its time shares count only the rollout time the step still waited for,
+and `hidden_collection_s_per_step` is the collection time the update covered.
 Prints one JSON line; the machine's load average (`os.getloadavg`) is in it, since other processes
 on a shared machine move every number here.
 """
@@ -47,7 +50,8 @@ from trainer.rollout import RolloutConfig, collect_groups  # noqa: E402
 from trainer.update import OptimConfig, PolicyUpdater  # noqa: E402
 
 # The update levers off: what the trainer did before they existed.
-LEVERS_OFF = {"logits": "full", "bucket_by_length": False, "reuse_rollout_logprobs": False, "dtype": "float32"}
+LEVERS_OFF = {"logits": "full", "bucket_by_length": False, "reuse_rollout_logprobs": False, "dtype": "float32",
+              "share_prompts": False}
 # Cumulative, in the order they were added; bf16 is measured on top of the other levers without reuse
 # (reuse needs fp32 numerics).
 LEVER_STEPS: list[tuple[str, dict[str, Any]]] = [
@@ -55,9 +59,12 @@ LEVER_STEPS: list[tuple[str, dict[str, Any]]] = [
     ("response_logits", {"logits": "response"}),
     ("bucket_by_length", {"logits": "response", "bucket_by_length": True}),
     ("reuse_rollout_logprobs", {"logits": "response", "bucket_by_length": True, "reuse_rollout_logprobs": True}),
-    ("bf16_autocast", {"logits": "response", "bucket_by_length": True, "dtype": "bfloat16"}),
+    ("share_prompts", {"logits": "response", "bucket_by_length": True, "reuse_rollout_logprobs": True,
+                       "share_prompts": True}),
+    ("bf16_autocast", {"logits": "response", "bucket_by_length": True, "dtype": "bfloat16", "share_prompts": True}),
     # LoRA (r 16 on every linear layer) on top of the fp32 levers: the adapters train, the base is frozen.
-    ("lora_r16", {"logits": "response", "bucket_by_length": True, "reuse_rollout_logprobs": True}),
+    ("lora_r16", {"logits": "response", "bucket_by_length": True, "reuse_rollout_logprobs": True,
+                  "share_prompts": True}),
 ]
 
 
@@ -84,9 +91,9 @@ async def rollout_rate(url: str, args: argparse.Namespace, tasks: int, concurren
         await env.aclose()
 
 
-def trainer_config(args: argparse.Namespace, url: str, optim: dict[str, Any]) -> TrainerConfig:
+def trainer_config(args: argparse.Namespace, url: str, optim: dict[str, Any], overlap: bool = False) -> TrainerConfig:
     return TrainerConfig.model_validate({
-        "model": args.model, "steps": args.steps, "tasks_per_step": args.tasks, "seed": 0,
+        "model": args.model, "steps": args.steps, "tasks_per_step": args.tasks, "seed": 0, "overlap": overlap,
         "output_dir": tempfile.mkdtemp(prefix="bench-trainer-"), "progress": False, "tensorboard": False,
         "plot": False,
         "rollout": {"env": "signal", "n": args.n, "max_turns": 2, "max_new_tokens": args.max_new_tokens,
@@ -98,9 +105,19 @@ def trainer_config(args: argparse.Namespace, url: str, optim: dict[str, Any]) ->
 def step_times(history: list[dict[str, float]]) -> dict[str, Any]:
     steps = [h for h in history if "time/step_s" in h]
     total = sum(h["time/step_s"] for h in steps)
-    shares = {name: round(sum(h.get(key, 0.0) for h in steps) / total, 3) for name, key in
-              (("rollout", "time/rollout_s"), ("judge", "time/judge_s"), ("update", "time/update_s"),
-               ("weight_sync", "time/weight_sync_s"), ("feedback", "time/feedback_s"))}
+
+    def summed(key: str) -> float:
+        return sum(h.get(key, 0.0) for h in steps)
+
+    # The step waits `wait_s` for its batch: all of rollout + judge when sequential, only what the previous
+    # update did not cover with `overlap`; that wait is split between rollout and judge by their durations.
+    collect = summed("time/rollout_s") + summed("time/judge_s")
+    waited = summed("time/wait_s") / collect if collect else 0.0
+    shares = {"rollout": round(summed("time/rollout_s") * waited / total, 3),
+              "judge": round(summed("time/judge_s") * waited / total, 3)}
+    shares.update({name: round(summed(key) / total, 3) for name, key in
+                   (("update", "time/update_s"), ("weight_sync", "time/weight_sync_s"),
+                    ("feedback", "time/feedback_s"))})
     # judge and feedback are 0 here: grpo needs no step labels and no peer services are configured.
     shares["waiting"] = max(0.0, round(1.0 - sum(shares.values()), 3))  # time outside the timed parts
     per_step = max(len(steps), 1)
@@ -113,6 +130,7 @@ def step_times(history: list[dict[str, float]]) -> dict[str, Any]:
             "training_tokens_per_step": round(tokens / per_step, 1),
             "reused_old_logprob_frac": round(sum(h.get("update/reused_old_logprob_frac", 0.0) for h in steps)
                                              / per_step, 3),
+            "hidden_collection_s_per_step": round((collect - summed("time/wait_s")) / max(len(steps), 1), 2),
             "time_share": shares}
 
 
@@ -174,6 +192,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the lever updates")
     parser.add_argument("--no-steps", action="store_true", help="skip the before/after training steps")
     parser.add_argument("--rollout-rates", action="store_true", help="also time rollouts batched vs serial")
+    parser.add_argument("--overlap", action="store_true", help="also the defaults with trainer.overlap on")
+    parser.add_argument("--only-after", action="store_true", help="skip `before` (the levers off)")
     args = parser.parse_args()
     conf = Path(tempfile.mkdtemp()) / "env.yaml"
     conf.write_text("env_service:\n  environments:\n    signal: {}\n")
@@ -188,14 +208,18 @@ def main() -> None:
                            "rollout_tokens_per_s_serial": serial["tokens_per_s"],
                            "batched_speedup": round(batched["tokens_per_s"] / max(serial["tokens_per_s"], 1e-9), 2),
                            "max_rows_in_batch": batched["max_rows_in_batch"]})
-        for label, optim in (() if args.no_steps else (("before", LEVERS_OFF), ("after", {}))):
-            history = asyncio.run(LocalTrainer(trainer_config(args, service.url, optim)).run())["history"]
+        runs = [] if args.no_steps else [("before", LEVERS_OFF, False), ("after", {}, False)][args.only_after:]
+        for label, optim, overlap in runs + ([("overlap", {}, True)] if args.overlap else []):
+            history = asyncio.run(LocalTrainer(trainer_config(args, service.url, optim, overlap)).run())["history"]
             result[label] = step_times(history)
             result[f"loadavg_after_{label}"] = [round(x, 2) for x in os.getloadavg()]
         if args.levers:
             result["update_levers"] = asyncio.run(update_levers(service.url, args))
             result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    if not args.no_steps:
+    if "overlap" in result:
+        result["overlap_step_speedup"] = round(result["after"]["seconds_per_step"]
+                                               / result["overlap"]["seconds_per_step"], 2)
+    if "before" in result:
         result["step_speedup"] = round(result["before"]["seconds_per_step"] / result["after"]["seconds_per_step"], 2)
         result["update_speedup"] = round(result["before"]["update_s_per_step"] / result["after"]["update_s_per_step"],
                                          2)

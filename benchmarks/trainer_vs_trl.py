@@ -88,7 +88,8 @@ def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
            "training_tokens_per_step": round(tokens / n, 1),
            "reward_mean": round(sum(h["rollout/reward_mean"] for h in steps) / n, 4),
            "optim": config.optim.model_dump(include={"logits", "bucket_by_length", "dtype",
-                                                     "reuse_rollout_logprobs", "micro_batch_size"})}
+                                                     "reuse_rollout_logprobs", "micro_batch_size",
+                                                     "share_prompts"})}
     if args.eval:
         out["held_out_success"] = round(result["history"][-1]["eval/avg@1"], 4)
     return out
@@ -158,6 +159,9 @@ def run_trl(url: str, args: argparse.Namespace) -> dict[str, Any]:
     trainer = TimedGRPO(model=model, reward_funcs=reward, args=grpo, train_dataset=Dataset.from_list(rows),
                         processing_class=tok, callbacks=[clock])
     trainer.train()
+    if args.save_trl:  # so a held-out evaluation cut off by a time limit can be run later (--eval-saved)
+        trainer.save_model(args.save_trl)
+        tok.save_pretrained(args.save_trl)
     batches = [clock.marks[i + 2] - clock.marks[i] for i in range(0, len(clock.marks) - 2, 2)]
     n = len(batches)
     total, gen = sum(batches), sum(TimedGRPO.generate_s[:n])
@@ -187,6 +191,8 @@ def main() -> None:
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="keep TRL's default activation checkpointing (slower)")
     parser.add_argument("--only", choices=["ours", "trl"], help="run one side (for debugging)")
+    parser.add_argument("--save-trl", help="write TRL's trained model to this folder")
+    parser.add_argument("--eval-saved", help="only the held-out success of a saved model folder (then exit)")
     args = parser.parse_args()
     conf = Path(tempfile.mkdtemp()) / "env.yaml"
     conf.write_text(yaml.safe_dump({"env_service": {"environments": {"signal": SIGNAL}}}))
@@ -196,6 +202,11 @@ def main() -> None:
                               "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                               "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
     with run_service("env_service", ["--conf", str(conf)]) as service:
+        if args.eval_saved:
+            model, tok = load_model(args.eval_saved)
+            print(json.dumps({"model_dir": args.eval_saved, "eval_tasks": args.eval_tasks,
+                              "held_out_success": asyncio.run(held_out(service.url, model.eval(), tok, args))}))
+            return
         for side, run in (("ours", run_ours), ("trl", run_trl)):
             if args.only in (None, side):
                 torch.manual_seed(args.seed)

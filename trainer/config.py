@@ -92,6 +92,10 @@ class TrainerConfig(StrictModel):
     export_dir: str | None = Field(default=None, description="write the final policy here as an HF directory")
     torch_threads: int | None = Field(default=None, ge=1)
     progress: bool = True
+    overlap: bool = Field(default=False, description=(
+        "generate the next step's rollouts while this step updates: samples are at most one policy version "
+        "stale and importance-corrected (loss.importance_cap); the curriculum and experience feedback of a "
+        "step then reach the batch after next (one step of lag)"))
     tensorboard: bool = True
     plot: bool = True
     rollout: RolloutConfig

@@ -17,6 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,9 @@ def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_st
                      exact_logprobs: bool = False) -> tuple[list[TrainSample], dict[str, float]]:
     """Token advantages per trajectory from the configured estimator, split back onto its segments.
 
-    `exact_logprobs`: the generator computes log-probs with the training model's numerics (the
-    in-process engine), so the samples carry them for the updater to reuse as old log-probs.
+    Every sample carries the generator's log-probs (the behaviour policy's, for the importance weight of
+    an off-policy sample); `exact_logprobs`: the generator computes them with the training model's
+    numerics (the in-process engine), so the updater may also reuse them as old log-probs.
     """
     trajectories = [r.trajectory for r in rollouts]
     batch = batch_from_trajectories(trajectories)
@@ -101,17 +103,36 @@ def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_st
     samples: list[TrainSample] = []
     for row, rollout in enumerate(rollouts):
         parts = split_row(result.advantages[row].tolist(), [len(seg.response_ids) for seg in rollout.segments])
-        logprobs = rollout.trajectory.logprobs if exact_logprobs else None
+        logprobs = rollout.trajectory.logprobs or None
         logprob_parts = split_row(logprobs, [len(seg.response_ids) for seg in rollout.segments]) if logprobs \
             else [None] * len(rollout.segments)
         versions = set(rollout.trajectory.metadata.get("policy_versions", [rollout.trajectory.policy_version]))
         version = versions.pop() if len(versions) == 1 else None
         samples += [TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask, part,
                                 rollout.trajectory.experience_flag, rollout_logprobs=seg_logprobs,
-                                policy_version=version)
+                                policy_version=version, logprobs_exact=exact_logprobs)
                     for seg, part, seg_logprobs in zip(rollout.segments, parts, logprob_parts, strict=True)]
     metrics = {f"advantage/{k.removeprefix('adv/')}": v for k, v in result.metrics.items()}
     return samples, metrics
+
+
+@dataclass
+class CollectedStep:
+    """One step's batch before its update: task ids, complete groups (labelled), rollout metrics."""
+
+    task_ids: list[str]
+    groups: list[list[Rollout]]
+    metrics: dict[str, float]
+    cursor: dict[str, int]  # the task cursor right after this batch was drawn
+
+
+def _staleness_metrics(rollouts: list[Rollout], trained_version: int) -> dict[str, float]:
+    """How many versions behind the update's starting weights the rollouts were generated (overlap: <= 1)."""
+    if not rollouts:
+        return {}
+    lags = [trained_version - min(r.trajectory.metadata.get("policy_versions") or [r.trajectory.policy_version])
+            for r in rollouts]
+    return {"rollout/version_lag_max": float(max(lags)), "rollout/stale_frac": float(np.mean([x > 0 for x in lags]))}
 
 
 class LocalTrainer:
@@ -126,6 +147,9 @@ class LocalTrainer:
         self.step_counters = StepCounters()
         self.evaluations: dict[str, EvalSummary] = {}  # "before" / "after"
         self._saved_outages: dict[str, dict[str, Any]] = {}
+        # `overlap`: the next step's batch, collected while this step updates, and the cursor before it.
+        self._prefetch: asyncio.Task[CollectedStep] | None = None
+        self._prefetch_cursor: dict[str, int] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -206,7 +230,8 @@ class LocalTrainer:
 
     def save(self) -> Path:
         payload = {"model": lora.merged_state_dict(self.model), "updater": self.updater.state_dict(),
-                   "cursor": self.cursor.state(), "group_stats": vars(self.group_stats),
+                   "cursor": self._prefetch_cursor if self._prefetch is not None else self.cursor.state(),
+                   "group_stats": vars(self.group_stats),
                    "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
                    "resilience": {"steps": self._step_counters(),
                                   "outages": {name: vars(c) for name, c in self._outage_counters().items()}},
@@ -232,23 +257,23 @@ class LocalTrainer:
         metrics["time/eval_s"] = time.monotonic() - started
         return metrics
 
-    async def train_step(self) -> dict[str, float]:
+    async def _collect_step(self, step: int) -> CollectedStep:
+        """Step `step`'s batch: its tasks, complete rollout groups and judge labels, with their metrics."""
         cfg = self.config
-        assert self.policy is not None and self.env is not None and self.mechanisms is not None
+        assert self.mechanisms is not None
         mechanisms = self.mechanisms
-        step = self.step
         step_seed = step_batch_seed(cfg.seed, step)
         t0 = time.monotonic()
         # The batch is a function of the step's seed (and the task manager's curriculum state).
         sampled = await mechanisms.next_tasks(cfg.tasks_per_step, cfg.rollout.env, seed=step_seed)
         if sampled is not None:
             tasks = sampled
-            task_ids = [t.task_id for t in tasks]
         else:
-            task_ids = self.cursor.next_batch(cfg.tasks_per_step)
-            tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split) for t in task_ids]
+            tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split)
+                     for t in self.cursor.next_batch(cfg.tasks_per_step)]
+        cursor = self.cursor.state()
         dropped_before = self.group_stats.dropped_groups
-        groups = await self._collect(tasks, step_seed, t0)
+        groups = await self._collect(tasks, step, step_seed, t0)
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g]
         metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
@@ -258,31 +283,61 @@ class LocalTrainer:
                                      "rollout/synthetic_frac": float(np.mean([t.synthetic for t in tasks]))}
         metrics.update(self._rollout_metrics(rollouts, t1 - t0))
         await mechanisms.label([r.trajectory for r in rollouts])
+        metrics["time/judge_s"] = time.monotonic() - t1
+        return CollectedStep([t.task_id for t in tasks], groups, metrics, cursor)
+
+    async def train_step(self) -> dict[str, float]:
+        """One step: its batch (collected now, or while the previous step updated), update, sync, feedback.
+
+        With `overlap`, the next step's batch is collected while this one updates: its rollouts are
+        generated by this step's starting policy (or, once the new weights are loaded, by the next),
+        so they are at most one version stale when trained on; its tasks are drawn before this step's
+        curriculum and experience feedback is sent, which therefore lags one step.
+        """
+        cfg = self.config
+        assert self.policy is not None and self.mechanisms is not None
+        step = self.step
+        t0 = time.monotonic()
+        if self._prefetch is not None:
+            collected = await self._prefetch
+            self._prefetch = None
+        else:
+            collected = await self._collect_step(step)
         t2 = time.monotonic()
+        groups = collected.groups
+        rollouts = [r for g in groups for r in g]
+        metrics = dict(collected.metrics)
+        # The version the update starts from: a rollout generated by an older one is off-policy.
+        trained_version = self.policy.policy_version
+        metrics.update(_staleness_metrics(rollouts, trained_version))
+        if cfg.overlap and step + 1 < cfg.steps:
+            self._prefetch_cursor = self.cursor.state()  # what a checkpoint taken meanwhile resumes from
+            self._prefetch = asyncio.create_task(self._collect_step(step + 1))
         if rollouts:
             samples, adv_metrics = training_samples(rollouts, cfg, step,
                                                     exact_logprobs=isinstance(self.policy, InProcessPolicy))
-            self.records.write(step + 1, rollouts, samples)
+            self.records.write(step + 1, rollouts, samples, trained_version=trained_version)
             metrics.update(adv_metrics)
-            metrics.update(await asyncio.to_thread(self.updater.update, samples,
-                                                   policy_version=self.policy.policy_version,
+            metrics.update(await asyncio.to_thread(self.updater.update, samples, policy_version=trained_version,
                                                    progress=_update_progress))
         t3 = time.monotonic()
         version = await self.policy.load_weights(lora.serving_view(self.model))
         t4 = time.monotonic()
         # Request ids tie the calls to (run, step): a resumed run re-sending a step is not applied twice.
-        await mechanisms.after_step([[r.trajectory for r in g] for g in groups], cfg.rollout.env,
-                                    request_id=f"{self.run_id}-step{step}")
+        await self.mechanisms.after_step([[r.trajectory for r in g] for g in groups], cfg.rollout.env,
+                                         request_id=f"{self.run_id}-step{step}")
         t5 = time.monotonic()
-        metrics.update({"time/judge_s": t2 - t1, "time/update_s": t3 - t2, "time/weight_sync_s": t4 - t3,
+        # `wait_s`: how long this step waited for its batch (all of rollout + judge without overlap).
+        metrics.update({"time/wait_s": t2 - t0, "time/update_s": t3 - t2, "time/weight_sync_s": t4 - t3,
                         "time/feedback_s": t5 - t4, "time/step_s": t5 - t0, "policy/version": float(version)})
         metrics.update(self._mechanism_metrics())
         with (self.out / "batches.jsonl").open("a") as f:
-            f.write(json.dumps({"step": step + 1, "task_ids": task_ids, "cursor": self.cursor.state()}) + "\n")
+            f.write(json.dumps({"step": step + 1, "task_ids": collected.task_ids,
+                                "cursor": collected.cursor}) + "\n")
         self.step += 1
         return metrics
 
-    async def _collect(self, tasks: list[Task], step_seed: int, started: float) -> list[list[Rollout]]:
+    async def _collect(self, tasks: list[Task], step: int, step_seed: int, started: float) -> list[list[Rollout]]:
         """The step's complete groups; a step with none is collected again, then fails naming the cause."""
         cfg = self.config
         assert self.policy is not None and self.env is not None and self.mechanisms is not None
@@ -297,9 +352,9 @@ class LocalTrainer:
             if attempt < cfg.empty_step_retries:
                 self.step_counters.empty_step_retries += 1
                 logger.warning("step {}: all {} groups dropped (last error: {}); collecting it again ({}/{})",
-                               self.step + 1, len(tasks), self.group_stats.last_error, attempt + 1,
+                               step + 1, len(tasks), self.group_stats.last_error, attempt + 1,
                                cfg.empty_step_retries)
-        raise EmptyStepError(f"step {self.step + 1}: all {len(tasks)} task groups were dropped in "
+        raise EmptyStepError(f"step {step + 1}: all {len(tasks)} task groups were dropped in "
                              f"{cfg.empty_step_retries + 1} attempts; last rollout error: "
                              f"{self.group_stats.last_error or 'none recorded'}")
 
@@ -344,7 +399,6 @@ class LocalTrainer:
         rewards = [float(r.trajectory.outcome or 0.0) for r in rollouts]
         steps = sum(len(r.trajectory.steps) for r in rollouts)
         tokens = sum(r.generated_tokens for r in rollouts)
-        current = self.policy.policy_version if self.policy is not None else 0
         return {
             "rollout/reward_mean": float(np.mean(rewards)), "rollout/reward_std": float(np.std(rewards)),
             "rollout/success_rate": float(np.mean([x >= 1.0 for x in rewards])),
@@ -353,7 +407,6 @@ class LocalTrainer:
             "rollout/turns_mean": steps / len(rollouts),
             "rollout/generated_tokens": float(tokens), "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
             "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),
-            "rollout/version_lag_max": float(max(current - r.trajectory.policy_version for r in rollouts)),
         }
 
     # ------------------------------------------------------------------ the run
@@ -392,6 +445,10 @@ class LocalTrainer:
             await self.close()
 
     async def close(self) -> None:
+        if self._prefetch is not None:  # a run ended early (an error, a caller stopping between steps)
+            self._prefetch.cancel()
+            await asyncio.gather(self._prefetch, return_exceptions=True)
+            self._prefetch = None
         if self.policy is not None:
             await self.policy.aclose()
         if self.env is not None:

@@ -4,6 +4,12 @@ Pure torch, no veRL import: the local trainer and the veRL plugin call the same 
 Selective boosting (AgentEvolver's self-navigating): a sample that saw injected experience and has
 a positive advantage may move further from the policy that generated it, so its upper clip bound
 is `clip_high_boosted` (0.6) instead of `clip_high` (0.28).
+
+Off-policy samples (rollout/update overlap, `trainer.overlap`) follow decoupled PPO: the ratio is taken
+against the proximal policy (the old log-probs the updater recomputes with the current weights), and
+each token's clipped objective is multiplied by `weights`, the truncated importance weight
+min(pi_prox / mu, cap) of the proximal policy against the behaviour policy mu that generated it
+(`behaviour_weights`). On-policy tokens have weight 1.
 """
 
 from __future__ import annotations
@@ -25,6 +31,17 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
+def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                      cap: float) -> torch.Tensor:
+    """Per token min(exp(prox - behaviour), cap) on the mask, 1 elsewhere; no gradient flows through it.
+
+    The cap bounds the variance a token the behaviour policy found unlikely (mu small) would add;
+    tokens with pi_prox < mu are weighted down without a floor, as in truncated importance sampling.
+    """
+    ratio = torch.exp((prox_logp - behaviour_logp).clamp(-20.0, 20.0)).clamp(max=cap)
+    return torch.where(mask > 0, ratio, torch.ones_like(ratio)).detach()
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -34,8 +51,10 @@ def policy_loss(
     config: PolicyLossConfig,
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean PPO loss over `mask` (B, T). `experience_flag` is (B,) bool: the sample saw experience.
+    `weights` (B, T): the behaviour importance weights of off-policy tokens (None: all 1).
 
     Returns the scalar loss and metrics, with clip fractions reported separately for flagged and
     unflagged samples so the effect of the boosted bound can be watched.
@@ -55,6 +74,8 @@ def policy_loss(
     # Dual clip: a negative-advantage token with a huge ratio contributes at most c * |A|.
     dual = torch.minimum(pg, -advantages * config.dual_clip_c)
     pg = torch.where(advantages < 0, dual, pg)
+    if weights is not None:
+        pg = pg * weights
     loss = masked_mean(pg, mask)
 
     was_clipped = (clipped > unclipped).to(logp.dtype)

@@ -80,12 +80,18 @@ def rollout_advantages(rollouts: Sequence[_Rollout], samples: Sequence[_Sample])
     return out
 
 
-def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_text: TokenText) -> dict[str, Any]:
+def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_text: TokenText,
+                   trained_version: int | None = None) -> dict[str, Any]:
+    """`trained_version`: the policy version the update on this rollout started from; `staleness` is how
+    many versions older its oldest turn's generator was (0 on-policy; at most 1 with `trainer.overlap`)."""
     t = rollout.trajectory
+    versions = [int(v) for v in t.metadata.get("policy_versions") or [t.policy_version]]
     return {
         "step": step, "trajectory_id": t.trajectory_id, "task_id": t.task_id, "group_id": t.group_id,
         "env_type": t.env_type, "synthetic": bool(t.metadata.get("synthetic", False)),
         "outcome": t.outcome, "truncated": t.truncated, "policy_version": t.policy_version,
+        "policy_versions": versions, "trained_version": trained_version,
+        "staleness": None if trained_version is None else trained_version - min(versions),
         "experience_flag": t.experience_flag, "experience_ids": list(t.experience_ids),
         "experience_text": t.metadata.get("experience_text"),
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
@@ -102,6 +108,7 @@ def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_
 def index_entry(record: dict[str, Any], shard: str, offset: int, length: int) -> dict[str, Any]:
     return {"trajectory_id": record["trajectory_id"], "step": record["step"], "task_id": record["task_id"],
             "group_id": record["group_id"], "synthetic": record["synthetic"], "outcome": record["outcome"],
+            "policy_version": record["policy_version"], "staleness": record["staleness"],
             "experience_flag": record["experience_flag"], "experience_ids": record["experience_ids"],
             "turns": len(record["steps"]), "tokens": len(record["response_ids"]),
             "shard": shard, "offset": offset, "length": length}
@@ -129,11 +136,12 @@ class RolloutRecords:
     def index_path(self) -> Path:
         return self.directory / INDEX_NAME
 
-    def write(self, step: int, rollouts: Sequence[_Rollout], samples: Sequence[_Sample]) -> int:
+    def write(self, step: int, rollouts: Sequence[_Rollout], samples: Sequence[_Sample], *,
+              trained_version: int | None = None) -> int:
         """Record one training step's rollouts with their advantages; returns how many were written."""
         entries = []
         for rollout, advantages in zip(rollouts, rollout_advantages(rollouts, samples), strict=True):
-            record = rollout_record(step, rollout, advantages, self.token_text)
+            record = rollout_record(step, rollout, advantages, self.token_text, trained_version)
             line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
             if self._shard.exists() and self._shard.stat().st_size + len(line) > self.shard_max_bytes:
                 self._rotate()

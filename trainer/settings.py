@@ -43,6 +43,8 @@ class OptimConfig(StrictModel):
     logits: Literal["response", "full"] = Field(
         default="response", description="vocabulary projection only where a trained token is predicted, or everywhere")
     bucket_by_length: bool = Field(default=True, description="cut micro-batches from length-sorted minibatches")
+    share_prompts: bool = Field(default=True, description=(
+        "the completions of one prompt share one forward of it (KV cache with gradient), in one minibatch"))
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="forward autocast dtype (master weights and optimizer stay fp32)")
     reuse_rollout_logprobs: bool = Field(
@@ -64,3 +66,6 @@ class PolicyLossConfig(StrictModel):
     dual_clip_c: float = Field(default=3.0, gt=1.0, description="bound on the loss of negative-advantage tokens")
     kl_coef: float = Field(default=0.0, ge=0, description="low-variance (k3) KL to the frozen reference")
     entropy_coef: float = Field(default=0.0, ge=0)
+    importance_cap: float = Field(default=2.0, gt=0, description=(
+        "off-policy samples (trainer.overlap): truncation of the importance weight pi_prox / mu of the "
+        "policy the update starts from against the one that generated the token"))

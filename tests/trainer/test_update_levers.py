@@ -12,7 +12,15 @@ import torch
 from common.models import load_model
 from trainer.loss import PolicyLossConfig
 from trainer.policy import InProcessPolicy, Sampling
-from trainer.update import OptimConfig, PolicyUpdater, TrainSample, UpdateProgress, collate, response_logprobs
+from trainer.update import (
+    OptimConfig,
+    PolicyUpdater,
+    TrainSample,
+    UpdateProgress,
+    collate,
+    response_logprobs,
+    shared_prompt_logprobs,
+)
 
 CPU = torch.device("cpu")
 
@@ -66,6 +74,44 @@ def test_bucketing_and_response_logits_give_the_same_gradient(tiny):
     fast = gradient(model, samples, OptimConfig(logits="response", bucket_by_length=True, micro_batch_size=3))
     assert base.abs().max() > 0
     assert torch.allclose(base, fast, atol=1e-6, rtol=1e-4)
+
+
+def grouped_samples(tok) -> list[TrainSample]:
+    """Two prompts with three completions each (GRPO groups), interleaved, mask-0 tokens inside."""
+    out = []
+    for k in range(3):
+        for g, prompt in enumerate(["go", "tell me which way now"]):
+            answer = ["left", "right and then left", "up"][k] + " " * g
+            p = tok.encode(f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+            r = tok.encode(answer, add_special_tokens=False) + tok.encode("<|im_end|>\nok", add_special_tokens=False)
+            mask = [1] * (len(r) - 2) + [0, 0]
+            out.append(TrainSample(p, r, mask, [1.0 if (k + g) % 2 == 0 else -1.0] * len(r)))
+    return out
+
+
+def test_shared_prompt_logprobs_equal_the_padded_batch(tiny):
+    model, tok = tiny
+    group = grouped_samples(tok)[0::2]  # one prompt, three completions
+    with torch.no_grad():
+        padded, padded_ent = response_logprobs(model, collate(group, 0, CPU), True)
+        shared, shared_ent = shared_prompt_logprobs(model, group, CPU, True)
+    assert torch.allclose(padded, shared, atol=1e-5) and torch.allclose(padded_ent, shared_ent, atol=1e-5)
+    assert (shared != 0).sum() == sum(sum(s.loss_mask) for s in group)
+
+
+def test_shared_prompts_give_the_same_gradient_and_keep_groups_in_one_minibatch(tiny):
+    model, tok = tiny
+    samples = grouped_samples(tok)
+    plain = gradient(model, samples, OptimConfig(share_prompts=False, micro_batch_size=4))
+    shared = gradient(model, samples, OptimConfig(share_prompts=True, micro_batch_size=4))
+    assert plain.abs().max() > 0
+    assert torch.allclose(plain, shared, atol=1e-6, rtol=1e-4)
+    updater = PolicyUpdater(copy.deepcopy(model), OptimConfig(minibatches=2, micro_batch_size=2), PolicyLossConfig(),
+                            pad_id=0, total_updates=1)
+    parts = updater._minibatches(list(range(6)), samples)
+    assert sorted(map(sorted, parts)) == [[0, 2, 4], [1, 3, 5]]  # the two prompt groups, whole
+    # Each micro-batch holds one prompt's rows, at most micro_batch_size of them.
+    assert list(updater._micro_batches([0, 1, 2, 3, 4], samples)) == [[0, 2], [4], [1, 3]]
 
 
 def with_rollout(sample: TrainSample, logprobs: list[float], version: int | None, flagged: bool = False):
