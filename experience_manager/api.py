@@ -11,7 +11,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.schemas import ExperienceKind, ExperienceUsage, Provenance, Trajectory, WireModel
+from common.schemas import ChatMessage, ExperienceKind, ExperienceUsage, Provenance, Trajectory, WireModel
 from common.service import ServiceError, add_error_renderer, create_app
 from experience_manager.engine import ExperienceEngine, body_digest
 from experience_manager.settings import ExperienceManagerSettings
@@ -142,6 +142,7 @@ class ImportItem(BaseModel):
     usage: ExperienceUsage | None = None
     status: Literal["active", "archived"] | None = None
     created_at: float | None = None
+    demonstration: list[ChatMessage] | None = None
 
     @field_validator("when_to_use", "content")
     @classmethod
