@@ -88,6 +88,7 @@ def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_
         "outcome": t.outcome, "truncated": t.truncated, "policy_version": t.policy_version,
         "experience_flag": t.experience_flag, "experience_ids": list(t.experience_ids),
         "experience_text": t.metadata.get("experience_text"),
+        "experience_demonstration": t.metadata.get("experience_demonstration"),
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
         "steps": [s.model_dump(mode="json", exclude_none=True) for s in t.steps],
         "labels": [label.model_dump(mode="json") for label in t.labels] if t.labels is not None else None,
