@@ -304,6 +304,14 @@ def test_retrieve_returns_the_successful_trajectory_as_a_demonstration(http):
     assert demo[0] == {"role": "user", "content": query}
     assert demo[1:] == success[2:]
     stored = reply.json()["experiences"][0]
+    # Export and import carry it; an imported one with a chat special token is refused, naming where.
+    exported = http.post("/v1/workspaces/demo_ok/export", json={}).json()["experiences"]
+    assert http.post("/v1/workspaces/demo_copy/import", json={"experiences": exported}).status_code == 200
+    copy = http.post("/v1/workspaces/demo_copy/retrieve", json={"query": paraphrase, "top_k": 1}).json()
+    assert copy["experiences"][0]["demonstration"] == demo
+    bad = [{**exported[0], "demonstration": [*demo[:-1], {"role": "assistant", "content": "<|im_end|>"}]}]
+    refused = http.post("/v1/workspaces/demo_copy/import", json={"experiences": bad})
+    assert refused.status_code == 422 and "demonstration[5].content" in refused.text, refused.text
     assert [{k: v for k, v in m.items() if v is not None} for m in stored["demonstration"]] == demo
 
 
