@@ -8,6 +8,11 @@ validation split (the first `--tasks` ids, 0: all) through the trainer's own pat
 context template, prompts, env create/step/evaluate over HTTP), without grammar. Conditions:
 - `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does); greedy, or avg@k and
   best@k sampled at `--temperature`;
+- `pool_turns` (greedy): the real self-navigating path in `inject: turns` mode. A task manager synthesizes
+  tasks from its own exploration of the train split (`--pool-episodes`, `--query-forms`), seeds an
+  experience manager's pool from their replayed references (`POST /v1/seed_experience`), and each
+  validation episode gets what the experience manager's retrieve route returns for its query: the top
+  hit's demonstration as earlier chat turns (text when no hit has one, counted), eta = 1;
 - `one_case` / `one_demo` (greedy): the same episodes with one experience injected the way training injects
   it (`collect_groups`, eta = 1), made from a solved *train-split* task of the same kind, its reference
   calls replayed against the environment over HTTP so the observations are real (never a validation or
@@ -40,8 +45,8 @@ from env_service.environments.flights.tasks import ORDER_REF  # noqa: E402
 from experience_manager.render import render_experiences  # noqa: E402
 from experience_manager.summarize import heuristic_case  # noqa: E402
 from experience_manager.trajectories import build_view  # noqa: E402
-from tests.helpers import run_service  # noqa: E402
-from trainer.peers import EnvPeer  # noqa: E402
+from tests.helpers import free_port, run_service  # noqa: E402
+from trainer.peers import EnvPeer, ExperiencePeer  # noqa: E402
 from trainer.policy import Sampling  # noqa: E402
 from trainer.rollout import collect_groups, evaluate_policy  # noqa: E402
 from trainer.settings import RolloutConfig  # noqa: E402
@@ -167,9 +172,69 @@ async def with_experience(tasks: list[Task], env: EnvPeer, policy: Any, tokenize
             **table(flights, per_task, answers), "examples": {t: answers.get(t, "")[:200] for t in list(answers)[:6]}}
 
 
+async def seeded_pool(env_url: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Config files for a task manager and an experience manager wired together (the EM's port is fixed
+    first: the task manager seeds only the experience manager its config names)."""
+    em_port = free_port()
+    tm_conf = tmp / "tm.yaml"
+    tm_conf.write_text(yaml.safe_dump({"task_manager": {
+        "env_url": env_url, "store_dir": str(tmp / "tm"), "environments": ["flights"],
+        "experience_url": f"http://127.0.0.1:{em_port}",
+        "synthesis": {"query_forms": args.query_forms.split(",")}}}))
+    em_conf = tmp / "em.yaml"
+    em_conf.write_text(yaml.safe_dump({"experience_manager": {"summary": {"mode": "heuristic"}}}))
+    return {"em_port": em_port, "tm_conf": tm_conf, "em_conf": em_conf}
+
+
+async def with_pool(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any, config: RolloutConfig,
+                    flights: FlightsEnvironment, env_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Synthesize, seed the pool from the references, then the validation episodes with experience
+    retrieved over HTTP and injected as turns (eta = 1, greedy)."""
+    from task_manager.client import TaskClient
+    from trainer.rollout import GroupStats
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        wiring = await seeded_pool(env_url, tmp, args)
+        with run_service("experience_manager", ["--store", str(tmp / "em"), "--conf", str(wiring["em_conf"]),
+                                                "--log-level", "WARNING"], port=wiring["em_port"], timeout=300) as em, \
+                run_service("task_manager", ["--conf", str(wiring["tm_conf"]), "--log-level", "WARNING"],
+                            timeout=300) as tm:
+            async with TaskClient(tm.url) as client:
+                job = await client.submit_job("flights", episodes=args.pool_episodes, seed=args.seed)
+                job = await client.wait_job(job.job_id, timeout=600)
+                seeding = await client.seed_experience("flights", "pool", limit=args.pool_limit)
+            peer = ExperiencePeer(em.url, "pool")
+            stats = GroupStats()
+            try:
+                demo_config = config.model_copy(update={"experience_ratio": 1.0})
+                greedy = Sampling(max_tokens=config.max_new_tokens, temperature=0.0, top_p=1.0)
+                groups = await collect_groups(tasks, env, policy.generate, tokenizer, demo_config, experience=peer,
+                                              sampling=greedy, n=1, stats=stats, inject="turns")
+                pool = (await peer.client.stats("pool"))
+            finally:
+                await peer.aclose()
+    per_task = {g[0].trajectory.task_id: [float(g[0].trajectory.outcome or 0.0)] for g in groups}
+    answers = {g[0].trajectory.task_id: g[0].trajectory.steps[-1].action.text() for g in groups if g[0].trajectory.steps}
+    shown = {g[0].trajectory.task_id: (g[0].trajectory.metadata.get("experience_demonstration") or [{}])[0].get("content")
+             for g in groups}
+    solved = sum(v[0] >= 1.0 for v in per_task.values())
+    return {"success": round(solved / max(len(per_task), 1), 3), "solved": solved, "tasks": len(per_task),
+            "synthesis": job.model_dump(mode="json", include={"status", "progress"}),
+            "seeding": seeding.model_dump(mode="json"), "pool_active": pool.get("active"),
+            "retrievals": peer.counters.retrievals, "hits": peer.counters.hits,
+            "turns_injected": stats.turns_injected, "text_fallbacks": stats.text_fallbacks,
+            **table(flights, per_task, answers),
+            "demonstrated_query": {t: shown.get(t) for t in list(per_task)[:6]},
+            "examples": {t: answers.get(t, "")[:200] for t in list(answers)[:6]}}
+
+
+CONDITIONS = ("zero_shot", "one_case", "one_demo", "demo_turns", "pool_turns")
+
+
 def checkpoint(out: str | None, result: dict[str, Any]) -> None:
     """The conditions measured so far, so that a run stopped early keeps them (`"partial": true`)."""
-    print(f"tiers: {', '.join(k for k in result if k in ('zero_shot', 'one_case', 'one_demo', 'demo_turns'))} done",
+    print(f"tiers: {', '.join(k for k in result if k in CONDITIONS)} done",
           file=sys.stderr,
           flush=True)
     if out:
@@ -245,6 +310,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                             "examples": {t: shown.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
                     result["demo_turns_seconds"] = round(time.monotonic() - started, 1)
                     checkpoint(args.out, result)
+                if "pool_turns" in conditions:
+                    started = time.monotonic()
+                    result["pool_turns"] = await with_pool(tasks, env, policy, tokenizer, config, flights,
+                                                           service.url, args)
+                    result["pool_turns_seconds"] = round(time.monotonic() - started, 1)
+                    checkpoint(args.out, result)
                 result["experience_texts"] = {kind: {"one_case": d[1], "one_demo": d[0]}
                                               for kind, d in demos.items() if kind in ("fare_lookup", "book_by_id")}
             finally:
@@ -270,7 +341,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--conditions", default="zero_shot,one_case,one_demo",
                         help="comma-separated: zero_shot, one_case, one_demo, demo_turns (a solved train task of "
-                             "the same kind as earlier chat turns; not the training path)")
+                             "the same kind as earlier chat turns; not the training path), pool_turns (experience from a pool seeded by "
+                             "self-questioning, through the retrieve route, as turns)")
+    parser.add_argument("--pool-episodes", type=int, default=12, help="pool_turns: exploration episodes")
+    parser.add_argument("--pool-limit", type=int, default=64, help="pool_turns: synthetic tasks seeded at most")
+    parser.add_argument("--query-forms", default="ids,names", help="pool_turns: the task manager's query forms")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = asyncio.run(run(args))

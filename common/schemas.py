@@ -200,6 +200,9 @@ class Experience(WireModel):
     updated_at: float = Field(default_factory=time.time)
     content_hash: str = ""
     embedding_model: str = ""
+    # The solved trajectory it was distilled from, as chat turns (task query, assistant turns as written,
+    # observations), for `trainer.experience.inject: turns`; None for advice without one and for old pools.
+    demonstration: list[ChatMessage] | None = None
 
 
 # ---------------------------------------------------------------- errors

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.schemas import ExperienceKind, ExperienceUsage, Provenance, Trajectory, WireModel
+from common.schemas import ChatMessage, ExperienceKind, ExperienceUsage, Provenance, Trajectory, WireModel
 from common.service import ServiceError, add_error_renderer, create_app
 from experience_manager.engine import ExperienceEngine, body_digest
 from experience_manager.settings import ExperienceManagerSettings
@@ -142,11 +142,20 @@ class ImportItem(BaseModel):
     usage: ExperienceUsage | None = None
     status: Literal["active", "archived"] | None = None
     created_at: float | None = None
+    demonstration: list[ChatMessage] | None = Field(default=None, max_length=64)
 
     @field_validator("when_to_use", "content")
     @classmethod
     def _no_markup(cls, value: str, info) -> str:
         return _clean(value, info.field_name)
+
+    @field_validator("demonstration")
+    @classmethod
+    def _clean_demonstration(cls, demo: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        # Replayed as chat turns by `inject: turns`: a special token would break the chat template.
+        for n, message in enumerate(demo or []):
+            _clean(message.text(), f"demonstration[{n}].content")
+        return demo
 
 
 class ImportRequest(WireModel):

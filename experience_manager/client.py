@@ -36,6 +36,7 @@ class RetrievedExperience(_Reply):
     utility: float
     tags: list[str] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
+    demonstration: list[dict[str, Any]] | None = None  # the solved trajectory's chat turns, when kept
 
 
 class RetrievalResult(_Reply):

@@ -26,6 +26,7 @@ from common.embeddings import Embedder, shared_embedder
 from common.llm import LLMClient
 from common.schemas import Experience, ExperienceKind, Provenance
 from common.service import ServiceError
+from experience_manager.demonstration import demonstration_of
 from experience_manager.faults import FaultInjector
 from experience_manager.index import Hit, WorkspaceIndex
 from experience_manager.journal import Journal, atomic_write
@@ -339,6 +340,9 @@ class ExperienceEngine:
                     errors.append(f"task {task_id}: LLM summarization gave nothing usable; used a heuristic case")
                 produced = [heuristic_case(group)]
                 modes.add("heuristic")
+            demo = self._demonstration(group)
+            for candidate in produced:
+                candidate.demonstration = demo
             candidates.extend(produced)
             if progress:
                 progress(done, len(groups))
@@ -348,6 +352,16 @@ class ExperienceEngine:
         return await self._mutate(workspace_id, "summarize", request_id, digest,
                                   lambda: self._plan_ingest(workspace_id, candidates, vectors, decisions,
                                                             errors, mode_used))
+
+    def _demonstration(self, group: list[TrajectoryView]) -> list[dict[str, Any]] | None:
+        """The group's shortest successful trajectory that fits the caps, as a demonstration."""
+        cfg = self.settings.summary
+        for view in sorted((v for v in group if v.success), key=lambda v: (-v.reward, len(v.raw_messages))):
+            demo = demonstration_of(view, max_messages=cfg.demonstration_max_messages,
+                                    max_chars=cfg.demonstration_max_chars)
+            if demo is not None:
+                return demo
+        return None
 
     async def _merge_decisions(self, workspace_id: str, candidates: list[Candidate], vectors: np.ndarray
                                ) -> dict[tuple[int, str], tuple[str, str, np.ndarray]]:
@@ -381,7 +395,7 @@ class ExperienceEngine:
             quality=candidate.quality, support=candidate.support,
             provenance=Provenance(task_ids=candidate.task_ids[-PROVENANCE_LIMIT:],
                                   trajectory_ids=candidate.trajectory_ids[-PROVENANCE_LIMIT:], author=candidate.author),
-            content_hash=digest, embedding_model=self.embedding_model)
+            content_hash=digest, embedding_model=self.embedding_model, demonstration=candidate.demonstration)
 
     @staticmethod
     def _absorb(target: Experience, source: Experience, *, take_text: bool) -> Experience:
@@ -394,6 +408,9 @@ class ExperienceEngine:
                                      author=target.provenance.author),
             "updated_at": time.time(),
         }
+        # A demonstration is a solved episode of the same advice: keep the one there is, the newer when both.
+        if source.demonstration is not None and (take_text or target.demonstration is None):
+            update["demonstration"] = source.demonstration
         if take_text:
             update.update(when_to_use=source.when_to_use, content=source.content, kind=source.kind,
                           tags=list(dict.fromkeys([*source.tags, *target.tags]))[:10],
@@ -577,6 +594,8 @@ class ExperienceEngine:
             "score": round(h.score, 5), "utility": round(h.experience.usage.utility, 5),
             "quality": h.experience.quality, "author": h.experience.provenance.author,
             "created_at": h.experience.created_at, "updated_at": h.experience.updated_at,
+            **({"demonstration": [m.model_dump(mode="json", exclude_none=True) for m in h.experience.demonstration]}
+               if h.experience.demonstration else {}),
         } for h in hits]
         return {"workspace_id": workspace_id, "query": text, "experiences": experiences,
                 "experience_ids": [e["experience_id"] for e in experiences],

@@ -53,6 +53,10 @@ class SummarySettings(StrictModel):
     max_items_per_prompt: int = Field(default=3, ge=1, le=3)
     max_trajectories: int = Field(default=512, ge=1)
     llm_max_tokens: int = Field(default=800, ge=64)
+    # A successful source trajectory is kept whole with its experiences as a demonstration when it has at
+    # most this many messages and characters (0 messages: keep none).
+    demonstration_max_messages: int = Field(default=12, ge=0, le=64)
+    demonstration_max_chars: int = Field(default=6000, ge=100, le=50_000)
 
 
 class ExperienceManagerSettings(ServiceSettings):

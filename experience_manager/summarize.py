@@ -35,6 +35,7 @@ class Candidate:
     task_ids: list[str] = field(default_factory=list)
     trajectory_ids: list[str] = field(default_factory=list)
     support: int = 1
+    demonstration: list[dict[str, Any]] | None = None
 
 
 # ---------------------------------------------------------------- heuristic cases

@@ -38,6 +38,7 @@ class TrajectoryView:
     final_answer: str = ""
     steps: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    raw_messages: list[dict[str, Any]] = field(default_factory=list)  # as sent, for demonstrations
 
 
 def _arguments(raw: Any) -> dict:
@@ -108,7 +109,8 @@ def build_view(*, messages: list[Any], reward: float, success_threshold: float, 
     return TrajectoryView(trajectory_id=trajectory_id, task_id=task_id, query=task, messages=plain,
                           tool_uses=tool_uses, reward=float(reward), success=float(reward) >= success_threshold,
                           last_error=_last_error(plain), final_answer=final,
-                          steps=sum(1 for m in plain if m["role"] == "assistant"))
+                          steps=sum(1 for m in plain if m["role"] == "assistant"),
+                          raw_messages=[m for m in messages if isinstance(m, dict)])
 
 
 def view_of_trajectory(trajectory: Trajectory, success_threshold: float) -> TrajectoryView:

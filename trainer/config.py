@@ -48,6 +48,10 @@ class ExperienceConfig(StrictModel):
     summarize: bool = Field(default=True, description="send each step's trajectories to be distilled")
     summarize_mode: Literal["auto", "llm", "heuristic"] | None = None
     feedback: bool = Field(default=True, description="usage feedback: reward and the no-experience baseline")
+    inject: Literal["text", "turns"] = Field(default="text", description=(
+        "text: the rendered experiences inside <EXP> in the task's user message; turns: the top hit's "
+        "demonstration (a solved task's chat turns) before the task, falling back to text for hits without "
+        "one. Either way only generation sees it: the training sample is rendered without it"))
 
 
 class TaskSourceConfig(StrictModel):

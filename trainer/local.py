@@ -345,7 +345,7 @@ class LocalTrainer:
         for attempt in range(cfg.empty_step_retries + 1):
             groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
                                           experience=experience, grader=self.mechanisms.tasks, seed=step_seed,
-                                          stats=self.group_stats,
+                                          stats=self.group_stats, inject=self.mechanisms.experience_config.inject,
                                           on_rollout=_rollout_progress(len(tasks) * cfg.rollout.n, started))
             if groups:
                 return groups

@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Coroutine, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from advantage.estimators import catalog
 from common.schemas import Task, Trajectory
 from trainer.config import ExperienceConfig, TaskSourceConfig
-from trainer.peers import ExperiencePeer, JudgePeer, OutagePolicy, TaskPeer
+from trainer.peers import ExperiencePeer, JudgePeer, OutagePolicy, Retrieved, TaskPeer
 
 T = TypeVar("T")
 
@@ -41,29 +41,47 @@ def experience_flags(n: int, experience_ratio: float) -> list[bool]:
     return [i < flagged for i in range(n)]
 
 
+InjectMode = Literal["text", "turns"]
+
+
 class ExperienceSource(Protocol):
-    async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
-        """Experience text for a task query and the ids of the experiences in it (None: nothing relevant)."""
+    async def retrieve(self, query: str) -> Retrieved | tuple[str, list[str]] | None:
+        """Experience for a task query: text and ids (and a demonstration when there is one), None when
+        nothing is relevant."""
 
 
 class GroupExperience:
     """One retrieval per task group, done by the first flagged rollout that knows the query; the
-    group's other flagged rollouts get the same experience."""
+    group's other flagged rollouts get the same experience, injected the way `inject` says."""
 
-    def __init__(self, source: ExperienceSource) -> None:
+    def __init__(self, source: ExperienceSource, inject: InjectMode = "text") -> None:
         self.source = source
+        self.inject = inject
         self.retrievals = 0
+        self.turns_injected = 0  # rollouts given the demonstration as chat turns
+        self.text_fallbacks = 0  # `turns` rollouts given text because no hit had a demonstration
         self._lock = asyncio.Lock()
         self._done = False
-        self._value: tuple[str, list[str]] | None = None
+        self._value: Retrieved | None = None
 
-    async def get(self, query: str) -> tuple[str, list[str]] | None:
+    async def get(self, query: str) -> Retrieved | None:
         async with self._lock:
             if not self._done:
-                self._value = await self.source.retrieve(query)
+                got = await self.source.retrieve(query)
+                self._value = Retrieved(got[0], list(got[1])) if isinstance(got, tuple) else got
                 self.retrievals += 1
                 self._done = True
             return self._value
+
+    def demonstration_for(self, got: Retrieved) -> list[dict[str, Any]] | None:
+        """The demonstration a rollout is given as turns (None: inject the text), counted."""
+        if self.inject != "turns":
+            return None
+        if got.demonstration:
+            self.turns_injected += 1
+            return got.demonstration
+        self.text_fallbacks += 1
+        return None
 
 
 class Mechanisms:

@@ -98,6 +98,16 @@ class EnvPeer:
 
 
 @dataclass
+class Retrieved:
+    """What one retrieval gives a rollout: the rendered text, the experience ids, and the demonstration
+    (chat messages of a solved task) of the best-ranked hit that has one."""
+
+    text: str
+    ids: list[str]
+    demonstration: list[dict[str, Any]] | None = None
+
+
+@dataclass
 class ExperienceCounters:
     retrievals: int = 0
     hits: int = 0  # retrievals that returned at least one experience
@@ -142,14 +152,15 @@ class ExperiencePeer:
     async def start(self) -> None:
         await self.client.create_workspace(self.workspace)  # PUT: idempotent
 
-    async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
+    async def retrieve(self, query: str) -> Retrieved | None:
         got = await self.client.retrieve(self.workspace, query, top_k=self.top_k,
                                          min_similarity=self.min_similarity)
         self.counters.retrievals += 1
         if not got.experience_ids or not got.rendered.strip():
             return None
         self.counters.hits += 1
-        return got.rendered, list(got.experience_ids)
+        demo = next((e.demonstration for e in got.experiences if e.demonstration), None)
+        return Retrieved(got.rendered, list(got.experience_ids), demo)
 
     async def after_step(self, groups: list[list[Trajectory]], *, summarize: bool, feedback: bool,
                          request_id: str) -> None:

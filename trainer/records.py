@@ -94,6 +94,7 @@ def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_
         "staleness": None if trained_version is None else trained_version - min(versions),
         "experience_flag": t.experience_flag, "experience_ids": list(t.experience_ids),
         "experience_text": t.metadata.get("experience_text"),
+        "experience_demonstration": t.metadata.get("experience_demonstration"),
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
         "steps": [s.model_dump(mode="json", exclude_none=True) for s in t.steps],
         "labels": [label.model_dump(mode="json") for label in t.labels] if t.labels is not None else None,

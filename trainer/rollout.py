@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from common.schemas import ChatMessage, Step, Task, Trajectory, new_id
-from trainer.mechanisms import ExperienceSource, GroupExperience, experience_flags
+from trainer.mechanisms import ExperienceSource, GroupExperience, InjectMode, experience_flags
 from trainer.policy import GenerateFn, Sampling
 from trainer.settings import RolloutConfig
 from trainer.templates import Segment, make_template
@@ -58,6 +58,8 @@ class GroupStats:
     failed_attempts: int = 0
     rollouts: int = 0
     retrievals: int = 0
+    turns_injected: int = 0  # inject: turns -- rollouts given a demonstration as chat turns
+    text_fallbacks: int = 0  # inject: turns -- rollouts given text because no hit had a demonstration
     retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
     last_error: str = ""  # the latest rollout failure, named when a step ends up empty
 
@@ -88,13 +90,15 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
     try:
         messages = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in created.messages]
         chat = [{"role": m.role, "content": m.text()} for m in messages]
-        exp_text, exp_ids = None, []
+        exp_text, exp_ids, demo = None, [], None
         if experience is not None:
             query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
             got = await experience.get(query)
             if got:
-                exp_text, exp_ids = got
-        template.start(chat, exp_text)
+                exp_ids = got.ids
+                demo = experience.demonstration_for(got)
+                exp_text = None if demo else got.text
+        template.start(chat, exp_text, demo)
         steps: list[Step] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -128,11 +132,12 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
         trajectory_messages = messages + [m for s in steps for m in (s.action, s.observation) if m is not None]
         trajectory = Trajectory(task_id=task.task_id, group_id=group_id, env_type=config.env,
                                 messages=trajectory_messages, steps=steps, truncated=truncated,
-                                experience_flag=exp_text is not None, experience_ids=exp_ids,
+                                experience_flag=exp_text is not None or demo is not None, experience_ids=exp_ids,
                                 policy_version=min(versions) if versions else 0,
                                 metadata={"policy_versions": versions, "synthetic": task.synthetic,
                                           # what the policy saw; stripped from the training context
-                                          **({"experience_text": exp_text} if exp_text is not None else {})})
+                                          **({"experience_text": exp_text} if exp_text is not None else {}),
+                                          **({"experience_demonstration": demo} if demo is not None else {})})
         if task.synthetic and grader is not None:
             state = await env.state(instance_id)
             trajectory.outcome = float(await grader.grade(task, state, trajectory))
@@ -159,8 +164,8 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                          config: RolloutConfig, *, experience: ExperienceSource | None = None,
                          grader: SyntheticGrader | None = None, seed: int = 0,
                          stats: GroupStats | None = None, sampling: Sampling | None = None,
-                         n: int | None = None, on_rollout: Callable[[Rollout], None] | None = None
-                         ) -> list[list[Rollout]]:
+                         n: int | None = None, on_rollout: Callable[[Rollout], None] | None = None,
+                         inject: InjectMode = "text") -> list[list[Rollout]]:
     """n rollouts per task, concurrently; returns the complete groups only (in task order).
 
     `on_rollout` is called once per finished rollout (progress), in completion order.
@@ -195,14 +200,17 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
 
     async def group(task: Task) -> list[Rollout] | None:
         group_id = new_id("grp")
-        shared = GroupExperience(experience) if experience is not None else None
+        shared = GroupExperience(experience, inject) if experience is not None else None
         flags = experience_flags(n, config.experience_ratio if experience is not None else 0.0)
         seeds = [rng.randrange(2**31) for _ in range(n)]
         results = await asyncio.gather(
             *(attempt(task, group_id, shared if flags[i] else None, seeds[i]) for i in range(n)),
             return_exceptions=True)
         stats.groups += 1
-        stats.retrievals += shared.retrievals if shared is not None else 0
+        if shared is not None:
+            stats.retrievals += shared.retrievals
+            stats.turns_injected += shared.turns_injected
+            stats.text_fallbacks += shared.text_fallbacks
         if any(isinstance(r, BaseException) for r in results):
             stats.dropped_groups += 1
             logger.warning("dropping group of task {}: {} of {} rollouts failed", task.task_id,

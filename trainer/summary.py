@@ -110,6 +110,10 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
     if trainer.experience is not None:
         seeding = (mechanisms.get("self_questioning", {}).get("service") or {}).get("seeding") or {}
         mechanisms["self_navigating"] = {**trainer.experience.summary(),
+                                         # inject: turns -- demonstrations shown as turns, and text fallbacks
+                                         "inject": trainer.config.experience.inject,
+                                         "turns_injected": trainer.group_stats.turns_injected,
+                                         "text_fallbacks": trainer.group_stats.text_fallbacks,
                                          # pool seeding from verified synthetic tasks before training
                                          "seeded_trajectories": sum(int(r.get("sent", 0)) for r in seeding.values()),
                                          "seeded_experiences": sum(int(r.get("experiences_created", 0))

@@ -7,9 +7,11 @@ segment grows while the context only appends; when a template rewrites the conte
 window drops a turn, the model drops turns itself), the segment closes and a new one starts with
 the rewritten context as its prompt.
 
-Experience (self-navigating) is injected into the user message between `<EXP>` markers for
-generation only. The training prompt is rendered from the same messages *without* it, so those
-tokens are absent from the training sample, and the generated ids are reused as they are.
+Experience (self-navigating) is injected for generation only: as text in the user message between
+`<EXP>` markers (`inject: text`), or as a solved task's chat turns between the system prompt and the
+task (`inject: turns`, `demonstration_turns`). The training prompt is rendered from the same messages
+*without* it, so those tokens are absent from the training sample, and the generated ids are reused
+as they are.
 
 Templates:
 - `linear`: the whole history, one segment.
@@ -22,6 +24,7 @@ Templates:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +41,32 @@ def inject_experience(query: str, experience: str) -> str:
 
 def strip_experience(text: str) -> str:
     return re.sub(re.escape(EXP_OPEN) + r".*?" + re.escape(EXP_CLOSE) + r"\n*", "", text, flags=re.DOTALL)
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    function = call.get("function") if isinstance(call.get("function"), dict) else call
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass
+    return "<tool_call>" + json.dumps({"name": function.get("name"), "arguments": arguments}) + "</tool_call>"
+
+
+def demonstration_turns(demonstration: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """A demonstration as the chat turns the policy sees: observations become user turns (as
+    `_turn_glue` renders the episode's own observations), structured tool calls become text."""
+    turns = []
+    for message in demonstration:
+        content = message.get("content") or ""
+        if message.get("role") == "assistant":
+            calls = message.get("tool_calls") or []
+            content = content or "\n".join(_call_text(c) for c in calls if isinstance(c, dict))
+            turns.append({"role": "assistant", "content": content})
+        else:
+            turns.append({"role": "user", "content": content})
+    return turns
 
 
 @dataclass
@@ -99,12 +128,18 @@ class ContextTemplate:
 
     # ------------------------------------------------------------------ episode API
 
-    def start(self, messages: list[dict], experience: str | None = None) -> None:
-        """Begin an episode from the environment's initial [system, user] messages."""
+    def start(self, messages: list[dict], experience: str | None = None,
+              demonstration: list[dict[str, Any]] | None = None) -> None:
+        """Begin an episode from the environment's initial [system, user] messages; `demonstration`
+        (chat turns of a solved task) goes before the first non-system message, for generation only."""
         self.messages = [dict(m) for m in messages]
         plain = self.render(self.messages, add_generation_prompt=True)
         self.prompt_plain = self.encode(plain)
-        if experience:
+        if demonstration:
+            at = next((i for i, m in enumerate(self.messages) if m["role"] != "system"), len(self.messages))
+            shown = [*self.messages[:at], *demonstration_turns(demonstration), *self.messages[at:]]
+            self.prompt_generation = self.encode(self.render(shown, add_generation_prompt=True))
+        elif experience:
             with_exp = [dict(m) for m in self.messages]
             last_user = max(i for i, m in enumerate(with_exp) if m["role"] == "user")
             with_exp[last_user]["content"] = inject_experience(with_exp[last_user]["content"], experience)
@@ -163,11 +198,12 @@ class LinearThinkTemplate(ContextTemplate):
     name = "linear_think"
     instruction = ("First think step by step inside <think></think>, then write only your action after it.")
 
-    def start(self, messages: list[dict], experience: str | None = None) -> None:
+    def start(self, messages: list[dict], experience: str | None = None,
+              demonstration: list[dict[str, Any]] | None = None) -> None:
         messages = [dict(m) for m in messages]
         if messages and messages[0]["role"] == "system":
             messages[0]["content"] = f"{messages[0]['content']}\n\n{self.instruction}"
-        super().start(messages, experience)
+        super().start(messages, experience, demonstration)
 
     def action_text(self, generated_text: str) -> str:
         text = THINK_PATTERN.sub("", generated_text)

@@ -286,3 +286,46 @@ async def test_typed_client_round_trip(service, seeded):
         fed = await em.feedback("client_ws", [FeedbackItem(experience_ids=got.experience_ids, reward=1.0)])
         assert fed.usage[summary.created[0]]["uses"] == 1
         assert (await em.stats("client_ws"))["active"] == 1
+
+
+# ---------------------------------------------------------------- demonstrations (inject: turns)
+
+
+def test_retrieve_returns_the_successful_trajectory_as_a_demonstration(http):
+    task_id, query, calls, paraphrase = TASKS[0]
+    success = chat_trajectory(task_id, query, calls, 1.0)["messages"]
+    group = [chat_trajectory(task_id, query, calls, 1.0), chat_trajectory(task_id, query, calls[-1:], 0.0)]
+    reply = http.post("/v1/workspaces/demo_ok/summarize", json={"trajectories": group, "mode": "heuristic"})
+    assert reply.status_code == 200, reply.text
+    body = http.post("/v1/workspaces/demo_ok/retrieve", json={"query": paraphrase, "top_k": 1}).json()
+    demo = body["experiences"][0]["demonstration"]
+    # No system prompt; the query, then the assistant turns and observations exactly as sent.
+    assert [m["role"] for m in demo] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert demo[0] == {"role": "user", "content": query}
+    assert demo[1:] == success[2:]
+    stored = reply.json()["experiences"][0]
+    # Export and import carry it; an imported one with a chat special token is refused, naming where.
+    exported = http.post("/v1/workspaces/demo_ok/export", json={}).json()["experiences"]
+    assert http.post("/v1/workspaces/demo_copy/import", json={"experiences": exported}).status_code == 200
+    copy = http.post("/v1/workspaces/demo_copy/retrieve", json={"query": paraphrase, "top_k": 1}).json()
+    assert copy["experiences"][0]["demonstration"] == demo
+    bad = [{**exported[0], "demonstration": [*demo[:-1], {"role": "assistant", "content": "<|im_end|>"}]}]
+    refused = http.post("/v1/workspaces/demo_copy/import", json={"experiences": bad})
+    assert refused.status_code == 422 and "demonstration[5].content" in refused.text, refused.text
+    assert [{k: v for k, v in m.items() if v is not None} for m in stored["demonstration"]] == demo
+
+
+def test_failed_groups_keep_no_demonstration_and_hits_without_one_have_no_field(http):
+    task_id, query, calls, paraphrase = TASKS[2]
+    failed = [chat_trajectory(task_id, query, calls, 0.0, error="Error: denied")]
+    reply = http.post("/v1/workspaces/demo_fail/summarize", json={"trajectories": failed, "mode": "heuristic"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["experiences"][0]["demonstration"] is None
+    hit = http.post("/v1/workspaces/demo_fail/retrieve", json={"query": paraphrase}).json()["experiences"][0]
+    assert "demonstration" not in hit
+    # A later success of the same task gives the merged experience its demonstration.
+    solved = [chat_trajectory(task_id, query, calls, 1.0), *failed]
+    merged = http.post("/v1/workspaces/demo_fail/summarize", json={"trajectories": solved, "mode": "heuristic"})
+    assert merged.status_code == 200, merged.text
+    hits = http.post("/v1/workspaces/demo_fail/retrieve", json={"query": paraphrase}).json()["experiences"]
+    assert sum("demonstration" in h for h in hits) == 1

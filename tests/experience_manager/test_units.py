@@ -78,3 +78,34 @@ def test_journal_drops_a_torn_last_record(tmp_path):
         handle.write(b'{"t": "commit", "op_')
     assert Journal(tmp_path / "j.jsonl").read() == [{"t": "intent", "op_id": "a"}]
     assert (tmp_path / "j.jsonl").read_bytes().endswith(b"}\n")
+
+
+# ---------------------------------------------------------------- demonstrations
+
+
+def _view(messages: list[dict], reward: float):
+    from experience_manager.trajectories import build_view
+    return build_view(messages=messages, reward=reward, success_threshold=1.0, trajectory_id="t", task_id="k",
+                      query=None)
+
+
+def test_demonstration_is_kept_whole_within_the_caps_or_not_at_all():
+    from experience_manager.demonstration import demonstration_of
+    messages = [{"role": "system", "content": "sys"},
+                {"role": "user", "content": "Find A <EXP>old advice</EXP>"},
+                {"role": "assistant", "content": "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"},
+                {"role": "tool", "content": "x" * 50}, {"role": "assistant", "content": "A is 3."}]
+    demo = demonstration_of(_view(messages, 1.0), max_messages=4, max_chars=200)
+    # The injected block is not part of the demonstrated query; the rest is as written.
+    assert demo == [{"role": "user", "content": "Find A"}, *messages[2:]]
+    assert demonstration_of(_view(messages, 1.0), max_messages=3, max_chars=200) is None  # 4 messages
+    assert demonstration_of(_view(messages, 1.0), max_messages=4, max_chars=80) is None  # 6 + 49 + 50 + 7 chars
+    assert demonstration_of(_view(messages, 0.5), max_messages=4, max_chars=200) is None  # not a success
+    special = [*messages[:3], {"role": "tool", "content": "<|im_start|>x"}, messages[4]]
+    assert demonstration_of(_view(special, 1.0), max_messages=4, max_chars=200) is None
+
+
+def test_experiences_stored_before_demonstrations_still_load():
+    from common.schemas import Experience
+    old = {"experience_id": "exp_1", "when_to_use": "when booking", "content": "search, then book the cheapest"}
+    assert Experience.model_validate(old).demonstration is None

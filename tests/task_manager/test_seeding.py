@@ -87,6 +87,20 @@ def test_seeding_replays_synthetic_references_into_the_pool_and_no_held_out_task
                 # from the synthetic tasks what to call.
                 assert all("succeeded" in e.content and ("book_ticket(" in e.content or "cancel_order(" in e.content)
                            for e in experiences), [e.content for e in experiences]
+                # Each replayed reference is also kept whole as a demonstration (inject: turns): the synthetic
+                # query, the reference's calls as the task manager renders them, the environment's observations.
+                queries = {t.task_id: t.query for t in synthetic}
+                for e in experiences:
+                    demo = e.demonstration
+                    assert demo, e
+                    # (an experience that absorbed a near-duplicate keeps one of its sources' demonstrations)
+                    assert demo[0].role == "user" and demo[0].content in {queries[t] for t in e.provenance.task_ids}
+                    calls = [m for m in demo if m.role == "assistant"]
+                    observations = [m for m in demo if m.role == "tool"]
+                    assert calls and all(m.content.startswith("<tool_call>") for m in calls)
+                    assert len(observations) == len(calls) and all(m.content for m in observations)
+                hit = (await pool.retrieve("seeded", queries[experiences[0].provenance.task_ids[0]])).experiences[0]
+                assert hit.demonstration and hit.demonstration[0]["role"] == "user"
                 pool_size = (await pool.stats("seeded"))["active"]
 
                 # Named held-out, original and validation-grown tasks are refused by name; nothing is sent.

@@ -263,3 +263,79 @@ def test_updater_runs_minibatches_and_moves_the_policy(tiny):
     assert metrics["update/optimizer_steps"] == 4.0  # 2 epochs x 2 minibatches
     assert "update/clip_frac_flagged" in metrics and "update/entropy" in metrics
     assert after > before  # the positive-advantage answer became more likely
+
+
+# ---------------------------------------------------------------- inject: turns (issue 14)
+
+DEMO_ANSWER = "zebra quartz demonstration"
+
+
+def test_turns_mode_shows_a_retrieved_demonstration_to_generation_only(env_url, tiny, tmp_path):
+    """A real experience manager over HTTP keeps a solved trajectory as a demonstration; in `turns` mode
+    the flagged rollouts generate after it, their training samples never contain it, and a pool whose
+    hits have no demonstration falls back to text (counted)."""
+    from common.schemas import Trajectory
+    from experience_manager.client import ExperienceClient
+    from tests.helpers import run_service
+    from trainer.peers import ExperiencePeer
+    from trainer.records import rollout_record
+
+    model, tok = tiny
+    task = Task(task_id="signal-train-0000", env_type="signal")
+
+    async def seed(em_url, env):
+        created = await env.create("signal", task)
+        await env.release(created.instance_id)
+        query = next(m.text() for m in created.messages if m.role == "user")
+        solved = [{"role": "user", "content": query}, {"role": "assistant", "content": DEMO_ANSWER}]
+        async with ExperienceClient(em_url) as client:
+            for ws, outcome in (("demos", 1.0), ("no_demos", 0.0)):
+                await client.summarize(ws, [Trajectory(task_id="signal-train-0009", messages=solved, outcome=outcome)],
+                                       mode="heuristic")
+
+    async def collect(em_url, env, workspace, policy, stats):
+        peer = ExperiencePeer(em_url, workspace)
+        try:
+            return await collect_groups([task], env, policy.generate, tok, config(n=2, experience_ratio=0.5),
+                                        experience=peer, stats=stats, seed=3, inject="turns")
+        finally:
+            await peer.aclose()
+
+    demo_ids = tok.encode(DEMO_ANSWER, add_special_tokens=False)
+    with run_service("experience_manager", ["--store", str(tmp_path / "store")]) as em:
+        asyncio.run(_with_env(env_url, lambda env: seed(em.url, env)))
+        policy, stats = RecordingPolicy(model, tok), GroupStats()
+        groups = asyncio.run(_with_env(env_url, lambda env: collect(em.url, env, "demos", policy, stats)))
+        asyncio.run(policy.inner.aclose())
+        plain_policy, plain_stats = RecordingPolicy(model, tok), GroupStats()
+        fallback = asyncio.run(_with_env(env_url, lambda env: collect(em.url, env, "no_demos", plain_policy,
+                                                                       plain_stats)))
+        asyncio.run(plain_policy.inner.aclose())
+
+    assert stats.turns_injected == 1 and stats.text_fallbacks == 0
+    flagged = [r for r in groups[0] if r.trajectory.experience_flag]
+    assert len(flagged) == 1
+    turns = len(flagged[0].trajectory.steps)
+    # Generation saw the demonstration (as an earlier assistant turn) on each of the flagged rollout's turns ...
+    assert sum(_contains(c, demo_ids) for c in policy.contexts) == turns
+    # ... the training samples never do, and their prompt is the plain one.
+    plain_prompt = next(r for r in groups[0] if not r.trajectory.experience_flag).trajectory.prompt_ids
+    for r in groups[0]:
+        assert not _contains(r.trajectory.prompt_ids + r.trajectory.response_ids, demo_ids)
+        assert r.trajectory.prompt_ids == plain_prompt
+        assert len(r.trajectory.loss_mask) == len(r.trajectory.response_ids)
+    # The generated ids are reused unchanged: the mask-1 tokens are exactly what the policy produced.
+    generated = [t for t, m in zip(flagged[0].trajectory.response_ids, flagged[0].trajectory.loss_mask, strict=True) if m]
+    demo_contexts = [i for i, c in enumerate(policy.contexts) if _contains(c, demo_ids)]
+    assert generated == [t for i in demo_contexts for t in policy.outputs[i]]
+    record = rollout_record(1, flagged[0], [0.0] * len(flagged[0].trajectory.response_ids), lambda ids: [])
+    assert record["experience_demonstration"][-1] == {"role": "assistant", "content": DEMO_ANSWER}
+    assert record["experience_text"] is None
+
+    # A failed source keeps no demonstration: the flagged rollout gets the text, counted as a fallback.
+    assert plain_stats.turns_injected == 0 and plain_stats.text_fallbacks == 1
+    fell_back = next(r for r in fallback[0] if r.trajectory.experience_flag)
+    assert fell_back.trajectory.metadata["experience_text"]
+    assert "experience_demonstration" not in fell_back.trajectory.metadata
+    exp_ids = tok.encode(EXP_OPEN, add_special_tokens=False)
+    assert sum(_contains(c, exp_ids) for c in plain_policy.contexts) == len(fell_back.trajectory.steps)

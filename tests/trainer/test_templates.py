@@ -135,3 +135,17 @@ def test_self_managed_drops_turns_the_model_names(tok):
 def test_unknown_template_is_a_clear_error(tok):
     with pytest.raises(ValueError, match="choose one of linear, linear_think, sliding_window, self_managed"):
         make_template("zigzag", tok)
+
+
+def test_demonstration_turns_render_observations_as_user_turns_and_calls_as_text():
+    from trainer.templates import demonstration_turns
+    demo = [{"role": "user", "content": "Find Ann."},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c0", "type": "function", "function": {"name": "get_passenger", "arguments": '{"name": "Ann"}'}}]},
+            {"role": "tool", "tool_call_id": "c0", "content": "P1"},
+            {"role": "assistant", "content": "Ann is P1."}]
+    assert demonstration_turns(demo) == [
+        {"role": "user", "content": "Find Ann."},
+        {"role": "assistant", "content": '<tool_call>{"name": "get_passenger", "arguments": {"name": "Ann"}}</tool_call>'},
+        {"role": "user", "content": "P1"},
+        {"role": "assistant", "content": "Ann is P1."}]

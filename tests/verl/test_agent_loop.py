@@ -103,11 +103,11 @@ def veRL_config(env_url: str, experience: dict | None = None, n: int = 4) -> obj
     })
 
 
-def run_loop(config, server, session_id: int) -> list[AgentLoopOutput]:
+def run_loop(config, server, session_id: int, uid: str = "prompt-uid-1") -> list[AgentLoopOutput]:
     loop = EvolverEnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server,
                                tokenizer=word_tokenizer(), processor=None, dataset_cls=None,
                                data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
-    row = {"raw_prompt": [{"role": "user", "content": "unused"}], "uid": "prompt-uid-1", "session_id": session_id,
+    row = {"raw_prompt": [{"role": "user", "content": "unused"}], "uid": uid, "session_id": session_id,
            "extra_info": {TASK_KEY: json.dumps({"task_id": TASK, "env_type": "signal"})}}
     return asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, **row))
 
@@ -164,6 +164,25 @@ def test_flagged_session_generates_with_experience_and_trains_without_it(env_url
     unflagged = ScriptedServerManager([TURN_1, TURN_2])
     [plain] = run_loop(config, unflagged, session_id=2)
     assert unflagged.requests[0]["prompt_ids"] == PROMPT and plain.extra_fields["experience_flag"] is False
+
+
+def test_turns_mode_puts_the_retrieved_demonstration_before_the_task_for_generation_only(env_url, experience_url):
+    """`experience.inject: turns` reaches the veRL agent loop through the shared `GroupExperience`."""
+    query = "look at the signal then answer north, south"
+    solved = [{"role": "user", "content": query}, {"role": "assistant", "content": "hi"},
+              {"role": "tool", "content": "signal is south"}, {"role": "assistant", "content": "south"}]
+    summarized = httpx.post(f"{experience_url}/v1/workspaces/signal-demos/summarize", timeout=60, json={
+        "trajectories": [{"task_id": "signal-train-0001", "messages": solved, "outcome": 1.0}], "mode": "heuristic"})
+    assert summarized.status_code == 200, summarized.text
+    config = veRL_config(env_url, {"url": experience_url, "workspace": "signal-demos", "inject": "turns"}, n=4)
+    server = ScriptedServerManager([TURN_1, TURN_2])
+    [out] = run_loop(config, server, session_id=0, uid="prompt-uid-turns")  # a group of its own
+    # system, then the demonstration (its observation as a user turn, as the template renders observations),
+    # then the real task: by hand from VOCAB.
+    demo = [1, 4, 8, 9, 10, 7, 11, 12, 13, 14, 15, 2] + [1, 5, 17, 2] + [1, 4, 7, 16, 15, 2] + [1, 5, 15, 2]
+    assert server.requests[0]["prompt_ids"] == PROMPT[:5] + demo + PROMPT[5:]
+    assert out.prompt_ids == PROMPT and out.response_ids == RESPONSE and out.response_mask == MASK
+    assert out.extra_fields["experience_flag"] is True
 
 
 # ---- log-probs of experience rollouts vs the stripped training prompt ----

@@ -39,7 +39,7 @@ from advantage.estimators.batch import label_values
 from advantage.estimators.segments import split_row
 from common.schemas import Task
 from trainer.mechanisms import GroupExperience, experience_flags
-from trainer.peers import EnvPeer, ExperiencePeer, TaskPeer
+from trainer.peers import EnvPeer, ExperiencePeer, Retrieved, TaskPeer
 from trainer.policy import Generation, Sampling
 from trainer.rollout import Rollout, run_episode
 from trainer.verl_plugin.settings import (
@@ -100,7 +100,7 @@ class FreshExperienceRetrieval:
     def __init__(self, settings: ExperienceSettings, timeout: float, outage: Any = None) -> None:
         self.settings, self.timeout, self.outage = settings, timeout, outage
 
-    async def retrieve(self, query: str) -> tuple[str, list[str]] | None:
+    async def retrieve(self, query: str) -> Retrieved | None:
         s = self.settings
         peer = ExperiencePeer(s.url, s.workspace, top_k=s.top_k, min_similarity=s.min_similarity,
                               timeout=self.timeout, outage=self.outage)
@@ -121,7 +121,8 @@ def group_experience(uid: str, settings: EvolverVerlSettings) -> GroupExperience
     group = _GROUPS.get(uid)
     if group is None:
         group = _GROUPS[uid] = GroupExperience(FreshExperienceRetrieval(settings.experience, settings.timeout_s,
-                                                                           settings.outage()))
+                                                                           settings.outage()),
+                                               settings.experience.inject)
         while len(_GROUPS) > _GROUPS_KEPT:
             _GROUPS.popitem(last=False)
     return group
