@@ -11,7 +11,8 @@ episodes at once so that their generations share the server's batches.
 Per env id it reports: success (the environment's own evaluation), mean episode length, the
 mapped-action and invalid-action rates (so mapping cannot pass for skill), and the step latency over
 HTTP (client-timed POST .../step, generation excluded; concurrent episodes share the service, so this is
-latency under that load). Prints one JSON line; `--partial FILE` also appends each suite's result as it ends.
+latency under that load). Prints one JSON line; `--partial FILE` also appends each suite's result as it ends;
+`--table RESULT...` prints the README's table from such files.
 
 The chat given to the model keeps the system prompt, the first observation and the last
 `--history` exchanges, each observation cut to `--obs-chars` characters, so prompts stay CPU-sized.
@@ -145,13 +146,36 @@ async def play_all(http: httpx.AsyncClient, policy: Policy, env: str, task_ids: 
 def summarize(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     turns = sum(e["turns"] for e in episodes)
     steps = [ms for e in episodes for ms in e["step_ms"]]
-    return {"tasks": len(episodes), "success": statistics.fmean(e["success"] for e in episodes),
+    return {"tasks": len(episodes), "successes": int(sum(e["success"] for e in episodes)),
+            "success": statistics.fmean(e["success"] for e in episodes),
             "mean_episode_length": statistics.fmean(e["turns"] for e in episodes),
             "mapped_action_rate": sum(e["mapped"] for e in episodes) / max(turns, 1),
             "invalid_action_rate": sum(e["invalid"] for e in episodes) / max(turns, 1),
             "step_ms_p50": statistics.median(steps) if steps else None,
             "step_ms_mean": statistics.fmean(steps) if steps else None,
             "example_actions": [e["last_action"] for e in episodes[:2]]}
+
+
+def markdown_table(paths: list[Path]) -> str:
+    """The README table from result files: full JSON lines (`suites`) and `--partial` lines (`suite`)."""
+    suites: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                suites.update(record["suites"] if "suites" in record else {record["suite"]: record})
+    rows = ["| suite (package version) | env id | tasks played (of held-out) | success | mean episode length "
+            "| mapped-action rate | invalid-action rate | step latency over HTTP, p50 (mean) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for suite, result in suites.items():
+        for env_id, m in result["env_ids"].items():
+            latency = f"{m['step_ms_p50']:.1f} ms ({m['step_ms_mean']:.1f} ms)" if m["step_ms_p50"] is not None else "-"
+            rows.append(f"| `{suite}` ({result['package']} {result['version']}) | `{env_id}` "
+                        f"| {m['tasks']} (of {m.get('tasks_available', m['tasks'])}) "
+                        f"| {m['success']:.2f} ({m.get('successes', round(m['success'] * m['tasks']))}/{m['tasks']}) "
+                        f"| {m['mean_episode_length']:.1f} | {m['mapped_action_rate']:.2f} "
+                        f"| {m['invalid_action_rate']:.2f} | {latency} |")
+    return "\n".join(rows)
 
 
 def parse_tasks_for(text: str, suites: list[str], default: int) -> dict[str, int]:
@@ -210,9 +234,14 @@ def main() -> None:
     parser.add_argument("--games-dir", default=str(Path(tempfile.gettempdir()) / "evolver-bench-textworld"),
                         help="TextWorld's generated games (kept between runs: generating one takes seconds)")
     parser.add_argument("--suites", default=",".join(SUITES))
+    parser.add_argument("--table", type=Path, nargs="+", metavar="RESULT",
+                        help="print the README's markdown table from these result files and exit (measures nothing)")
     parser.add_argument("--partial", type=Path, help="also append each suite's result to this file as it finishes "
                                                      "(a long run that is stopped keeps what it measured)")
     args = parser.parse_args()
+    if args.table:
+        print(markdown_table(args.table))
+        return
     suites = [s for s in args.suites.split(",") if s]
     unknown = sorted(set(suites) - set(SUITES))
     if unknown:
