@@ -77,8 +77,10 @@ def service_yaml(suites: list[str], tasks: dict[str, int], max_turns: int, games
 class Policy:
     """SmolLM2 behind llm_server: each reply is one greedy chat completion of the trimmed chat."""
 
-    def __init__(self, llm: LLMServerClient, max_new_tokens: int, history: int, obs_chars: int) -> None:
-        self.llm, self.max_new_tokens, self.history, self.obs_chars = llm, max_new_tokens, history, obs_chars
+    def __init__(self, llm: LLMServerClient, max_new_tokens: int, history: int, obs_chars: int,
+                 model: str = MODEL) -> None:
+        self.llm, self.model = llm, model
+        self.max_new_tokens, self.history, self.obs_chars = max_new_tokens, history, obs_chars
 
     def prompt(self, chat: list[dict[str, str]]) -> list[dict[str, str]]:
         head, tail = chat[:2], chat[2:]
@@ -87,7 +89,7 @@ class Policy:
                 for m in head + kept]
 
     async def reply(self, chat: list[dict[str, str]]) -> str:
-        body = await self.llm.chat(MODEL, self.prompt(chat), max_tokens=self.max_new_tokens, temperature=0.0)
+        body = await self.llm.chat(self.model, self.prompt(chat), max_tokens=self.max_new_tokens, temperature=0.0)
         return (body["choices"][0]["message"].get("content") or "").strip()
 
 
