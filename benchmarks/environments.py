@@ -166,7 +166,7 @@ def markdown_table(paths: list[Path]) -> str:
             if line.strip():
                 record = json.loads(line)
                 suites.update(record["suites"] if "suites" in record else {record["suite"]: record})
-    rows = ["| suite (package version) | env id | tasks played (of held-out) | success | mean episode length "
+    rows = ["| suite (package version) | env id | tasks played (of asked) | success | mean episode length "
             "| mapped-action rate | invalid-action rate | step latency over HTTP, p50 (mean) |",
             "|---|---|---|---|---|---|---|---|"]
     for suite, result in suites.items():
