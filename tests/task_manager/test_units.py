@@ -10,6 +10,7 @@ import pytest
 
 from common.config import ConfigError
 from common.schemas import Task
+from env_service.environments.signal import SignalEnvironment
 from task_manager.curriculum import sample_batch, task_key
 from task_manager.dedup import DedupIndex, literal_values, normalize_text
 from task_manager.envs import comparable_state
@@ -197,6 +198,15 @@ def test_store_survives_reopen(tmp_path) -> None:
     assert store.pass_rates()["e/syn-1"] == (pytest.approx(2 / 3), 4)
     index = store.dedup_index("e", 0.9, 0.9)
     assert index.duplicate_reason("other", "s", None, None) == "same_reference"
+
+
+@pytest.mark.parametrize("config", [{"options": ["north", "south"]},
+                                    {"options": ["north", "south"], "labels": ["river", "wind"], "fields": 2}])
+def test_signal_profile_is_a_task_manager_profile(config) -> None:
+    # Its attrs once held the options list where the profile schema wants a description string.
+    profile = profile_from_env("signal", SignalEnvironment(config).profile(), [])
+    assert profile.entities[0].attrs == {"options": "one of north, south"}
+    assert "one of north, south" in profile.instruction()
 
 
 def test_profiles(tmp_path) -> None:

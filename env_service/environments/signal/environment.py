@@ -204,6 +204,7 @@ class SignalEnvironment(Environment):
         background = ("Read the reading of the asked label among several and answer with it." if self.settings.labels
                       else "Remember a signal word shown once and answer with it.")
         return {"name": self.name, "background": background,
+                # attrs map an attribute to its description (a string): the task manager's profile schema.
                 "entities": [{"name": "signal", "description": "a word shown after the first turn",
-                              "attrs": {"options": self.settings.options}, "opts": []}],
+                              "attrs": {"options": "one of " + ", ".join(self.settings.options)}, "opts": []}],
                 "task_preference": {"num_entities": 1, "num_opts": 1, "relation_difficulty": 1}}
