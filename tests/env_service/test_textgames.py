@@ -199,3 +199,36 @@ def test_scienceworld_uses_its_own_held_out_variations_and_maps_commands():
     assert kinds == ["exact", "mapped", "invalid"] and instance.evaluate().score == 0.0
     assert len(results) == env.max_turns and instance.state()["seed"] == 21
     instance.close()
+
+
+@pytest.mark.slow
+def test_textworld_games_load_and_play_concurrently_in_one_process(tmp_path):
+    # The env service runs instances on worker threads; TextWorld's loader shares parser state across
+    # games, and unguarded concurrent loads failed with "pop from empty list" (a 400 on create).
+    import threading
+
+    config = {"envs": ["tw-treasure_hunter-L1", "tw-coin_collector-L1"], "games_dir": str(tmp_path),
+              "splits": {"train": 1, "validation": 1, "test": 2}}
+    env = load_environments({"textworld": config})["textworld"]
+    task_ids = env.task_ids("test")
+    for task_id in task_ids:  # games are generated once, before the concurrent part
+        env.create(task_id)
+    errors: list[str] = []
+    played: list[str] = []
+
+    def play(task_id: str) -> None:
+        try:
+            instance = env.create(task_id)
+            instance.reset()
+            instance.step(say(f"Action: {instance.game.policy_commands[0]}"))
+            played.append(task_id)
+        except Exception as exc:  # noqa: BLE001 - the test collects every failure to report them together
+            errors.append(f"{task_id}: {exc!r}")
+
+    for _ in range(3):
+        threads = [threading.Thread(target=play, args=(t,)) for t in task_ids for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == [] and len(played) == 3 * 2 * len(task_ids) == 24
