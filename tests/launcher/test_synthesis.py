@@ -28,7 +28,7 @@ def poll(gate: SynthesisGate, timeout: float = 180) -> bool:
 def test_gate_opens_after_the_jobs_and_reports_the_funnel_then_fails_on_a_bad_environment(tmp_path):
     conf = tmp_path / "run.yaml"
     conf.write_text(f"""
-env_service: {{environments: {{flights: {{}}, signal: {{}}}}}}
+env_service: {{environments: {{flights: {{}}, signal: {{tasks_per_split: {{train: 0, validation: 4, test: 4}}}}}}}}
 task_manager: {{environments: [flights, signal], store_dir: {tmp_path / 'tm'}, dedup: {{embeddings: false}}}}
 """)
     with run_service("env_service", ["--conf", str(conf)]) as env, \
@@ -45,7 +45,7 @@ task_manager: {{environments: [flights, signal], store_dir: {tmp_path / 'tm'}, d
         assert poll(again) and "flights" not in again.results, "a store that has synthetic tasks is not redone"
         assert "already in the store" in said[-1]
 
-        # signal has no profile for exploration: its job fails, and the gate says why.
+        # signal serves no train task to explore from: its job fails, and the gate says why.
         failing = SynthesisGate(tm.url, ["signal"], episodes=1, timeout_s=60, say=said.append)
         with pytest.raises(SynthesisFailed, match=r"synthesis job .* on signal ended failed"):
             poll(failing)
@@ -60,7 +60,8 @@ def test_the_standalone_step_synthesizes_from_the_run_yaml_as_the_compose_traine
     """`python -m evolver_launcher.synthesis --conf run.yaml` (the compose trainer's first command) finds the
     task manager by the trainer's task_url, exits 0 once the store has synthetic tasks, 1 when a job fails,
     and 2 naming the key when the YAML cannot say what to do."""
-    env_conf = conf_file(tmp_path / "env.yaml", "env_service: {environments: {flights: {}, signal: {}}}")
+    env_conf = conf_file(tmp_path / "env.yaml", "env_service: {environments: {flights: {}, "
+                                                   "signal: {tasks_per_split: {train: 0, validation: 4, test: 4}}}}")
     tm_conf = conf_file(tmp_path / "tm.yaml", f"""
 task_manager: {{environments: [flights, signal], store_dir: {tmp_path / 'tm'}, dedup: {{embeddings: false}}}}
 """)
