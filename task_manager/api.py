@@ -72,7 +72,8 @@ class BatchResponse(WireModel):
 class GradeRequest(WireModel):
     task_id: str = Field(min_length=1)
     # The rollout's final state snapshot (env service GET /v1/instances/{id}/state: the whole response
-    # or its `state`), and/or its trajectory (for the LLM judge where there is no state).
+    # or its `state`), and/or its trajectory (for the LLM judge where there is no state, and for a lookup,
+    # whose closing text reply is the answer).
     state: Any = None
     trajectory: Trajectory | None = None
 
@@ -80,7 +81,7 @@ class GradeRequest(WireModel):
 class GradeResponse(WireModel):
     task_id: str
     reward: float = Field(ge=0.0, le=1.0)
-    method: Literal["state_match", "llm_judge"]
+    method: Literal["state_match", "llm_judge", "answer_match"]
 
 
 class FeedbackItem(WireModel):

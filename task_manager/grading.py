@@ -27,7 +27,7 @@ class GradingError(ValueError):
 @dataclass
 class Grade:
     reward: float
-    method: str  # state_match / llm_judge
+    method: str  # state_match / llm_judge / answer_match
 
 
 def state_match(stored: StoredTask, state: Any, volatile_keys: tuple[str, ...]) -> Grade:

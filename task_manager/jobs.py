@@ -24,6 +24,7 @@ from loguru import logger
 from common.schemas import Task
 from task_manager.api import JobRequest
 from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, explore_episode
+from task_manager.lookups import LookupSynthesizer
 from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
 from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
 from task_manager.verify import verify
@@ -137,18 +138,24 @@ class JobRunner:
             result.exploration = exploration
             if request.kind != "synthesize":
                 return result
-            if synthesizer_kind == "llm":
-                synthesis = manager.settings.synthesis
+            synthesis = manager.settings.synthesis
+            proposals: list[Proposal] = []
+            if "goal" in synthesis.kinds and synthesizer_kind == "llm":
                 synthesizer = LLMSynthesizer(manager.llm("synthesizer"), profile, synthesis.max_tokens,
                                              synthesis.temperature, synthesis.min_confidence)
                 tools = await manager.access.tool_docs(request.env, seed_task)
                 proposals, result.stats = await synthesizer.propose(exploration, manager.recent_queries(request.env),
                                                                     tools)
-            else:
-                hindsight = HindsightSynthesizer(manager.access, profile, manager.settings.synthesis.max_goals,
-                                                 manager.settings.synthesis.max_repairs,
-                                                 tuple(manager.settings.synthesis.query_forms))
+            elif "goal" in synthesis.kinds:
+                hindsight = HindsightSynthesizer(manager.access, profile, synthesis.max_goals, synthesis.max_repairs,
+                                                 tuple(synthesis.query_forms))
                 proposals, result.stats = await hindsight.propose(exploration)
+            if "lookup" in synthesis.kinds:
+                lookups, stats = LookupSynthesizer(profile, tuple(synthesis.query_forms),
+                                                   synthesis.max_lookups).propose(exploration)
+                proposals += lookups
+                result.stats.proposed += stats.proposed
+                result.stats.parsed += stats.parsed
             for proposal in proposals:
                 reference, reason = await verify(manager.access, proposal)
                 if reference is None:
@@ -168,7 +175,9 @@ class JobRunner:
             sig = signature(proposal)
             goal_key = None
             if reference.end_state is not None:  # one task per goal and query form
-                goal = [proposal.seed_task_id, reference.end_state]
+                goal: list[Any] = [proposal.seed_task_id, reference.end_state]
+                if proposal.lookup is not None:  # every lookup ends where it began: its goal is its answer
+                    goal += ["lookup", proposal.lookup.kind, proposal.lookup.identity, proposal.lookup.answer]
                 goal_key = canonical_hash(goal + ["names"] if proposal.query_form == "names" else goal)
             candidates.append((proposal, reference, sig, goal_key))
         vectors = await manager.embed([p.query for p, *_ in candidates]) if candidates else []
@@ -178,14 +187,16 @@ class JobRunner:
         with store.transaction() as db:
             for (proposal, reference, sig, goal_key), vector in zip(candidates, vectors or [None] * len(candidates),
                                                                   strict=True):
-                reason = index.duplicate_reason(proposal.query, sig, goal_key, vector, reference.end_state_hash) \
+                reason = index.duplicate_reason(proposal.query, sig, goal_key, vector, reference.outcome_hash()) \
                     if index is not None else None
                 if reason is not None:
                     dropped[reason] += 1
                     continue
+                # The kind and form travel with the task (a lookup's answer never does: it stays in the reference).
+                kind = {"kind": "lookup", "lookup": proposal.lookup.kind} if proposal.lookup else {"kind": "goal"}
                 task = Task(task_id=f"syn-{canonical_hash(sig)}", env_type=proposal.env_type, split="train",
                             query=proposal.query, seed_task_id=proposal.seed_task_id, synthetic=True,
-                            metadata={"synthesizer": proposal.synthesizer, "query_form": proposal.query_form})
+                            metadata={"synthesizer": proposal.synthesizer, "query_form": proposal.query_form, **kind})
                 stored = StoredTask(task=task, reference=reference, signature=sig, synthesizer=proposal.synthesizer,
                                     confidence=proposal.confidence, job_id=job_id,
                                     exploration_id=proposal.exploration_id)
@@ -194,7 +205,7 @@ class JobRunner:
                 except sqlite3.IntegrityError:
                     dropped["same_reference"] += 1
                     continue
-                index.add(proposal.query, sig, goal_key, vector, reference.end_state_hash)
+                index.add(proposal.query, sig, goal_key, vector, reference.outcome_hash())
                 kept.append(task)
             if result.exploration is not None:
                 store.insert_exploration(db, result.exploration)

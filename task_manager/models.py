@@ -58,6 +58,22 @@ class Exploration(BaseModel):
         return sum(1 for s in self.steps if s.state_changed)
 
 
+class LookupTarget(BaseModel):
+    """What a lookup proposal asks: the profile's lookup `kind`, the record it reads and its answer."""
+
+    kind: str
+    operation: str  # the read tool whose observation holds the record
+    field: str  # the record field that answers
+    select: Literal["each", "min", "max"] = "each"
+    of: str | None = None  # min/max: the field compared (default `field`)
+    where: list[str] = Field(default_factory=list)  # fields that must be positive for a record to count
+    # The fields the query names: for `each`, they single the record out; for min/max, the group it is chosen
+    # from (a route and date).
+    identity: dict[str, Any] = Field(default_factory=dict)
+    answer: str
+    wrong_answers: list[str] = Field(default_factory=list)  # values of the same field that must not be stated
+
+
 class Proposal(BaseModel):
     """A task a synthesizer proposes, before verification."""
 
@@ -76,6 +92,8 @@ class Proposal(BaseModel):
     seed_task_id: str
     exploration_id: str = ""
     query_form: Literal["ids", "names", "free"] = "ids"  # free: written by an LLM
+    # A lookup (a question answered in text): how to find its record again in a replay, and the answer.
+    lookup: LookupTarget | None = None
 
 
 class Reference(BaseModel):
@@ -87,6 +105,17 @@ class Reference(BaseModel):
     initial_state: Any = None  # full snapshot at the start of the verifying replay (for id mapping)
     end_state: Any = None  # comparable state after the replay (None: env has no state)
     end_state_hash: str | None = None
+    # A lookup's answer: the task is solved by a closing text reply that states it (and none of `wrong_answers`),
+    # graded by `common.answers.answer_correct` as the environment grades its own lookups.
+    answer: str | None = None
+    wrong_answers: list[str] = Field(default_factory=list)
+
+    def outcome_hash(self) -> str | None:
+        """What proves two tasks different: the end state, and for a lookup also its answer (every lookup of
+        one seed task ends in the same, unchanged, state)."""
+        if self.answer is None:
+            return self.end_state_hash
+        return canonical_hash([self.end_state, "answer", self.answer])
 
 
 class StoredTask(BaseModel):

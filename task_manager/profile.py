@@ -12,6 +12,8 @@ An operation may also carry `"template"`: a sentence with `{argument}` slots tha
 synthesizer uses to write queries (e.g. "book flight {flight_id} for passenger {passenger_id}"), and
 `"natural_template"`: the same request without ids, `{argument.field}` slots naming fields of the records
 the ids identify (e.g. "book the {flight_id.airline} flight ... for {passenger_id.name}").
+An operation that reads values may carry `"lookups"`: questions answered by a field of the records its
+calls return, in the `ids` and `names` query forms (see `Lookup`), for the lookup synthesizer.
 A profile is read from such a file, or derived from the environment service's profile and tool
 docs (tools without an entity are gathered under one entity named after the environment).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,6 +35,33 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class LookupForm(_Lenient):
+    """One query form of a lookup. Slots name a field of the selected record or an argument of the call
+    that returned it, optionally through a filter: `{date|day}` ("June 3, 2025") or a glossary of the
+    profile (`{origin|place}` -> "San Francisco (SFO)")."""
+
+    query: str
+    call: dict[str, str]  # the reference call's arguments (slots as in `query`); the tool is the operation
+    # Fields whose values must single the record out among the records of its observation (an `each` lookup
+    # describes the record by them, e.g. airline and departure time, rather than by its id).
+    unique: list[str] = Field(default_factory=list)
+
+
+class Lookup(_Lenient):
+    """A question a read operation answers, e.g. a flight's fare or a passenger's travel credit.
+
+    `select`: `each` record of an observation, or the one record with the `min`/`max` value of `of`
+    (default: the answer field), a tie meaning no question; `where`: fields that must be positive (seats
+    left) for a record to count."""
+
+    kind: str = Field(min_length=1)  # named like the environment's own tasks of that sort (fare_lookup)
+    answer: str = Field(min_length=1)  # the record field whose value answers
+    select: Literal["each", "min", "max"] = "each"
+    of: str | None = None
+    where: list[str] = Field(default_factory=list)
+    forms: dict[Literal["ids", "names"], LookupForm] = Field(min_length=1)
+
+
 class Operation(_Lenient):
     name: str
     description: str = ""
@@ -40,6 +69,7 @@ class Operation(_Lenient):
     # The same request without ids: slots `{argument.field}` name a field of the record the argument's value
     # identifies (`{passenger_id.name}`), and may hop on (`{order_id.flight_id.origin}`).
     natural_template: str | None = None
+    lookups: list[Lookup] = Field(default_factory=list)
 
 
 class Entity(_Lenient):
@@ -61,6 +91,8 @@ class EnvProfile(_Lenient):
     entities: list[Entity] = Field(default_factory=list)
     task_preference: TaskPreference = Field(default_factory=TaskPreference)
     rubrics: list[Any] = Field(default_factory=list)
+    # name -> value -> how a query writes it (`{origin|place}`: "SFO" -> "San Francisco (SFO)").
+    glossary: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     def operations(self) -> dict[str, Operation]:
         return {op.name: op for entity in self.entities for op in entity.opts}

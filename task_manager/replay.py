@@ -62,6 +62,7 @@ class ReplayResult:
     end_state: Any = None  # full snapshot after the last action
     generated: set[str] = field(default_factory=set)  # recorded values that turned out to be generated
     messages: list[dict[str, Any]] = field(default_factory=list)  # the instance's opening messages (system, user)
+    ended: bool = False  # the environment ended the episode at the last action (a closing text reply)
 
 
 async def replay(access: EnvAccess, env_type: str, seed_task_id: str, actions: list[str], *,
@@ -84,6 +85,7 @@ async def replay(access: EnvAccess, env_type: str, seed_task_id: str, actions: l
                 break
             if recorded_observations is not None and i < len(recorded_observations):
                 remapper.learn(recorded_observations[i], outcome.observation)
+            result.ended = outcome.done
             if outcome.done and i + 1 < len(actions):
                 result.ok, result.failed_at, result.error = False, i, "the episode ended before the last action"
                 break

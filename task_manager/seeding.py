@@ -77,6 +77,10 @@ async def reference_trajectory(access: EnvAccess, stored: StoredTask) -> Traject
     steps = [Step(index=i, action=ChatMessage(role="assistant", content=action),
                   observation=ChatMessage(role="tool", content=observation))
              for i, (action, observation) in enumerate(zip(result.executed, result.observations, strict=True))]
+    if result.ended and steps:
+        # A lookup ends with its closing text reply; what the environment says after it ("Thank you, that is
+        # all.") is no observation, and a demonstration ending on it would stand between it and the next query.
+        steps[-1] = steps[-1].model_copy(update={"observation": None, "done": True})
     messages += [m for s in steps for m in (s.action, s.observation) if m is not None]
     return Trajectory(task_id=task.task_id, env_type=task.env_type, messages=messages, steps=steps, outcome=1.0,
                       metadata={"synthetic": True, "seeded_from": "reference", "query": task.query})

@@ -25,6 +25,7 @@ from task_manager.envs import EnvAccess
 from task_manager.explore import ExploreConfig
 from task_manager.grading import Grade, GradingError, llm_judge, state_match
 from task_manager.jobs import JobRunner, new_progress
+from task_manager.lookups import grade_answer
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
 from task_manager.seeding import SeedingRefused, SeedReport, check_seedable, seed_pool, seedable_tasks
 from task_manager.settings import TaskManagerSettings
@@ -247,6 +248,11 @@ class TaskManager:
                                    "the environment's own evaluate (POST /v1/instances/{id}/evaluate)")
             raise ServiceError(404, "unknown_task", f"no synthetic task {request.task_id!r}")
         assert stored.reference is not None
+        if stored.reference.answer is not None:  # a lookup: graded on its closing reply, as the env grades its own
+            try:
+                return grade_answer(stored, request.trajectory, request.state, self.access.comparable)
+            except GradingError as exc:
+                raise ServiceError(400, "nothing_to_grade", str(exc)) from None
         if request.state is not None and stored.reference.end_state is not None:
             return state_match(stored, request.state, tuple(self.settings.volatile_state_keys))
         if request.trajectory is not None:

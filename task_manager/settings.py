@@ -11,7 +11,7 @@
         synthesizer: {base_url: ..., model: ...}
         judge: {base_url: ..., model: ...}
       explore: {breadth_steps: 6, depth_steps: 10, window: 3, breadth_temperature: 1.0, depth_temperature: 0.4}
-      synthesis: {max_goals: 4, max_repairs: 4, min_confidence: 0.0, max_tokens: 512}
+      synthesis: {max_goals: 4, max_repairs: 4, min_confidence: 0.0, max_tokens: 512, kinds: [goal, lookup]}
       dedup: {threshold: 0.95, contamination_threshold: 0.9, heldout_splits: [validation, test]}
       mixture: {synthetic_ratio: 0.5, use_original: true}
       curriculum: {enabled: true, low: 0.2, high: 0.8, window: 8, outside_weight: 0.25}
@@ -55,6 +55,10 @@ class SynthesisSettings(StrictModel):
     # Hindsight query forms: `ids` spells out the reference's arguments (the easy curriculum stage); `names`
     # describes them as the environment's own tasks do (names, routes, times), so the agent looks the ids up.
     query_forms: list[Literal["ids", "names"]] = Field(default_factory=lambda: ["ids"], min_length=1)
+    # What to synthesize: `goal` (the synthesizer's tasks: hindsight goals or the LLM's) and/or `lookup`
+    # (questions answered in text, from the exploration's read calls and the profile's `lookups`).
+    kinds: list[Literal["goal", "lookup"]] = Field(default_factory=lambda: ["goal"], min_length=1)
+    max_lookups: int = Field(default=6, ge=1)  # lookup records asked about per exploration (each in every form)
     min_confidence: float = Field(default=0.0, ge=0, le=1)
     max_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=0.7, ge=0)

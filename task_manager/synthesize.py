@@ -45,6 +45,9 @@ def signature(proposal: Proposal) -> str:
                for c in proposal.calls]
     else:
         ops = [re.sub(r"\s+", " ", _mask(a, generated)).strip() for a in proposal.actions]
+    if proposal.lookup is not None:  # the same call answers several questions (a fare, a seat count)
+        return canonical_hash([proposal.env_type, ops[:1], "lookup", proposal.lookup.kind, proposal.query_form,
+                               proposal.lookup.identity, proposal.lookup.answer], size=24)
     if proposal.query_form == "names":
         return canonical_hash([proposal.env_type, ops, "names"], size=24)
     return canonical_hash([proposal.env_type, ops], size=24)

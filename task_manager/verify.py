@@ -3,12 +3,14 @@
 The reference is replayed in a fresh instance of the seed task, started with the proposal's own
 query (as the trainer will start it). It is kept only when every action runs without an error
 and, where the environment has a state, the state changed (and, for hindsight proposals,
-reached the goal the synthesizer saw). The replay's end state is stored for grading.
+reached the goal the synthesizer saw). The replay's end state is stored for grading. A lookup (a question
+answered in text) is checked by `lookups.verify_lookup` instead: same answer, unchanged state.
 """
 
 from __future__ import annotations
 
 from task_manager.envs import EnvAccess
+from task_manager.lookups import verify_lookup
 from task_manager.models import Proposal, Reference, canonical_hash
 from task_manager.replay import replay
 
@@ -17,6 +19,8 @@ async def verify(access: EnvAccess, proposal: Proposal) -> tuple[Reference | Non
     """(the verified reference, "ok") or (None, why it was rejected)."""
     if not proposal.actions:
         return None, "empty_reference"
+    if proposal.lookup is not None:
+        return await verify_lookup(access, proposal)
     result = await replay(access, proposal.env_type, proposal.seed_task_id, proposal.actions, query=proposal.query,
                           recorded_initial_state=proposal.recorded_initial_state,
                           recorded_observations=proposal.observations)

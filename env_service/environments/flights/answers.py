@@ -1,41 +1,6 @@
-"""Grading a text answer (tier-1 tasks): does the reply state the right value, and no competing one?
+"""Tier-1 answer grading; it lives in `common.answers` so that the task manager grades its synthetic
+lookups with the very same function (a synthetic lookup is graded exactly like one of these)."""
 
-Robust to the ways a small model writes a value: "$412", "412 USD", "412.00", "1,200", "p1003",
-"P 1003". Dates ("2025-06-03", "June 3") and clock times ("14:05") are not read as amounts, so
-restating the question does not count against the answer. A reply that also states a competing value
-(another fare of the route, another passenger's id) is wrong: pasting a whole search result is not an
-answer.
-"""
+from common.answers import amounts, answer_correct, identifiers, passenger_ids
 
-from __future__ import annotations
-
-import re
-
-_PASSENGER_ID = re.compile(r"(?<![A-Za-z0-9])P\s*-?\s*(\d{4})(?!\d)", re.IGNORECASE)
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_TIME = re.compile(r"\d{1,2}:\d{2}")
-_MONTH_DAY = re.compile(r"\b(?:June|Jun)\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,\s*\d{4})?", re.IGNORECASE)
-_ID_TOKEN = re.compile(r"\b[A-Za-z]+\d[\w-]*")  # flight ids (UA123-0603), passenger ids, order ids
-_NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])\d+(?:\.\d+)?")
-
-
-def passenger_ids(text: str) -> set[str]:
-    return {f"P{m}" for m in _PASSENGER_ID.findall(text or "")}
-
-
-def amounts(text: str) -> set[str]:
-    """The numbers a reply states, normalized ("1,200.00" -> "1200"); dates, times and ids left out."""
-    text = text or ""
-    for pattern in (_DATE, _MONTH_DAY, _TIME, _ID_TOKEN):
-        text = pattern.sub(" ", text)
-    found = set()
-    for raw in _NUMBER.findall(text):
-        value = float(raw.replace(",", ""))
-        found.add(str(int(value)) if value.is_integer() else str(value))
-    return found
-
-
-def answer_correct(reply: str, expected: str, wrong: tuple[str, ...] = ()) -> bool:
-    """True when `reply` states `expected` and none of `wrong` (values of the same sort)."""
-    stated = passenger_ids(reply) if _PASSENGER_ID.fullmatch(expected) else amounts(reply)
-    return expected in stated and not stated.intersection(wrong)
+__all__ = ["amounts", "answer_correct", "identifiers", "passenger_ids"]

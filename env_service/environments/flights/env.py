@@ -7,10 +7,10 @@ import json
 import threading
 from typing import Any
 
+from common.answers import answer_correct
 from common.schemas import ChatMessage, Split
 from env_service.actions import ActionParseError, ParsedCall, parse_actions
 from env_service.environments.base import SPLITS, EnvInstance, Environment, EvalResult, StepResult
-from env_service.environments.flights.answers import answer_correct
 from env_service.environments.flights.desk import TOOL_SPECS, FlightDesk, ToolError, tool_docs
 from env_service.environments.flights.tasks import ORDER_REF, TIER_KINDS, FlightTask, TaskGenerator
 from env_service.environments.flights.world import AIRPORTS, DATES, generate_world
