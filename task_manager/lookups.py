@@ -141,8 +141,8 @@ class LookupSynthesizer:
         stats = SynthesisStats()
         operations = self.profile.operations()
         seen = observed_values(exploration)
-        # (spec, form name, form, record, call arguments, the observation's records), in exploration order.
-        candidates: list[tuple[Lookup, str, LookupForm, dict[str, Any], dict[str, Any], list[dict[str, Any]]]] = []
+        # Every question the exploration's reads answer, in exploration order, keyed by the record it reads.
+        found: list[tuple[str, Proposal]] = []
         for step in exploration.steps:
             if step.failed or step.state_changed or len(step.calls) != 1:
                 continue  # one read call per step: its observation is that call's answer
@@ -152,36 +152,32 @@ class LookupSynthesizer:
             if op is None or not op.lookups or not records:
                 continue
             for spec in op.lookups:
-                for form_name in self.query_forms:
-                    form = spec.forms.get(form_name)  # type: ignore[call-overload]
-                    if form is None:
-                        continue
-                    for record in records:
-                        candidates.append((spec, form_name, form, record, call.arguments, records))
-        # Variety first: round-robin over the lookup kinds, so that the cap keeps one of each before seconds.
-        by_kind: dict[str, list[Any]] = {}
-        for item in candidates:
-            by_kind.setdefault(item[0].kind, []).append(item)
-        ordered = [queue[i] for i in range(max((len(q) for q in by_kind.values()), default=0))
-                   for queue in by_kind.values() if i < len(queue)]
+                for record in records:
+                    for form_name in self.query_forms:
+                        form = spec.forms.get(form_name)  # type: ignore[call-overload]
+                        proposal = None if form is None else \
+                            self._proposal(exploration, spec, form_name, form, record, call.arguments, records, seen)
+                        if proposal is not None:
+                            found.append((canonical_hash([spec.kind, sorted(record.items(), key=str)]), proposal))
+        # Variety first: records taken round-robin over the lookup kinds, so that the cap keeps one record of
+        # each kind before a second of any; a record is asked about in every form.
+        by_kind: dict[str, list[str]] = {}
+        for key, proposal in found:
+            assert proposal.lookup is not None
+            queue = by_kind.setdefault(proposal.lookup.kind, [])
+            if key not in queue:
+                queue.append(key)
+        order = [queue[i] for i in range(max((len(q) for q in by_kind.values()), default=0))
+                 for queue in by_kind.values() if i < len(queue)]
+        chosen = set(order[: self.max_lookups])
         proposals: list[Proposal] = []
         questions: set[str] = set()
-        asked: set[str] = set()  # (kind, identity, answer): one question per record, in every form
-        for spec, form_name, form, record, arguments, records in ordered:
-            proposal = self._proposal(exploration, spec, form_name, form, record, arguments, records, seen)
-            if proposal is None or proposal.query in questions:
-                continue
-            assert proposal.lookup is not None
-            key = canonical_hash([spec.kind, proposal.lookup.answer, sorted(record.items(), key=str)])
-            if key not in asked:
-                if len(asked) >= self.max_lookups:
-                    continue
-                asked.add(key)
-            # Each question (one per form) is put forward well-formed: proposed and parsed alike.
-            stats.proposed += 1
-            stats.parsed += 1
-            questions.add(proposal.query)
-            proposals.append(proposal)
+        for key, proposal in found:
+            if key in chosen and proposal.query not in questions:
+                questions.add(proposal.query)
+                proposals.append(proposal)
+        # Each question (one per form) is put forward well-formed: proposed and parsed alike.
+        stats.proposed = stats.parsed = len(proposals)
         return proposals, stats
 
     def _proposal(self, exploration: Exploration, spec: Lookup, form_name: str, form: LookupForm,
