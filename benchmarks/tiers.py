@@ -9,10 +9,13 @@ context template, prompts, env create/step/evaluate over HTTP), without grammar.
 - `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does); greedy, or avg@k and
   best@k sampled at `--temperature`;
 - `pool_turns` (greedy): the real self-navigating path in `inject: turns` mode. A task manager synthesizes
-  tasks from its own exploration of the train split (`--pool-episodes`, `--query-forms`), seeds an
-  experience manager's pool from their replayed references (`POST /v1/seed_experience`), and each
-  validation episode gets what the experience manager's retrieve route returns for its query: the top
-  hit's demonstration as earlier chat turns (text when no hit has one, counted), eta = 1;
+  tasks from its own exploration of the train split (`--pool-episodes`, `--query-forms`, `--synthesis-kinds`:
+  `goal` hindsight goals, `lookup` questions answered in text), seeds an experience manager's pool from their
+  replayed references (`POST /v1/seed_experience`), and each validation episode gets what the experience
+  manager's retrieve route returns for its query: the top hit's demonstration as earlier chat turns (text
+  when no hit has one, counted), eta = 1. Reported with it: which synthetic kind and form each validation
+  task was shown, and how many successes had a demonstration stating the validation task's own answer (the
+  train and held-out tasks share one world, so a demonstration about the same passenger or route can carry it);
 - `one_case` / `one_demo` (greedy): the same episodes with one experience injected the way training injects
   it (`collect_groups`, eta = 1), made from a solved *train-split* task of the same kind, its reference
   calls replayed against the environment over HTTP so the observations are real (never a validation or
@@ -180,7 +183,7 @@ async def seeded_pool(env_url: str, tmp: Path, args: argparse.Namespace) -> dict
     tm_conf.write_text(yaml.safe_dump({"task_manager": {
         "env_url": env_url, "store_dir": str(tmp / "tm"), "environments": ["flights"],
         "experience_url": f"http://127.0.0.1:{em_port}",
-        "synthesis": {"query_forms": args.query_forms.split(",")}}}))
+        "synthesis": {"query_forms": args.query_forms.split(","), "kinds": args.synthesis_kinds.split(",")}}}))
     em_conf = tmp / "em.yaml"
     em_conf.write_text(yaml.safe_dump({"experience_manager": {"summary": {"mode": "heuristic"}}}))
     return {"em_port": em_port, "tm_conf": tm_conf, "em_conf": em_conf}
@@ -204,6 +207,7 @@ async def with_pool(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any
                 job = await client.submit_job("flights", episodes=args.pool_episodes, seed=args.seed)
                 job = await client.wait_job(job.job_id, timeout=600)
                 seeding = await client.seed_experience("flights", "pool", limit=args.pool_limit)
+                synthetic = (await client.list_tasks(env="flights", synthetic=True, limit=10_000)).tasks
             peer = ExperiencePeer(em.url, "pool")
             stats = GroupStats()
             try:
@@ -216,10 +220,14 @@ async def with_pool(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any
                 await peer.aclose()
     per_task = {g[0].trajectory.task_id: [float(g[0].trajectory.outcome or 0.0)] for g in groups}
     answers = {g[0].trajectory.task_id: g[0].trajectory.steps[-1].action.text() for g in groups if g[0].trajectory.steps}
-    shown = {g[0].trajectory.task_id: (g[0].trajectory.metadata.get("experience_demonstration") or [{}])[0].get("content")
-             for g in groups}
+    demos = {g[0].trajectory.task_id: g[0].trajectory.metadata.get("experience_demonstration") or [] for g in groups}
+    shown = {t: (d or [{}])[0].get("content") for t, d in demos.items()}
     solved = sum(v[0] >= 1.0 for v in per_task.values())
     return {"success": round(solved / max(len(per_task), 1), 3), "solved": solved, "tasks": len(per_task),
+            "synthesis_kinds": args.synthesis_kinds, "query_forms": args.query_forms,
+            "pool_tasks": _pool_counts(synthetic, seeding.task_ids),
+            "shown": _shown(flights, per_task, demos, synthetic),
+            "truncated": sum(bool(g[0].trajectory.truncated) for g in groups),
             "synthesis": job.model_dump(mode="json", include={"status", "progress"}),
             "seeding": seeding.model_dump(mode="json"), "pool_active": pool.get("active"),
             "retrievals": peer.counters.retrievals, "hits": peer.counters.hits,
@@ -227,6 +235,44 @@ async def with_pool(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any
             **table(flights, per_task, answers),
             "demonstrated_query": {t: shown.get(t) for t in list(per_task)[:6]},
             "examples": {t: answers.get(t, "")[:200] for t in list(answers)[:6]}}
+
+
+def _pool_counts(synthetic: list[Task], seeded: list[str]) -> dict[str, int]:
+    """Synthetic tasks kept and seeded, by kind (a lookup by its lookup kind) and query form."""
+    counts: dict[str, int] = {}
+    for task in synthetic:
+        name = f"{task.metadata.get('lookup') or task.metadata.get('kind', 'goal')}/{task.metadata.get('query_form')}"
+        counts[name] = counts.get(name, 0) + 1
+        if task.task_id in seeded:
+            counts["seeded"] = counts.get("seeded", 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _shown(flights: FlightsEnvironment, per_task: dict[str, list[float]], demos: dict[str, list[dict[str, Any]]],
+           synthetic: list[Task]) -> dict[str, Any]:
+    """Per validation kind, which synthetic kind/form its demonstration came from and the successes with each;
+    and the successes whose demonstration's closing reply already stated this task's answer."""
+    from common.answers import answer_correct
+
+    by_query = {t.query: t for t in synthetic}
+    table: dict[str, dict[str, list[int]]] = {}
+    states_answer = [0, 0]  # [tasks, successes] whose demonstration states this task's own answer
+    for task_id, outcomes in per_task.items():
+        task = flights.task(task_id)
+        demo = demos.get(task_id) or []
+        source = by_query.get(demo[0].get("content")) if demo else None
+        name = "none" if not demo else "unknown" if source is None else \
+            f"{source.metadata.get('lookup') or source.metadata.get('kind', 'goal')}/{source.metadata.get('query_form')}"
+        cell = table.setdefault(task.kind, {}).setdefault(name, [0, 0])
+        cell[0] += 1
+        cell[1] += int(outcomes[0] >= 1.0)
+        replies = [m.get("content") or "" for m in demo if m.get("role") == "assistant"]
+        if task.answer is not None and replies and answer_correct(replies[-1], task.answer):
+            states_answer[0] += 1
+            states_answer[1] += int(outcomes[0] >= 1.0)
+    return {"by_kind": {k: {n: {"tasks": c[0], "solved": c[1]} for n, c in sorted(v.items())}
+                        for k, v in sorted(table.items())},
+            "demo_states_answer": {"tasks": states_answer[0], "solved": states_answer[1]}}
 
 
 CONDITIONS = ("zero_shot", "one_case", "one_demo", "demo_turns", "pool_turns")
@@ -346,6 +392,8 @@ def main() -> None:
     parser.add_argument("--pool-episodes", type=int, default=12, help="pool_turns: exploration episodes")
     parser.add_argument("--pool-limit", type=int, default=64, help="pool_turns: synthetic tasks seeded at most")
     parser.add_argument("--query-forms", default="ids,names", help="pool_turns: the task manager's query forms")
+    parser.add_argument("--synthesis-kinds", default="goal,lookup",
+                        help="pool_turns: what the task manager synthesizes (goal, lookup)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = asyncio.run(run(args))
