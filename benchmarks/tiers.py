@@ -228,6 +228,12 @@ async def with_pool(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any
             "pool_tasks": _pool_counts(synthetic, seeding.task_ids),
             "shown": _shown(flights, per_task, demos, synthetic),
             "truncated": sum(bool(g[0].trajectory.truncated) for g in groups),
+            # Episodes whose first action calls a tool (the demonstration's first move), and their successes.
+            "first_action_calls": sum(_calls(g[0].trajectory.steps[0].action.text()) for g in groups
+                                      if g[0].trajectory.steps),
+            "first_action_calls_solved": sum(_calls(g[0].trajectory.steps[0].action.text()) and
+                                             (g[0].trajectory.outcome or 0.0) >= 1.0 for g in groups
+                                             if g[0].trajectory.steps),
             "synthesis": job.model_dump(mode="json", include={"status", "progress"}),
             "seeding": seeding.model_dump(mode="json"), "pool_active": pool.get("active"),
             "retrievals": peer.counters.retrievals, "hits": peer.counters.hits,
@@ -235,6 +241,11 @@ async def with_pool(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any
             **table(flights, per_task, answers),
             "demonstrated_query": {t: shown.get(t) for t in list(per_task)[:6]},
             "examples": {t: answers.get(t, "")[:200] for t in list(answers)[:6]}}
+
+
+def _calls(action: str) -> bool:
+    return "<tool_call>" in action or any(f"{name}(" in action for name in
+                                          ("search_flight", "get_passenger", "book_ticket", "cancel_order", "list_orders"))
 
 
 def _pool_counts(synthetic: list[Task], seeded: list[str]) -> dict[str, int]:
