@@ -16,14 +16,16 @@ import pytest
 
 from common.answers import answer_correct
 from common.http import ServiceCallError
-from common.schemas import ChatMessage, Step, Trajectory
+from common.schemas import ChatMessage, Step, Task, Trajectory
 from env_service.client import EnvClient
 from env_service.environments.flights import FlightsEnvironment
 from env_service.environments.flights.tasks import _cheapest
 from experience_manager.client import ExperienceClient
 from task_manager.client import TaskClient
-from task_manager.lookups import LookupSynthesizer, closing_reply, fill, final_reply
-from task_manager.models import Call, Exploration, ExploreStep
+from task_manager.envs import comparable_state
+from task_manager.grading import GradingError
+from task_manager.lookups import LookupSynthesizer, closing_reply, fill, final_reply, grade_answer
+from task_manager.models import Call, Exploration, ExploreStep, Reference, StoredTask
 from task_manager.profile import load_profile_file
 from task_manager.service import BUILTIN_PROFILES
 from tests.experience_manager.conftest import write_conf as write_em_conf
@@ -126,6 +128,22 @@ def test_the_answer_is_the_reply_that_ended_the_episode():
     assert final_reply(Trajectory(task_id="t", env_type="flights", steps=[call])) is None  # ended on a call
     assert final_reply(Trajectory(task_id="t", env_type="flights", steps=[reply.model_copy(update={"done": False})])) \
         is None
+
+
+def test_a_lookup_that_changed_the_state_or_sent_no_trajectory_is_not_graded_correct():
+    task = Task(task_id="syn-x", env_type="flights", split="train", synthetic=True, seed_task_id="train-0001",
+                query="How much travel credit does Chen Smith have?")
+    stored = StoredTask(task=task, reference=Reference(actions=["call", "The answer is 1200."], answer="1200",
+                                                       wrong_answers=["400"], end_state={"orders": []}))
+    reply = Step(index=0, action=ChatMessage(role="assistant", content="Chen Smith has 1,200 USD."),
+                 observation=ChatMessage(role="user", content="Thank you, that is all."), done=True)
+    trajectory = Trajectory(task_id="syn-x", env_type="flights", steps=[reply])
+    same, booked = {"comparable": {"orders": []}}, {"comparable": {"orders": [{"flight_id": "UA1-0603"}]}}
+    assert grade_answer(stored, trajectory, same, comparable_state).reward == 1.0
+    assert grade_answer(stored, trajectory, None, comparable_state).reward == 1.0  # no state sent: the answer alone
+    assert grade_answer(stored, trajectory, booked, comparable_state).reward == 0.0  # a lookup must change nothing
+    with pytest.raises(GradingError, match="trajectory"):
+        grade_answer(stored, None, same, comparable_state)
 
 
 def _truth(world: FlightsEnvironment, seed_task: str, kind: str, call: dict, flight_id: str | None) -> str:
