@@ -12,7 +12,14 @@ from common.schemas import ChatMessage, Split
 from env_service.actions import ActionParseError, ParsedCall, parse_actions
 from env_service.environments.base import SPLITS, EnvInstance, Environment, EvalResult, StepResult
 from env_service.environments.flights.desk import TOOL_SPECS, FlightDesk, ToolError, tool_docs
-from env_service.environments.flights.tasks import ORDER_REF, TIER_KINDS, FlightTask, TaskGenerator
+from env_service.environments.flights.tasks import (
+    ORDER_REF,
+    TIER_KINDS,
+    FlightTask,
+    Question,
+    TaskGenerator,
+    questions,
+)
 from env_service.environments.flights.world import AIRPORTS, DATES, generate_world
 
 
@@ -23,6 +30,11 @@ def _parameters(name: str) -> tuple[str, ...] | None:
 
 
 DEFAULT_SPLITS: dict[str, int] = {"train": 240, "validation": 40, "test": 80}
+# Which splits' questions a split may not ask again. Validation keeps its tasks (numbers measured on it stay
+# comparable); test asks nothing validation asks (settings are chosen on validation); train asks nothing
+# either held-out split asks.
+EXCLUDED_SPLITS: dict[str, tuple[str, ...]] = {"validation": (), "test": ("validation",),
+                                               "train": ("validation", "test")}
 
 SYSTEM_PROMPT = """You are a travel agent at an airline booking desk. Help the user by calling tools.
 Tools: {signatures}.
@@ -97,6 +109,7 @@ class FlightsEnvironment(Environment):
         self.world = generate_world(self.seed, int(self.config.get("routes", 36)))
         self.generator = TaskGenerator(self.world, self.seed)
         self._tasks: dict[str, FlightTask] = {}
+        self._asked: dict[str, frozenset[Question]] = {}  # per split: the questions its tasks ask
         self._expected: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.system_prompt = SYSTEM_PROMPT.format(
@@ -104,6 +117,10 @@ class FlightsEnvironment(Environment):
             first=DATES[0], last=DATES[-1])
         if self.config.get("prompt_example", False):
             self.system_prompt += PROMPT_EXAMPLE
+        # A train kind whose every question is held out fails here, as a config error, not at its first task.
+        for tier, count in (self.tier_counts or {}).get("train", {}).items():
+            for index in range(min(count, len(TIER_KINDS[tier]))):
+                self.task(f"train-t{tier}-{index:04d}")
 
     # ------------------------------------------------------------ tasks
 
@@ -120,10 +137,26 @@ class FlightsEnvironment(Environment):
         if task is not None:
             return task
         split, tier, index = self._parse_id(task_id)
-        task = self.generator.generate(split, index, tier)
+        task = self.generator.generate(split, index, tier, self._excluded(split))
         with self._lock:
             self._tasks[task_id] = task
         return task
+
+    def asked(self, split: Split) -> frozenset[Question]:
+        """Every question (`tasks.questions`) the split's tasks ask."""
+        asked = self._asked.get(split)
+        if asked is None:
+            asked = frozenset().union(*(questions(self.task(i)) for i in self.task_ids(split)))
+            self._asked[split] = asked  # deterministic: two threads computing it get the same set
+        return asked
+
+    def _excluded(self, split: str) -> frozenset[Question]:
+        key = f"excluded:{split}"
+        excluded = self._asked.get(key)
+        if excluded is None:
+            excluded = frozenset().union(*(self.asked(s) for s in EXCLUDED_SPLITS.get(split, ())))
+            self._asked[key] = excluded
+        return excluded
 
     def _parse_id(self, task_id: str) -> tuple[str, int | None, int]:
         parts = task_id.split("-")

@@ -10,12 +10,16 @@ Tasks come in three tiers of difficulty (kinds cycled by index so every split ha
   of several bookings, and rebook onto another date. Queries name passengers, not ids, so the agent
   has to look them up.
 The reference solution is what a careful agent would call.
+
+All splits share one world, so two splits can ask the same question (every credit lookup names one of 40
+passengers). `generate(..., exclude=...)` redraws a task that asks one of the excluded questions
+(`questions`): the environment passes the held-out splits' questions when it generates train tasks.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,6 +50,32 @@ class FlightTask:
     wrong_answers: tuple[str, ...] = ()
 
 
+Question = tuple[str, ...]
+
+
+def questions(task: FlightTask) -> frozenset[Question]:
+    """What a task asks, as keys two tasks share when they ask the same thing: its query word for word,
+    and what it is about whatever the wording: a lookup's kind and entity (the route and date for a fare,
+    the passenger for credit and id), a change's goal (who books which flight, whose booking of which
+    flight is cancelled, which booking is moved onto which flight). So `book_by_id` for P1003 and
+    `book_cheapest` naming P1003's passenger ask the same question when they book the same flight."""
+    goal: Question
+    if task.kind == "fare_lookup":
+        args = task.reference[0][1]
+        goal = ("fare", args["origin"], args["destination"], args["date"])
+    elif task.kind in ("credit_lookup", "id_lookup"):
+        goal = (task.kind.removesuffix("_lookup"), task.passenger_id)
+    elif task.kind in ("book_cheapest", "book_constrained", "book_by_id"):
+        goal = ("book", task.passenger_id, str(task.target_flight))
+    elif task.kind in ("cancel", "cancel_by_id"):
+        goal = ("cancel", task.passenger_id, str(task.target_flight))
+    elif task.kind == "rebook":
+        goal = ("rebook", task.passenger_id, task.preload[0][1], str(task.target_flight))
+    else:
+        raise ValueError(f"no question key for flights task kind {task.kind!r}")
+    return frozenset({("query", task.query), goal})
+
+
 def _cheapest(flights: list[Flight], seats: Callable[[Flight], int]) -> Flight | None:
     """The unique cheapest flight with a seat, or None when there is none or a tie."""
     available = sorted((f for f in flights if seats(f) > 0), key=lambda f: f.price)
@@ -66,20 +96,34 @@ class TaskGenerator:
     def __init__(self, world: World, seed: int) -> None:
         self.world, self.seed = world, seed
 
-    def generate(self, split: str, index: int, tier: int | None = None) -> FlightTask:
+    def generate(self, split: str, index: int, tier: int | None = None,
+                 exclude: Collection[Question] = frozenset()) -> FlightTask:
         """Task `index` of a split; `tier` None is the original id scheme (`train-0007`, tier 3).
 
         A tier-3 task draws from the same seed with or without the tier in its id, so `train-t3-0007`
-        is `train-0007` renamed; tiers 1 and 2 draw from their own seeds."""
+        is `train-0007` renamed; tiers 1 and 2 draw from their own seeds. A draw asking a question in
+        `exclude` is skipped like one without a unique answer: the same rng goes on, so a task whose
+        first good draw was not excluded is the task it always was."""
         salt = "" if tier in (None, 3) else f":t{tier}"
         rng = random.Random(f"flights:{self.seed}:{split}:{index}{salt}")
         kinds = TIER_KINDS[tier or 3]
         kind = kinds[index % len(kinds)]
         task_id = f"{split}-{index:04d}" if tier is None else f"{split}-t{tier}-{index:04d}"
-        for _ in range(200):  # redraw until the sampled situation has a unique answer
+        excluded = 0
+        # Redraw until the sampled situation has a unique answer and is not excluded. The bound is generous
+        # because exclusion can leave few entities (a handful of the 40 passengers for a credit lookup).
+        for _ in range(200 if not exclude else 5000):
             task = getattr(self, f"_{kind}")(rng, task_id)
-            if task is not None:
-                return replace(task, tier=tier or 3)
+            if task is None:
+                continue
+            if exclude and not questions(task).isdisjoint(exclude):
+                excluded += 1
+                continue
+            return replace(task, tier=tier or 3)
+        if excluded:
+            raise ValueError(f"could not generate flights task {task_id}: nearly every {kind} question is already "
+                             f"asked by a held-out split ({excluded} draws excluded); make the validation and "
+                             "test splits smaller or use fewer tier-1 tasks")
         raise RuntimeError(f"could not generate flights task {task_id}; try another seed")
 
     # ------------------------------------------------------------ helpers
