@@ -121,9 +121,10 @@ class TaskGenerator:
                 continue
             return replace(task, tier=tier or 3)
         if excluded:
-            raise ValueError(f"could not generate flights task {task_id}: nearly every {kind} question is already "
-                             f"asked by a held-out split ({excluded} draws excluded); make the validation and "
-                             "test splits smaller or use fewer tier-1 tasks")
+            raise ValueError(f"could not generate flights task {task_id}: every {kind} question drawn is already "
+                             f"asked by another split ({excluded} draws excluded; test avoids validation's questions, "
+                             "train avoids both); make the validation and test splits smaller or use fewer "
+                             "tier-1 tasks")
         raise RuntimeError(f"could not generate flights task {task_id}; try another seed")
 
     # ------------------------------------------------------------ helpers
