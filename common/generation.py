@@ -85,6 +85,8 @@ class EngineStats:
     mixed_decode_steps: int = 0  # decode steps whose batch held both constrained and free rows
     mask_seconds: float = 0.0  # computing and applying grammar masks
     grammar_aborts: int = 0
+    kv_peak_bytes: int = 0  # the most the KV slots held at once (a reallocation's overlap included)
+    kv_reallocations: int = 0
 
     @property
     def forward_batches(self) -> int:
@@ -233,6 +235,8 @@ class Engine:
                         self._prefill(group)
                     if self._rows:
                         self._decode_step()
+                    self.stats.kv_peak_bytes = self._cache.peak_bytes
+                    self.stats.kv_reallocations = self._cache.reallocations
                 except Exception as exc:  # a failed batch fails its requests, never the server
                     logger.opt(exception=exc).error("generation batch failed")
                     self.stats.failed_batches += 1
@@ -305,13 +309,16 @@ class Engine:
             input_ids[i, :len(prompt)] = torch.tensor(prompt)
         # Right padding: every real token sees only real tokens before it under the plain causal mask.
         positions = torch.arange(width).expand(len(prompts), width)
+        # Room for every new row at once (the prompts and their copies): one reallocation, not one per copy.
+        self._cache.reserve(self._cache.rows + sum(job.params.n for job in jobs), width)
         first = self._cache.begin_prefill(len(prompts), width)
+        last = torch.tensor(lengths) - 1
         try:
             hidden = self._decoder(input_ids=input_ids, position_ids=positions, past_key_values=self._cache,
                                    use_cache=True).last_hidden_state
+            logits = self._lm_head(hidden[torch.arange(len(prompts)), last])
         finally:
             self._cache.end_prefill(lengths)
-        logits = self._lm_head(hidden[torch.arange(len(prompts)), torch.tensor(lengths) - 1])
         self.stats.prefill_batches += 1
         self.stats.requests += len(jobs)
         self.stats.prompt_tokens += sum(len(j.prompt_ids) for j in jobs)
@@ -345,8 +352,8 @@ class Engine:
         mask = self._cache.begin_decode()
         positions = self._cache.lengths[:len(self._rows), None].clone()
         try:
-            out = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
-                             past_key_values=self._cache, use_cache=True)
+            logits = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
+                                past_key_values=self._cache, use_cache=True).logits[:, -1, :]
         finally:
             self._cache.end_decode()
         self.stats.decode_steps += 1
@@ -355,7 +362,7 @@ class Engine:
             self.stats.mixed_decode_steps += 1
         for row in self._rows:
             row.length += 1
-        self._sample_and_finish(out.logits[:, -1, :].float(), start=0)
+        self._sample_and_finish(logits.float(), start=0)
 
     def _sample_and_finish(self, logits: torch.Tensor, start: int) -> None:
         """Sample one token for rows[start:] from `logits` (one line per row), then retire finished rows."""

@@ -200,3 +200,26 @@ def test_ignore_eos_runs_to_max_tokens(engine: Engine) -> None:
     assert stopped.result(timeout=TIMEOUT).completions[0].token_ids == [token]
     forced = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)).result(timeout=TIMEOUT)
     assert len(forced.completions[0].token_ids) == 6 and eos in engine.eos_ids
+
+
+def test_rows_survive_the_cache_shrinking_under_them(engine: Engine) -> None:
+    prompts = _prompts(engine) * 2  # 8 rows: 6 finish after 2 tokens, then the cache shrinks to 4 slots
+    lengths = [2, 2, 2, 20, 2, 2, 2, 20]
+    alone = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)).result(timeout=TIMEOUT)
+             for p, n in zip(prompts, lengths, strict=True)]
+    before = engine.stats.kv_reallocations
+    futures = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p, n in zip(prompts, lengths,
+                                                                                              strict=True)]
+    slots_seen = set()
+    while not all(f.done() for f in futures):
+        slots_seen.add(engine._cache.capacity[0])
+        time.sleep(0.0005)
+    together = [f.result(timeout=TIMEOUT) for f in futures]
+    time.sleep(0.05)  # the counters are copied after the step that resolved the futures
+    assert 8 in slots_seen and 4 in slots_seen  # grown for the batch, shrunk when 6 rows left
+    assert engine.stats.kv_reallocations - before >= 2
+    for a, b in zip(alone, together, strict=True):
+        assert a.completions[0].token_ids == b.completions[0].token_ids
+        assert max(abs(x - y) for x, y in zip(a.completions[0].token_logprobs, b.completions[0].token_logprobs,
+                                              strict=True)) <= 1e-5
+    assert engine.stats.kv_peak_bytes > 0
