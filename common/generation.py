@@ -31,6 +31,7 @@ from loguru import logger
 
 from common.grammar import CompiledGrammar, MaskBatch, apply_bitmask
 from common.kv_slots import ATTENTION, SlotCache
+from common.lean_llama import LeanLlama, lean_support
 from common.sampling import sample_rows
 
 
@@ -132,7 +133,8 @@ class EngineClosed(RuntimeError):
 
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16, batch_window_s: float = 0.01,
-                 threads: int | None = None, policy_version: int = 0, prefill_token_budget: int = 8192) -> None:
+                 threads: int | None = None, policy_version: int = 0, prefill_token_budget: int = 8192,
+                 lean: bool = True) -> None:
         # The engine's own tokenizer copy: HF fast tokenizers raise "Already borrowed" when two threads
         # use one instance and either changes its truncation/padding state.
         self.model, self.tokenizer = model, copy.deepcopy(tokenizer)
@@ -145,6 +147,8 @@ class Engine:
         # The engine owns this model (llm_server's, or the policy's private copy): its attention reads the slots.
         model.set_attn_implementation(ATTENTION)
         self._decoder, self._lm_head = model.get_decoder(), model.get_output_embeddings()
+        # Llama models run the lean forward (fused projections, no generic plumbing; `common.lean_llama`).
+        self._lean = LeanLlama(model) if lean and lean_support(model) is None else None
         dtype = next(model.parameters()).dtype
         self._cache = SlotCache(model.config, dtype, max_rows=max_batch, max_columns=self.context_length)
         self.policy_version = policy_version
@@ -291,6 +295,8 @@ class Engine:
             update = self._updates.pop(0)
             for name, tensor in update.tensors.items():
                 own[name].copy_(tensor.to(own[name].dtype))
+            if self._lean is not None:
+                self._lean.repack()  # its prepacked bf16 copies hold the old weights
             self.policy_version = update.version if update.version is not None else self.policy_version + 1
             self.stats.weight_updates += 1
             logger.info("weights updated: policy version {}", self.policy_version)
@@ -314,9 +320,12 @@ class Engine:
         first = self._cache.begin_prefill(len(prompts), width)
         last = torch.tensor(lengths) - 1
         try:
-            hidden = self._decoder(input_ids=input_ids, position_ids=positions, past_key_values=self._cache,
-                                   use_cache=True).last_hidden_state
-            logits = self._lm_head(hidden[torch.arange(len(prompts)), last])
+            if self._lean is not None:
+                logits = self._lean.prefill(input_ids, self._cache, last)
+            else:
+                hidden = self._decoder(input_ids=input_ids, position_ids=positions, past_key_values=self._cache,
+                                       use_cache=True).last_hidden_state
+                logits = self._lm_head(hidden[torch.arange(len(prompts)), last])
         finally:
             self._cache.end_prefill(lengths)
         self.stats.prefill_batches += 1
@@ -352,8 +361,11 @@ class Engine:
         mask = self._cache.begin_decode()
         positions = self._cache.lengths[:len(self._rows), None].clone()
         try:
-            logits = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
-                                past_key_values=self._cache, use_cache=True).logits[:, -1, :]
+            if self._lean is not None:
+                logits = self._lean.decode(last[:, 0], self._cache, mask)
+            else:
+                logits = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
+                                    past_key_values=self._cache, use_cache=True).logits[:, -1, :]
         finally:
             self._cache.end_decode()
         self.stats.decode_steps += 1

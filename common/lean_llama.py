@@ -1,0 +1,189 @@
+"""A lean forward for Llama-architecture models over the slot KV cache (`common.kv_slots`), for `common.generation`.
+
+Why: a transformers forward is generic. Per decode step it builds masks and position embeddings, dispatches
+through attention interfaces and output dataclasses, and runs 7 separate projections per layer; at one row
+a step is small matmuls, so that plumbing and the per-call cost of each matmul weigh as much as the
+arithmetic. This forward does the same math with fewer, larger operations:
+
+- q, k and v are one projection, and gate and up another (4 matmuls per layer instead of 7). The fused
+  weights are the model's own storage: each original Linear's weight becomes a view into the fused tensor,
+  so there is no second copy, and the engine's in-place weight updates (`state_dict()[name].copy_`) land
+  in the fused tensors.
+- rotary cos/sin come from a table built once by the model's own rotary module (same values as its
+  forward computes per step), indexed by position.
+- RMSNorm is one fused `rms_norm` in fp32, as the model's norm computes it.
+- decode attention is `kv_slots.slot_attention`'s folded grouped-query matmuls; prefill is causal SDPA
+  with grouped-query support, as the model's SDPA path.
+- bf16 projections run on weights prepacked for oneDNN (`mkldnn._reorder_linear_weight`), where the CPU
+  has bf16 support: a plain bf16 `linear` repacks (or reads unblocked) its weight on every call, which at
+  one row made it half as fast as the packed kernel (2.0x at 1 row, 1.5x at 8, 1.2-1.35x at 32, ~1.05x
+  at prefill sizes; same results to the bit; measured one thread, CPU time). The packed copies are extra
+  memory (the bf16 weights once more, 270 MB for SmolLM2) and go stale when weights change: the engine
+  calls `repack()` after every weight update.
+
+Supported: `LlamaForCausalLM` without biases, with SiLU MLPs and position-only RoPE (default, linear,
+llama3, yarn...; not `dynamic`, which rescales with the sequence length). Anything else keeps the
+transformers forward (`lean_support` says why). Logits match the transformers forward to 1e-4 in fp32
+(tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from common.kv_slots import SlotCache
+
+
+def lean_support(model: Any) -> str | None:
+    """None when `LeanLlama` can run this model, else why not."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) != "llama":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not 'llama'"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "attention or MLP biases"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r}"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if "dynamic" in str(rope.get("rope_type", rope.get("type", "default"))):
+        return "dynamic RoPE (its frequencies depend on the sequence length)"
+    return None
+
+
+class _Weight:
+    """A projection's weight [out, in]; bf16 ones also held prepacked for oneDNN (see the module doc)."""
+
+    def __init__(self, weight: torch.Tensor, pack: bool) -> None:
+        self.weight, self.pack = weight, pack
+        self.packed: torch.Tensor | None = None
+        self.repack()
+
+    def repack(self) -> None:
+        if self.pack:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return F.linear(x, self.weight)
+
+
+def _can_pack(dtype: torch.dtype) -> bool:
+    return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor
+    qkv: _Weight  # [(heads + 2 kv_heads) * head_dim, hidden]
+    o: _Weight
+    post_norm: torch.Tensor
+    gate_up: _Weight  # [2 * intermediate, hidden]
+    down: _Weight
+
+
+class LeanLlama:
+    """Prefill and decode steps of a Llama model over a `SlotCache`; the model's weights fused in place."""
+
+    def __init__(self, model: Any, pack: bool = True) -> None:
+        why = lean_support(model)
+        if why:
+            raise ValueError(f"the lean forward does not support this model: {why}")
+        config = model.config
+        base = model.model
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.eps = float(config.rms_norm_eps)
+        self.scaling = self.head_dim ** -0.5
+        self.embed = base.embed_tokens.weight
+        self.norm = base.norm.weight
+        pack = pack and _can_pack(self.embed.dtype)
+        self.lm_head = _Weight(model.lm_head.weight, pack)
+        with torch.no_grad():
+            self.layers = [_Layer(layer.input_layernorm.weight,
+                                  _Weight(_fuse([layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                 layer.self_attn.v_proj]), pack),
+                                  _Weight(layer.self_attn.o_proj.weight, pack), layer.post_attention_layernorm.weight,
+                                  _Weight(_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]), pack),
+                                  _Weight(layer.mlp.down_proj.weight, pack))
+                           for layer in base.layers]
+            positions = torch.arange(int(config.max_position_embeddings))[None]
+            cos, sin = base.rotary_emb(self.embed[:1], positions)
+        self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim] in the model's dtype
+        self._split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+
+    @property
+    def packed(self) -> bool:
+        return self.lm_head.packed is not None
+
+    def repack(self) -> None:
+        """Rebuild the prepacked copies from the (updated) weights."""
+        for weight in [self.lm_head] + [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up,
+                                                                              layer.down)]:
+            weight.repack()
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def decode(self, tokens: torch.Tensor, cache: SlotCache, mask: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] for one new token per row (`cache.begin_decode()` gave `mask`)."""
+        rows = tokens.shape[0]
+        positions = cache.lengths[:rows]
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [rows, 1, head_dim]
+        group = self.heads // self.kv_heads
+        x = F.embedding(tokens, self.embed)  # [rows, hidden]
+        for index, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(self._rms(x, layer.input_norm)).split(self._split, dim=-1)
+            q = self._rope(q.view(rows, self.heads, self.head_dim), cos, sin)
+            k = self._rope(k.view(rows, self.kv_heads, self.head_dim), cos, sin)
+            keys, values = cache.update(k[:, :, None], v.view(rows, self.kv_heads, 1, self.head_dim), index)
+            # Query heads folded per key/value head (as kv_slots.slot_attention): no copy of the cache.
+            scores = torch.matmul(q.view(rows, self.kv_heads, group, self.head_dim), keys.transpose(-1, -2))
+            weights = (scores * self.scaling).masked_fill_(~mask, float("-inf")).softmax(dim=-1)
+            attended = torch.matmul(weights, values).reshape(rows, self.heads * self.head_dim)
+            x = x + layer.o(attended)
+            gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        return self.lm_head(self._rms(x, self.norm))
+
+    def prefill(self, input_ids: torch.Tensor, cache: SlotCache, last: torch.Tensor) -> torch.Tensor:
+        """Logits [prompts, vocab] at index `last` of each right-padded prompt row (`cache.begin_prefill` first)."""
+        prompts, width = input_ids.shape
+        cos, sin = self.cos[:width][None, None], self.sin[:width][None, None]  # [1, 1, width, head_dim]
+        x = F.embedding(input_ids, self.embed)  # [prompts, width, hidden]
+        for index, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(self._rms(x, layer.input_norm)).split(self._split, dim=-1)
+            q = self._rope(q.view(prompts, width, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            k = self._rope(k.view(prompts, width, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            v = v.view(prompts, width, self.kv_heads, self.head_dim).transpose(1, 2)
+            cache.update(k, v, index)
+            # Right padding: under the plain causal mask every real token sees only real tokens before it.
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling,
+                                                      enable_gqa=self.heads != self.kv_heads)
+            x = x + layer.o(attended.transpose(1, 2).reshape(prompts, width, -1))
+            gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        x = x[torch.arange(prompts), last]
+        return self.lm_head(self._rms(x, self.norm))
+
+
+def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
+    """One weight [sum of outputs, inputs]; each Linear's weight becomes a view of its rows (no second copy)."""
+    fused = torch.cat([linear.weight.detach() for linear in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight.data = fused[start:start + rows]
+        start += rows
+    return fused

@@ -1,0 +1,106 @@
+"""The lean Llama forward against the transformers forward: same logits (fp32), same weights after updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.generation import Engine, SamplingParams
+from common.kv_slots import ATTENTION, SlotCache
+from common.lean_llama import LeanLlama, _can_pack, lean_support
+from common.models import load_model
+
+
+def _reference_logits(model: torch.nn.Module, sequences: list[list[int]]) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        return [model(torch.tensor([ids])).logits[0] for ids in sequences]
+
+
+@pytest.mark.parametrize("spec", ["tiny", "smollm2"])
+def test_prefill_and_decode_logits_equal_the_transformers_forward(spec: str) -> None:
+    model, tok = load_model(spec)
+    model.eval()
+    prompts = [tok.encode(t) for t in ("the red key opens the box", "go", "take the lamp, then go north twice")]
+    generated = [[5, 17, 300], [42, 7, 9], [11, 12, 13]]  # fed after each prompt, one decode step each
+    expected = _reference_logits(model, [p + g for p, g in zip(prompts, generated, strict=True)])
+    lean = LeanLlama(model)  # fuses the projections in place: the reference ran on the unfused model
+    model.set_attn_implementation(ATTENTION)
+    fused = _reference_logits(model, [p + g for p, g in zip(prompts, generated, strict=True)])
+    cache = SlotCache(model.config, torch.float32, max_rows=4, max_columns=256)
+    lengths = [len(p) for p in prompts]
+    ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+    with torch.inference_mode():
+        cache.begin_prefill(len(prompts), max(lengths))
+        first = lean.prefill(ids, cache, torch.tensor(lengths) - 1)
+        cache.end_prefill(lengths)
+        steps = [first]
+        for t in range(3):
+            mask = cache.begin_decode()
+            steps.append(lean.decode(torch.tensor([g[t] for g in generated]), cache, mask))
+            cache.end_decode()
+    for i, p in enumerate(prompts):
+        for t in range(4):  # the prefill's last position, then each decoded token's
+            torch.testing.assert_close(steps[t][i], expected[i][len(p) - 1 + t], atol=1e-4, rtol=0)
+            # The fused weights are views of the same numbers: the transformers forward is unchanged.
+            torch.testing.assert_close(fused[i][len(p) - 1 + t], expected[i][len(p) - 1 + t], atol=1e-4, rtol=0)
+
+
+def test_fused_weights_share_storage_with_the_state_dict() -> None:
+    model, _ = load_model("tiny")
+    lean = LeanLlama(model)
+    attention = model.model.layers[0].self_attn
+    q_rows = attention.q_proj.weight.shape[0]
+    assert attention.q_proj.weight.data_ptr() == lean.layers[0].qkv.weight.data_ptr()
+    with torch.no_grad():
+        model.state_dict()["model.layers.0.self_attn.k_proj.weight"].copy_(torch.full_like(attention.k_proj.weight, 3))
+    assert bool((lean.layers[0].qkv.weight[q_rows:q_rows + attention.k_proj.weight.shape[0]] == 3).all())
+
+
+def test_unsupported_models_are_named() -> None:
+    model, _ = load_model("tiny")
+    model.config.hidden_act = "gelu"
+    assert lean_support(model) == "hidden_act 'gelu'"
+    with pytest.raises(ValueError, match="hidden_act"):
+        LeanLlama(model)
+
+
+def test_bf16_packed_forward_follows_weight_updates() -> None:
+    model, tok = load_model("tiny", dtype=torch.bfloat16)
+    # Projections (packed), not norms (read as they are): only a repack makes the change visible.
+    changed = {k: v * 1.5 if "proj" in k else v.clone() for k, v in model.state_dict().items()}
+    prompts = [tok.encode("the red key opens the box"), tok.encode("go north")]
+    params = SamplingParams(max_tokens=6, temperature=0)
+    engine = Engine(model, tok, max_batch=4)
+    try:
+        assert engine._lean is not None and engine._lean.packed == _can_pack(torch.bfloat16)
+        before = [engine.submit(p, params).result(timeout=120).completions[0] for p in prompts]
+        engine.update_weights(changed).result(timeout=120)
+        after = [engine.submit(p, params).result(timeout=120).completions[0] for p in prompts]
+    finally:
+        engine.close()
+    fresh_model, _ = load_model("tiny", dtype=torch.bfloat16)
+    fresh_model.load_state_dict(changed)
+    fresh = Engine(fresh_model, tok, max_batch=4)
+    try:
+        expected = [fresh.submit(p, params).result(timeout=120).completions[0] for p in prompts]
+    finally:
+        fresh.close()
+    assert [c.token_logprobs for c in after] == [c.token_logprobs for c in expected]  # repacked: bit for bit
+    assert [c.token_logprobs for c in after] != [c.token_logprobs for c in before]
+
+
+def test_bf16_lean_logits_stay_near_the_transformers_forward() -> None:
+    model, tok = load_model("smollm2", dtype=torch.bfloat16)
+    prompt = tok.encode("The capital of France is Paris, and the capital of Germany is")
+    with torch.inference_mode():
+        expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), dim=-1)
+        lean = LeanLlama(model)
+        cache = SlotCache(model.config, torch.bfloat16, max_rows=1, max_columns=128)
+        cache.begin_prefill(1, len(prompt))
+        got = torch.log_softmax(lean.prefill(torch.tensor([prompt]), cache, torch.tensor([len(prompt) - 1]))[0]
+                                .float(), dim=-1)
+    top = expected.topk(20).indices  # the tokens that carry the mass
+    assert (got[top] - expected[top]).abs().mean() <= 0.05
+    assert int(got.argmax()) == int(expected.argmax())
