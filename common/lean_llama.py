@@ -116,8 +116,10 @@ class LeanLlama:
                            for layer in base.layers]
             positions = torch.arange(int(config.max_position_embeddings))[None]
             cos, sin = base.rotary_emb(self.embed[:1], positions)
-        self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim] in the model's dtype
-        self._split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == flip_halves(x) * [-sin_first_half, sin_second_half]: one flip, no negation per step.
+        self.cos, self.sin_signed = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        self._qk = (self.heads + self.kv_heads) * self.head_dim  # q and k lead the fused output: one rotary for both
 
     @property
     def packed(self) -> bool:
@@ -130,29 +132,37 @@ class LeanLlama:
             weight.repack()
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op: the model's norm computes x * rsqrt(mean(x^2) + eps) * w
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.eps)
+        # Half precision: normalised in fp32, rounded, then scaled by the weight, as the model's norm rounds.
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """x * cos + rotate_half(x) * sin over the last axis (head_dim)."""
+        flipped = x.unflatten(-1, (2, self.head_dim // 2)).flip(-2).flatten(-2)
+        return torch.addcmul(x * cos, flipped, sin_signed)
 
     def decode(self, tokens: torch.Tensor, cache: SlotCache, mask: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] for one new token per row (`cache.begin_decode()` gave `mask`)."""
         rows = tokens.shape[0]
         positions = cache.lengths[:rows]
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [rows, 1, head_dim]
-        group = self.heads // self.kv_heads
+        cos, sin = self.cos[positions][:, None], self.sin_signed[positions][:, None]  # [rows, 1, head_dim]
+        group, kv_heads, head_dim = self.heads // self.kv_heads, self.kv_heads, self.head_dim
+        # The mask as an additive bias, once per step: each layer then fuses scaling and masking into one baddbmm.
+        span = mask.shape[-1]
+        bias = torch.zeros(mask.shape, dtype=self.embed.dtype).masked_fill_(~mask, float("-inf"))
+        bias = bias.expand(rows, kv_heads, 1, span).reshape(rows * kv_heads, 1, span)
         x = F.embedding(tokens, self.embed)  # [rows, hidden]
         for index, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(self._rms(x, layer.input_norm)).split(self._split, dim=-1)
-            q = self._rope(q.view(rows, self.heads, self.head_dim), cos, sin)
-            k = self._rope(k.view(rows, self.kv_heads, self.head_dim), cos, sin)
-            keys, values = cache.update(k[:, :, None], v.view(rows, self.kv_heads, 1, self.head_dim), index)
+            qkv = layer.qkv(self._rms(x, layer.input_norm))
+            qk = self._rope(qkv[:, :self._qk].view(rows, self.heads + kv_heads, head_dim), cos, sin)
+            keys, values = cache.update(qk[:, self.heads:, None], qkv[:, self._qk:].view(rows, kv_heads, 1, head_dim),
+                                        index)
             # Query heads folded per key/value head (as kv_slots.slot_attention): no copy of the cache.
-            scores = torch.matmul(q.view(rows, self.kv_heads, group, self.head_dim), keys.transpose(-1, -2))
-            weights = (scores * self.scaling).masked_fill_(~mask, float("-inf")).softmax(dim=-1)
-            attended = torch.matmul(weights, values).reshape(rows, self.heads * self.head_dim)
-            x = x + layer.o(attended)
+            scores = torch.baddbmm(bias, qk[:, :self.heads].reshape(rows * kv_heads, group, head_dim),
+                                   keys.reshape(rows * kv_heads, span, head_dim).transpose(1, 2), alpha=self.scaling)
+            attended = torch.bmm(scores.softmax(dim=-1), values.reshape(rows * kv_heads, span, head_dim))
+            x = x + layer.o(attended.view(rows, self.heads * head_dim))
             gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return self.lm_head(self._rms(x, self.norm))
@@ -160,13 +170,14 @@ class LeanLlama:
     def prefill(self, input_ids: torch.Tensor, cache: SlotCache, last: torch.Tensor) -> torch.Tensor:
         """Logits [prompts, vocab] at index `last` of each right-padded prompt row (`cache.begin_prefill` first)."""
         prompts, width = input_ids.shape
-        cos, sin = self.cos[:width][None, None], self.sin[:width][None, None]  # [1, 1, width, head_dim]
+        cos, sin = self.cos[:width][None, :, None], self.sin_signed[:width][None, :, None]  # [1, width, 1, head_dim]
         x = F.embedding(input_ids, self.embed)  # [prompts, width, hidden]
         for index, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(self._rms(x, layer.input_norm)).split(self._split, dim=-1)
-            q = self._rope(q.view(prompts, width, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = self._rope(k.view(prompts, width, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            v = v.view(prompts, width, self.kv_heads, self.head_dim).transpose(1, 2)
+            qkv = layer.qkv(self._rms(x, layer.input_norm))
+            qk = self._rope(qkv[..., :self._qk].view(prompts, width, self.heads + self.kv_heads, self.head_dim),
+                            cos, sin).transpose(1, 2)
+            q, k = qk[:, :self.heads], qk[:, self.heads:]
+            v = qkv[..., self._qk:].view(prompts, width, self.kv_heads, self.head_dim).transpose(1, 2)
             cache.update(k, v, index)
             # Right padding: under the plain causal mask every real token sees only real tokens before it.
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling,

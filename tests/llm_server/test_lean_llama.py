@@ -91,16 +91,27 @@ def test_bf16_packed_forward_follows_weight_updates() -> None:
     assert [c.token_logprobs for c in after] != [c.token_logprobs for c in before]
 
 
-def test_bf16_lean_logits_stay_near_the_transformers_forward() -> None:
-    model, tok = load_model("smollm2", dtype=torch.bfloat16)
-    prompt = tok.encode("The capital of France is Paris, and the capital of Germany is")
+def test_bf16_lean_logits_are_as_close_to_fp32_as_the_transformers_bf16_forward() -> None:
+    fp32, tok = load_model("smollm2")
+    hf, _ = load_model("smollm2", dtype=torch.bfloat16)
+    lean_model, _ = load_model("smollm2", dtype=torch.bfloat16)
+    lean = LeanLlama(lean_model)
+    texts = ["The capital of France is Paris, and the capital of Germany is",
+             "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+             "Once upon a time, in a small village by the sea, there lived a"]
+    errors: dict[str, list[float]] = {"hf": [], "lean": []}
     with torch.inference_mode():
-        expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), dim=-1)
-        lean = LeanLlama(model)
-        cache = SlotCache(model.config, torch.bfloat16, max_rows=1, max_columns=128)
-        cache.begin_prefill(1, len(prompt))
-        got = torch.log_softmax(lean.prefill(torch.tensor([prompt]), cache, torch.tensor([len(prompt) - 1]))[0]
-                                .float(), dim=-1)
-    top = expected.topk(20).indices  # the tokens that carry the mass
-    assert (got[top] - expected[top]).abs().mean() <= 0.05
-    assert int(got.argmax()) == int(expected.argmax())
+        for text in texts:
+            ids = tok.encode(text)
+            reference = torch.log_softmax(fp32(torch.tensor([ids])).logits[0, -1], dim=-1)
+            top = reference.topk(20).indices  # the tokens that carry the mass
+            cache = SlotCache(lean_model.config, torch.bfloat16, max_rows=1, max_columns=128)
+            cache.begin_prefill(1, len(ids))
+            outputs = {"hf": hf(torch.tensor([ids])).logits[0, -1],
+                       "lean": lean.prefill(torch.tensor([ids]), cache, torch.tensor([len(ids) - 1]))[0]}
+            for name, logits in outputs.items():
+                errors[name].append(float((torch.log_softmax(logits.float(), dim=-1)[top] - reference[top]).abs()
+                                          .mean()))
+    # bf16 itself moves these log-probs by ~0.03-0.09 (measured); the lean forward rounds in other places, not more.
+    assert sum(errors["lean"]) <= 1.5 * sum(errors["hf"]), errors
+    assert max(errors["lean"]) <= 0.15, errors
