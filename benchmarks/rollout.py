@@ -12,7 +12,8 @@ End-to-end tokens/s is tokens over the run's wall time. Scenarios in --split (de
 run with 1 token: decode tokens/s is (tokens - rows) / (full run - 1-token run), i.e. with the prefill taken out.
 `mixed_32` (31 rows + one long one) runs only when named in --scenarios.
 
-Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (common.generation in process),
+Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (common.generation in process, the lean
+Llama forward), `engine_hf` (the same engine on the transformers forward, `Engine(lean=False)`: the engine before),
 `llm_server` (the same engine over HTTP, a subprocess), `hf_generate` (plain transformers `generate` on the
 left-padded batch), `llama_cpp` (llama-cpp-python on the
 shipped Q4_1 GGUF, and on an f16 GGUF written from it when --llama-f16 is given; one sequence at a time:
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -71,7 +73,7 @@ def build_prompts(tokenizer, rows: int, per_prompt: int, long_rows: int) -> list
 
 
 # ---- engines: each is a callable (prompts, max_tokens, seed) -> generated token count ----------------
-def engine_runner(model_spec: str, dtype: str, threads: int):
+def engine_runner(model_spec: str, dtype: str, threads: int, lean: bool = True):
     import torch
 
     from common.generation import Engine, SamplingParams
@@ -79,7 +81,7 @@ def engine_runner(model_spec: str, dtype: str, threads: int):
 
     torch.set_num_threads(threads)
     model, tokenizer = load_model(model_spec, dtype=getattr(torch, dtype))
-    engine = Engine(model, tokenizer, max_batch=32, threads=threads)
+    engine = Engine(model, tokenizer, max_batch=32, threads=threads, lean=lean)
 
     def run(prompts: list[list[int]], max_tokens: int, seed: int) -> int:
         futures = [engine.submit(p, SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed + i,
@@ -261,7 +263,8 @@ def main() -> None:
                     "threads": args.threads, "cpus": os.cpu_count(), "load_1m_start": round(os.getloadavg()[0], 2),
                     "engines": {}}
     runners: dict[str, Callable] = {}
-    for name, factory in (("engine", engine_runner), ("llm_server", llm_server_runner),
+    hf_engine = functools.partial(engine_runner, lean=False)
+    for name, factory in (("engine", engine_runner), ("engine_hf", hf_engine), ("llm_server", llm_server_runner),
                           ("hf_generate", hf_generate_runner)):
         for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
             runners[name + suffix] = lambda f=factory, d=dtype: f(args.model, d, args.threads)
