@@ -72,6 +72,7 @@ class SlotCache:
         self.rows = 0
         self._write: torch.Tensor | None = None  # decode: per (row, kv head), its flat [slot, head, column] index
         self._prefill: tuple[int, int] | None = None  # prefill: (first slot, width)
+        self._extend: tuple[int, int, int, int] | None = None  # extend: (first slot, rows, offset, width)
         self._span = 0  # columns the current decode step attends over: the whole buffer (see above)
         self.reallocations = 0
         self.peak_bytes = 0  # the most bytes the buffers held at once (a reallocation's overlap included)
@@ -85,6 +86,11 @@ class SlotCache:
             keys[first:first + key.shape[0], :, :width] = key
             values[first:first + key.shape[0], :, :width] = value
             return key, value
+        if self._extend is not None:  # store the prompts' continuations; they attend to what the rows hold too
+            first, count, offset, width = self._extend
+            keys[first:first + count, :, offset:offset + width] = key
+            values[first:first + count, :, offset:offset + width] = value
+            return keys[first:first + count, :, :offset + width], values[first:first + count, :, :offset + width]
         assert self._write is not None, "SlotCache.update outside a prefill or decode step"
         # One index_copy_ per buffer into its [slots * kv_heads * columns, head_dim] view (flat indices from
         # begin_decode): mixed advanced indexing cost ~5% of a 32-row bf16 step (profiled).
@@ -107,6 +113,20 @@ class SlotCache:
         self._reserve(first + count, width)
         self._prefill = (first, width)
         return first
+
+    def begin_extend(self, first: int, count: int, width: int) -> int:
+        """Rows first..first+count-1, all holding the same number of tokens (a shared prompt prefix), get up to
+        `width` more each (their own prompt suffixes, right-padded); returns that offset."""
+        offset = int(self.lengths[first])
+        assert bool((self.lengths[first:first + count] == offset).all()), "extended rows must be equally long"
+        self._reserve(self.rows, offset + width)
+        self._extend = (first, count, offset, width)
+        return offset
+
+    def end_extend(self, added: list[int]) -> None:
+        first, count, offset, _ = self._extend  # type: ignore[misc]
+        self._extend = None
+        self.lengths[first:first + count] = offset + torch.tensor(added, dtype=torch.long)
 
     def end_prefill(self, lengths: list[int]) -> None:
         self._prefill = None

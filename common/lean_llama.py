@@ -167,12 +167,19 @@ class LeanLlama:
             x = x + layer.down(F.silu(gate) * up)
         return self.lm_head(self._rms(x, self.norm))
 
-    def prefill(self, input_ids: torch.Tensor, cache: SlotCache, last: torch.Tensor) -> torch.Tensor:
-        """Logits [prompts, vocab] at index `last` of each right-padded prompt row (`cache.begin_prefill` first)."""
+    def prefill(self, input_ids: torch.Tensor, cache: SlotCache, last: torch.Tensor | None,
+                offset: int = 0) -> torch.Tensor | None:
+        """Logits [prompts, vocab] at index `last` of each right-padded prompt row (None: no logits).
+
+        `cache.begin_prefill` first; or, with `offset` > 0, `cache.begin_extend`: the rows already hold
+        `offset` tokens (a shared prefix) that these tokens follow and attend to.
+        """
         prompts, width = input_ids.shape
-        cos, sin = self.cos[:width][None, :, None], self.sin_signed[:width][None, :, None]  # [1, width, 1, head_dim]
-        # Right padding: under the plain causal mask every real token sees only real tokens before it.
-        bias = torch.full((width, width), float("-inf"), dtype=self.embed.dtype).triu_(1)
+        cos = self.cos[offset:offset + width][None, :, None]  # [1, width, 1, head_dim]
+        sin = self.sin_signed[offset:offset + width][None, :, None]
+        # Right padding: under the plain causal mask every real token sees only real tokens before it; all of
+        # the prefix (columns < offset) is before every one of them.
+        bias = torch.full((width, offset + width), float("-inf"), dtype=self.embed.dtype).triu_(offset + 1)
         x = F.embedding(input_ids, self.embed)  # [prompts, width, hidden]
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.input_norm))
@@ -180,16 +187,18 @@ class LeanLlama:
                             cos, sin).transpose(1, 2)
             q, k = qk[:, :self.heads], qk[:, self.heads:]
             v = qkv[..., self._qk:].view(prompts, width, self.kv_heads, self.head_dim).transpose(1, 2)
-            cache.update(k, v, index)
+            k, v = cache.update(k, v, index)
             x = x + layer.o(self._causal_attention(q, k, v, bias))
             gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
+        if last is None:
+            return None
         x = x[torch.arange(prompts), last]
         return self.lm_head(self._rms(x, self.norm))
 
     def _causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
                           ) -> torch.Tensor:
-        """Causal attention of q [prompts, heads, width, d] over k, v [prompts, kv_heads, width, d]: [prompts, width, heads*d].
+        """q [prompts, heads, width, d] over k, v [prompts, kv_heads, keys, d] under `bias` [width, keys]: [prompts, width, heads*d].
 
         Plain batched matmuls over the whole score matrix, not SDPA: CPU flash attention ran a prompt's
         attention at ~12 GFLOP/s in bf16 (27% of a prefill for 10% of its FLOPs, profiled), matmuls at
@@ -197,11 +206,11 @@ class LeanLlama:
         the matmul's rows, so the keys are not repeated.
         """
         prompts, heads, width, head_dim = q.shape
-        group = heads // self.kv_heads
+        group, keys = heads // self.kv_heads, k.shape[2]
         folded = q.reshape(prompts * self.kv_heads, group * width, head_dim)
         scores = torch.baddbmm(bias.repeat(group, 1), folded,
-                               k.reshape(prompts * self.kv_heads, width, head_dim).transpose(1, 2), alpha=self.scaling)
-        attended = torch.bmm(scores.softmax(dim=-1), v.reshape(prompts * self.kv_heads, width, head_dim))
+                               k.reshape(prompts * self.kv_heads, keys, head_dim).transpose(1, 2), alpha=self.scaling)
+        attended = torch.bmm(scores.softmax(dim=-1), v.reshape(prompts * self.kv_heads, keys, head_dim))
         return attended.view(prompts, heads, width, head_dim).transpose(1, 2).reshape(prompts, width, heads * head_dim)
 
 
