@@ -1,6 +1,7 @@
 """The engine's forward passes, transformers vs the lean Llama forward, interleaved in one process (A/B under load).
 
     python benchmarks/forward.py [--rows 1,32] [--dtypes bfloat16,float32] [--reps 5] [--prefill-prompts 8]
+                                 [--threads 2] [--cpu-time] [--profile]
 
 Decode: one step (forward over the slot cache to logits) at each `--rows` count, every row at the rollout
 benchmark's ~330-token context (held fixed). Prefill: `--prefill-prompts` distinct ~330-token prompts in one
@@ -55,6 +56,8 @@ def main() -> None:
     parser.add_argument("--prefill-prompts", type=int, default=8, help="0: no prefill variants")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cpu-time", action="store_true", help="time by CPU time (use with --threads 1)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also a per-op profile (ms per step) of each lean decode variant")
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
@@ -94,12 +97,29 @@ def main() -> None:
                 began = clock()
                 step()
                 best[name] = min(best.get(name, float("inf")), clock() - began)
+        if args.profile:
+            result["profile_ms_per_step"] = {name: _profile(step) for name, step in steps.items()
+                                             if name.startswith("decode") and name.endswith(":lean")}
     result["ms"] = {name: round(s * 1000, 1) for name, s in best.items()}
     result["lean_speedup"] = {name.rsplit(":", 1)[0]: round(best[name] / best[name.rsplit(":", 1)[0] + ":lean"], 2)
                               for name in best if name.endswith(":hf")}
     result["gemm_gflops"] = {d: gemm_gflops(getattr(torch, d)) for d in args.dtypes.split(",")}
     result["load_1m_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
+
+
+def _profile(step, steps: int = 5, top: int = 12) -> dict:
+    """The ops that take the most self time, ms per step, plus the step's total and its count of op calls."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        for _ in range(steps):
+            step()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    out = {e.key: round(e.self_cpu_time_total / 1000 / steps, 2) for e in events[:top]}
+    out["total"] = round(sum(e.self_cpu_time_total for e in events) / 1000 / steps, 2)
+    out["op_calls"] = sum(e.count for e in events) // steps
+    return out
 
 
 def _decode(hf, lean: LeanLlama, forward: str, cache: SlotCache, rows: int):

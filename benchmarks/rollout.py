@@ -5,8 +5,9 @@
 
 Workload (SmolLM2-135M-Instruct, temperature 1, seeded, EOS ignored so every row makes exactly
 `max_tokens` tokens): a ~315-token chat prompt per row, distinct per row unless the scenario shares it.
-Scenarios: `single` (1 row), `rows_8`, `rows_32` (distinct prompts), `groups_8x4` (8 prompts x 4 rollouts,
-the GRPO shape: identical prompts), `long_1` (one ~1,500-token prompt) and `mixed_32` (31 rows + the long one).
+Scenarios: `single` (1 row), `rows_8`, `rows_32` (distinct prompts that share a ~226-token system prompt),
+`rows_32_noshare` (32 prompts that share nothing), `groups_8x4` (8 prompts x 4 rollouts, the GRPO shape:
+identical prompts), `long_1` (one ~1,500-token prompt) and `mixed_32` (31 rows + the long one).
 
 End-to-end tokens/s is tokens over the run's wall time. Scenarios in --split (default: all but rows_8) also
 run with 1 token: decode tokens/s is (tokens - rows) / (full run - 1-token run), i.e. with the prefill taken out.
@@ -53,18 +54,24 @@ CITIES = ["Paris", "Berlin", "Madrid", "Rome", "Vienna", "Prague", "Lisbon", "Du
           "Athens", "Zurich", "Brussels", "Helsinki", "Budapest", "Copenhagen"]
 SCENARIOS = {  # name: (rows, rows per distinct prompt, long rows)
     "single": (1, 1, 0), "rows_8": (8, 1, 0), "rows_32": (32, 1, 0), "groups_8x4": (32, 4, 0),
-    "long_1": (1, 1, 1), "mixed_32": (32, 1, 1),
+    "long_1": (1, 1, 1), "mixed_32": (32, 1, 1), "rows_32_noshare": (32, 1, 0),
 }
 
 
-def build_prompts(tokenizer, rows: int, per_prompt: int, long_rows: int) -> list[list[int]]:
-    """Token ids per row: distinct ~315-token chats (shared by `per_prompt` rows each), the last `long_rows` ~1,500."""
+def build_prompts(tokenizer, rows: int, per_prompt: int, long_rows: int, share_prefix: bool = True) -> list[list[int]]:
+    """Token ids per row: distinct ~315-token chats (shared by `per_prompt` rows each), the last `long_rows` ~1,500.
+
+    Distinct chats share their first ~226 tokens (chat template, system prompt and rules, as an agent's rollouts
+    share a system prompt and tool docs); with `share_prefix` False each one opens with its own agent number
+    instead, so no two share more than a few tokens.
+    """
     def chat(i: int, long: bool) -> list[int]:
         a, b = CITIES[i % len(CITIES)], CITIES[(i * 7 + 3) % len(CITIES)]
         history = "".join(f"Earlier note {k}: {RULES}" for k in range(18)) if long else ""
         user = (f"{RULES}{history}Task {i}: book the cheapest direct flight from {a} to {b} on 2026-0{1 + i % 9}-1{i % 10} "
                 f"for traveller number {i}, then report the order id. " + RULES)
-        text = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM + RULES},
+        system = SYSTEM + RULES if share_prefix else f"Agent {i}. " + SYSTEM + RULES
+        text = tokenizer.apply_chat_template([{"role": "system", "content": system},
                                               {"role": "user", "content": user}],
                                              add_generation_prompt=True, tokenize=False)
         return tokenizer.encode(text, add_special_tokens=False)
@@ -294,7 +301,8 @@ def main() -> None:
                 rows, per_prompt, long_rows = SCENARIOS[scenario]
                 if name.startswith("llama_cpp") and rows > 8:  # sequential: 32 rows run at the single-row rate
                     continue
-                scores[scenario] = measure(run, build_prompts(tokenizer, rows, per_prompt, long_rows),
+                prompts = build_prompts(tokenizer, rows, per_prompt, long_rows, share_prefix=not scenario.endswith("noshare"))
+                scores[scenario] = measure(run, prompts,
                                            args.max_tokens, scenario in args.split.split(","))
                 print(name, scenario, scores[scenario], file=sys.stderr, flush=True)
             result["engines"][name] = scores
