@@ -5,14 +5,16 @@
 
 Workload (SmolLM2-135M-Instruct, temperature 1, seeded, EOS ignored so every row makes exactly
 `max_tokens` tokens): a ~315-token chat prompt per row, distinct per row unless the scenario shares it.
-Scenarios: `single` (1 row), `rows_8`, `rows_32` (distinct prompts), `groups_8x4` (8 prompts x 4 rollouts,
-the GRPO shape: identical prompts), `long_1` (one ~1,500-token prompt) and `mixed_32` (31 rows + the long one).
+Scenarios: `single` (1 row), `rows_8`, `rows_32` (distinct prompts that share a ~226-token system prompt),
+`rows_32_noshare` (32 prompts that share nothing), `groups_8x4` (8 prompts x 4 rollouts, the GRPO shape:
+identical prompts), `long_1` (one ~1,500-token prompt) and `mixed_32` (31 rows + the long one).
 
 End-to-end tokens/s is tokens over the run's wall time. Scenarios in --split (default: all but rows_8) also
 run with 1 token: decode tokens/s is (tokens - rows) / (full run - 1-token run), i.e. with the prefill taken out.
 `mixed_32` (31 rows + one long one) runs only when named in --scenarios.
 
-Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (common.generation in process),
+Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (common.generation in process, the lean
+Llama forward), `engine_hf` (the same engine on the transformers forward, `Engine(lean=False)`: the engine before),
 `llm_server` (the same engine over HTTP, a subprocess), `hf_generate` (plain transformers `generate` on the
 left-padded batch), `llama_cpp` (llama-cpp-python on the
 shipped Q4_1 GGUF, and on an f16 GGUF written from it when --llama-f16 is given; one sequence at a time:
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -51,18 +54,24 @@ CITIES = ["Paris", "Berlin", "Madrid", "Rome", "Vienna", "Prague", "Lisbon", "Du
           "Athens", "Zurich", "Brussels", "Helsinki", "Budapest", "Copenhagen"]
 SCENARIOS = {  # name: (rows, rows per distinct prompt, long rows)
     "single": (1, 1, 0), "rows_8": (8, 1, 0), "rows_32": (32, 1, 0), "groups_8x4": (32, 4, 0),
-    "long_1": (1, 1, 1), "mixed_32": (32, 1, 1),
+    "long_1": (1, 1, 1), "mixed_32": (32, 1, 1), "rows_32_noshare": (32, 1, 0),
 }
 
 
-def build_prompts(tokenizer, rows: int, per_prompt: int, long_rows: int) -> list[list[int]]:
-    """Token ids per row: distinct ~315-token chats (shared by `per_prompt` rows each), the last `long_rows` ~1,500."""
+def build_prompts(tokenizer, rows: int, per_prompt: int, long_rows: int, share_prefix: bool = True) -> list[list[int]]:
+    """Token ids per row: distinct ~315-token chats (shared by `per_prompt` rows each), the last `long_rows` ~1,500.
+
+    Distinct chats share their first ~226 tokens (chat template, system prompt and rules, as an agent's rollouts
+    share a system prompt and tool docs); with `share_prefix` False each one opens with its own agent number
+    instead, so no two share more than a few tokens.
+    """
     def chat(i: int, long: bool) -> list[int]:
         a, b = CITIES[i % len(CITIES)], CITIES[(i * 7 + 3) % len(CITIES)]
         history = "".join(f"Earlier note {k}: {RULES}" for k in range(18)) if long else ""
         user = (f"{RULES}{history}Task {i}: book the cheapest direct flight from {a} to {b} on 2026-0{1 + i % 9}-1{i % 10} "
                 f"for traveller number {i}, then report the order id. " + RULES)
-        text = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM + RULES},
+        system = SYSTEM + RULES if share_prefix else f"Agent {i}. " + SYSTEM + RULES
+        text = tokenizer.apply_chat_template([{"role": "system", "content": system},
                                               {"role": "user", "content": user}],
                                              add_generation_prompt=True, tokenize=False)
         return tokenizer.encode(text, add_special_tokens=False)
@@ -71,7 +80,7 @@ def build_prompts(tokenizer, rows: int, per_prompt: int, long_rows: int) -> list
 
 
 # ---- engines: each is a callable (prompts, max_tokens, seed) -> generated token count ----------------
-def engine_runner(model_spec: str, dtype: str, threads: int):
+def engine_runner(model_spec: str, dtype: str, threads: int, lean: bool = True):
     import torch
 
     from common.generation import Engine, SamplingParams
@@ -79,7 +88,7 @@ def engine_runner(model_spec: str, dtype: str, threads: int):
 
     torch.set_num_threads(threads)
     model, tokenizer = load_model(model_spec, dtype=getattr(torch, dtype))
-    engine = Engine(model, tokenizer, max_batch=32, threads=threads)
+    engine = Engine(model, tokenizer, max_batch=32, threads=threads, lean=lean)
 
     def run(prompts: list[list[int]], max_tokens: int, seed: int) -> int:
         futures = [engine.submit(p, SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed + i,
@@ -261,7 +270,8 @@ def main() -> None:
                     "threads": args.threads, "cpus": os.cpu_count(), "load_1m_start": round(os.getloadavg()[0], 2),
                     "engines": {}}
     runners: dict[str, Callable] = {}
-    for name, factory in (("engine", engine_runner), ("llm_server", llm_server_runner),
+    hf_engine = functools.partial(engine_runner, lean=False)
+    for name, factory in (("engine", engine_runner), ("engine_hf", hf_engine), ("llm_server", llm_server_runner),
                           ("hf_generate", hf_generate_runner)):
         for suffix, dtype in (("", "float32"), ("_bf16", "bfloat16")):
             runners[name + suffix] = lambda f=factory, d=dtype: f(args.model, d, args.threads)
@@ -291,7 +301,8 @@ def main() -> None:
                 rows, per_prompt, long_rows = SCENARIOS[scenario]
                 if name.startswith("llama_cpp") and rows > 8:  # sequential: 32 rows run at the single-row rate
                     continue
-                scores[scenario] = measure(run, build_prompts(tokenizer, rows, per_prompt, long_rows),
+                prompts = build_prompts(tokenizer, rows, per_prompt, long_rows, share_prefix=not scenario.endswith("noshare"))
+                scores[scenario] = measure(run, prompts,
                                            args.max_tokens, scenario in args.split.split(","))
                 print(name, scenario, scores[scenario], file=sys.stderr, flush=True)
             result["engines"][name] = scores

@@ -31,6 +31,7 @@ from loguru import logger
 
 from common.grammar import CompiledGrammar, MaskBatch, apply_bitmask
 from common.kv_slots import ATTENTION, SlotCache
+from common.lean_llama import LeanLlama, lean_support
 from common.sampling import sample_rows
 
 
@@ -76,6 +77,7 @@ class EngineStats:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens run through the model: a prompt shared by several rows counts once
     shared_prefill_rows: int = 0  # rows that copied another row's prefilled prompt instead of computing it
+    shared_prefix_tokens: int = 0  # tokens of distinct prompts' common prefixes copied instead of computed
     generated_tokens: int = 0
     weight_updates: int = 0
     max_rows_in_batch: int = 0
@@ -85,6 +87,8 @@ class EngineStats:
     mixed_decode_steps: int = 0  # decode steps whose batch held both constrained and free rows
     mask_seconds: float = 0.0  # computing and applying grammar masks
     grammar_aborts: int = 0
+    kv_peak_bytes: int = 0  # the most the KV slots held at once (a reallocation's overlap included)
+    kv_reallocations: int = 0
 
     @property
     def forward_batches(self) -> int:
@@ -124,13 +128,19 @@ class _Row:
         self.aborted = False
 
 
+# Distinct prompts sharing at least this many leading tokens compute them once (lean forward only): below it,
+# the extra forward of the prefix and the copies cost about what they save.
+MIN_SHARED_PREFIX = 32
+
+
 class EngineClosed(RuntimeError):
     pass
 
 
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16, batch_window_s: float = 0.01,
-                 threads: int | None = None, policy_version: int = 0, prefill_token_budget: int = 8192) -> None:
+                 threads: int | None = None, policy_version: int = 0, prefill_token_budget: int = 8192,
+                 lean: bool = True) -> None:
         # The engine's own tokenizer copy: HF fast tokenizers raise "Already borrowed" when two threads
         # use one instance and either changes its truncation/padding state.
         self.model, self.tokenizer = model, copy.deepcopy(tokenizer)
@@ -143,6 +153,8 @@ class Engine:
         # The engine owns this model (llm_server's, or the policy's private copy): its attention reads the slots.
         model.set_attn_implementation(ATTENTION)
         self._decoder, self._lm_head = model.get_decoder(), model.get_output_embeddings()
+        # Llama models run the lean forward (fused projections, no generic plumbing; `common.lean_llama`).
+        self._lean = LeanLlama(model) if lean and lean_support(model) is None else None
         dtype = next(model.parameters()).dtype
         self._cache = SlotCache(model.config, dtype, max_rows=max_batch, max_columns=self.context_length)
         self.policy_version = policy_version
@@ -233,6 +245,8 @@ class Engine:
                         self._prefill(group)
                     if self._rows:
                         self._decode_step()
+                    self.stats.kv_peak_bytes = self._cache.peak_bytes
+                    self.stats.kv_reallocations = self._cache.reallocations
                 except Exception as exc:  # a failed batch fails its requests, never the server
                     logger.opt(exception=exc).error("generation batch failed")
                     self.stats.failed_batches += 1
@@ -287,6 +301,8 @@ class Engine:
             update = self._updates.pop(0)
             for name, tensor in update.tensors.items():
                 own[name].copy_(tensor.to(own[name].dtype))
+            if self._lean is not None:
+                self._lean.repack()  # its prepacked bf16 copies hold the old weights
             self.policy_version = update.version if update.version is not None else self.policy_version + 1
             self.stats.weight_updates += 1
             logger.info("weights updated: policy version {}", self.policy_version)
@@ -294,28 +310,27 @@ class Engine:
 
     def _prefill(self, jobs: list[_Job]) -> None:
         """One forward over the group's distinct prompts (right-padded), then n rows per job join the batch."""
-        unique: dict[tuple[int, ...], int] = {}
-        for job in jobs:
-            unique.setdefault(tuple(job.prompt_ids), len(unique))
-        prompts = list(unique)
+        distinct = list(dict.fromkeys(tuple(job.prompt_ids) for job in jobs))
+        # Lean forward: prompts that open with the same tokens (a system prompt, tool docs) compute them once.
+        clusters = (_shared_prefixes(distinct, MIN_SHARED_PREFIX) if self._lean is not None
+                    else [(list(range(len(distinct))), 0)])
+        prompts = [distinct[i] for members, _ in clusters for i in members]  # slot order: cluster by cluster
+        unique = {prompt: i for i, prompt in enumerate(prompts)}
         lengths = [len(p) for p in prompts]
-        width = max(lengths)
-        input_ids = torch.full((len(prompts), width), self.eos_ids[0], dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, :len(prompt)] = torch.tensor(prompt)
-        # Right padding: every real token sees only real tokens before it under the plain causal mask.
-        positions = torch.arange(width).expand(len(prompts), width)
-        first = self._cache.begin_prefill(len(prompts), width)
-        try:
-            hidden = self._decoder(input_ids=input_ids, position_ids=positions, past_key_values=self._cache,
-                                   use_cache=True).last_hidden_state
-        finally:
-            self._cache.end_prefill(lengths)
-        logits = self._lm_head(hidden[torch.arange(len(prompts)), torch.tensor(lengths) - 1])
+        # Room for every new row at once (the prompts and their copies): one reallocation, not one per copy.
+        self._cache.reserve(self._cache.rows + sum(job.params.n for job in jobs), max(lengths))
+        first = self._cache.rows
+        parts, start = [], 0
+        for members, shared in clusters:
+            parts.append(self._prefill_rows(prompts[start:start + len(members)], shared))
+            start += len(members)
+        logits = torch.cat(parts)
         self.stats.prefill_batches += 1
         self.stats.requests += len(jobs)
         self.stats.prompt_tokens += sum(len(j.prompt_ids) for j in jobs)
-        self.stats.prefill_tokens += sum(lengths)
+        shared = sum(prefix * (len(members) - 1) for members, prefix in clusters)
+        self.stats.prefill_tokens += sum(lengths) - shared
+        self.stats.shared_prefix_tokens += shared
         # The first row of each distinct prompt takes the slot it was prefilled into; the others copy it.
         placed: list[_Row | None] = [None] * len(prompts)
         copies: list[tuple[_Row, int]] = []
@@ -340,13 +355,56 @@ class Engine:
         self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(self._rows))
         self._sample_and_finish(logits[torch.tensor(sources)].float(), start=len(self._rows) - len(new_rows))
 
+    def _prefill_rows(self, prompts: list[tuple[int, ...]], shared: int) -> torch.Tensor:
+        """Prefill `prompts` into new rows, in order; their first `shared` tokens (equal in all) computed once.
+
+        Returns the logits [prompts, vocab] after each prompt's last token.
+        """
+        if shared:  # the prefix into one row, copied to the others, then every row's own suffix after it
+            first = self._cache.begin_prefill(1, shared)
+            try:
+                self._lean.prefill(torch.tensor([prompts[0][:shared]]), self._cache, None)  # type: ignore[union-attr]
+            finally:
+                self._cache.end_prefill([shared])
+            for _ in prompts[1:]:
+                self._cache.duplicate(first)
+        input_ids, last = self._right_padded([p[shared:] for p in prompts])
+        if shared:
+            self._cache.begin_extend(first, len(prompts), input_ids.shape[1])
+            try:
+                return self._lean.prefill(input_ids, self._cache, last, offset=shared)  # type: ignore[union-attr]
+            finally:
+                self._cache.end_extend((last + 1).tolist())
+        self._cache.begin_prefill(len(prompts), input_ids.shape[1])
+        try:
+            if self._lean is not None:
+                return self._lean.prefill(input_ids, self._cache, last)
+            # Right padding: every real token sees only real tokens before it under the plain causal mask.
+            positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+            hidden = self._decoder(input_ids=input_ids, position_ids=positions, past_key_values=self._cache,
+                                   use_cache=True).last_hidden_state
+            return self._lm_head(hidden[torch.arange(len(prompts)), last])
+        finally:
+            self._cache.end_prefill((last + 1).tolist())
+
+    def _right_padded(self, prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids [prompts, longest] padded on the right, and each prompt's last index."""
+        lengths = [len(p) for p in prompts]
+        input_ids = torch.full((len(prompts), max(lengths)), self.eos_ids[0], dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, :len(prompt)] = torch.tensor(prompt)
+        return input_ids, torch.tensor(lengths) - 1
+
     def _decode_step(self) -> None:
         last = torch.tensor([[row.token_ids[-1]] for row in self._rows], dtype=torch.long)
         mask = self._cache.begin_decode()
         positions = self._cache.lengths[:len(self._rows), None].clone()
         try:
-            out = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
-                             past_key_values=self._cache, use_cache=True)
+            if self._lean is not None:
+                logits = self._lean.decode(last[:, 0], self._cache, mask)
+            else:
+                logits = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
+                                    past_key_values=self._cache, use_cache=True).logits[:, -1, :]
         finally:
             self._cache.end_decode()
         self.stats.decode_steps += 1
@@ -355,7 +413,7 @@ class Engine:
             self.stats.mixed_decode_steps += 1
         for row in self._rows:
             row.length += 1
-        self._sample_and_finish(out.logits[:, -1, :].float(), start=0)
+        self._sample_and_finish(logits.float(), start=0)
 
     def _sample_and_finish(self, logits: torch.Tensor, start: int) -> None:
         """Sample one token for rows[start:] from `logits` (one line per row), then retire finished rows."""
@@ -473,6 +531,33 @@ class Engine:
                     break
                 if item is not None:
                     _resolve(item.future, EngineClosed("the engine is shut down"))
+
+
+def _shared_prefixes(prompts: list[tuple[int, ...]], min_shared: int) -> list[tuple[list[int], int]]:
+    """Clusters of prompt indices that share a prefix of at least `min_shared` tokens, with its length (0: none).
+
+    Sorted prompts put shared prefixes next to each other; a cluster grows while its common prefix stays long
+    enough. The shared part stops one token short of the shortest member, whose last token must be computed
+    for its logits.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    clusters: list[tuple[list[int], int]] = []
+    members: list[int] = []
+    common = 0
+    for i in order:
+        if members:
+            head = prompts[members[0]]
+            reach = min(common, len(prompts[i]) - 1)
+            match = next((t for t in range(reach) if head[t] != prompts[i][t]), reach)
+            if match >= min_shared:
+                members.append(i)
+                common = match
+                continue
+            clusters.append((members, common if len(members) > 1 else 0))
+        members, common = [i], len(prompts[i]) - 1
+    if members:
+        clusters.append((members, common if len(members) > 1 else 0))
+    return clusters
 
 
 def _prefill_groups(jobs: list[_Job], budget: int) -> list[list[_Job]]:

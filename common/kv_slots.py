@@ -11,7 +11,13 @@ every allocated column with a per-row mask. Not just columns 0..max length: CPU 
 in the batched case) copies an operand that is not contiguous, and a slice of the column axis is not; that
 copy cost more than reading the < _BLOCK masked columns past the longest row (zeros keep them harmless):
 a quiet 32-row bf16 decode step took 150 ms instead of 174 (fp32: no change; benchmarks/decode_step.py). Rows that finish leave a hole that the last row
-moves into (copying only that row); buffers grow by whole blocks and are freed when the batch empties.
+moves into (copying only that row).
+
+Memory (the trainer's engine holds fp32 slots beside the training model and the optimizer; doubling got
+trainer actors OOM-killed): buffers are sized to what the batch needs, in chunks of _ROW_CHUNK rows and
+_BLOCK columns, not doubled; they are reallocated one layer at a time, so growing holds the old cache plus
+one layer, not two caches; they shrink once the rows left need at most half of them, and are freed (and
+the freed pages handed back to the OS) when the batch empties. They hold the serving dtype (bf16 halves them).
 
 Attention (`ATTENTION`, registered with transformers): a single-token query folds each key/value head's
 query heads into the query-length axis, so grouped-query attention needs no copy of the cache, and runs as
@@ -29,6 +35,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ATTENTION = "evolver_slots"
 _BLOCK = 128  # columns added at a time: reallocations stay rare without reserving the whole context
+_ROW_CHUNK = 4  # rows added at a time (a GRPO group): 32 rows that join one by one reallocate 8 times
 
 
 def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -65,7 +72,10 @@ class SlotCache:
         self.rows = 0
         self._write: torch.Tensor | None = None  # decode: per (row, kv head), its flat [slot, head, column] index
         self._prefill: tuple[int, int] | None = None  # prefill: (first slot, width)
+        self._extend: tuple[int, int, int, int] | None = None  # extend: (first slot, rows, offset, width)
         self._span = 0  # columns the current decode step attends over: the whole buffer (see above)
+        self.reallocations = 0
+        self.peak_bytes = 0  # the most bytes the buffers held at once (a reallocation's overlap included)
 
     # ---- what the HF model calls ----------------------------------------------------------
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
@@ -76,6 +86,11 @@ class SlotCache:
             keys[first:first + key.shape[0], :, :width] = key
             values[first:first + key.shape[0], :, :width] = value
             return key, value
+        if self._extend is not None:  # store the prompts' continuations; they attend to what the rows hold too
+            first, count, offset, width = self._extend
+            keys[first:first + count, :, offset:offset + width] = key
+            values[first:first + count, :, offset:offset + width] = value
+            return keys[first:first + count, :, :offset + width], values[first:first + count, :, :offset + width]
         assert self._write is not None, "SlotCache.update outside a prefill or decode step"
         # One index_copy_ per buffer into its [slots * kv_heads * columns, head_dim] view (flat indices from
         # begin_decode): mixed advanced indexing cost ~5% of a 32-row bf16 step (profiled).
@@ -88,12 +103,30 @@ class SlotCache:
         return 0 if self._prefill is not None else self._span
 
     # ---- what the engine calls -------------------------------------------------------------
+    def reserve(self, rows: int, columns: int) -> None:
+        """Make room for `rows` rows of `columns` tokens at once (a prefill and its copies: one reallocation)."""
+        self._reserve(rows, columns)
+
     def begin_prefill(self, count: int, width: int) -> int:
         """Make room for `count` new rows of up to `width` prompt tokens; returns their first slot."""
         first = self.rows
         self._reserve(first + count, width)
         self._prefill = (first, width)
         return first
+
+    def begin_extend(self, first: int, count: int, width: int) -> int:
+        """Rows first..first+count-1, all holding the same number of tokens (a shared prompt prefix), get up to
+        `width` more each (their own prompt suffixes, right-padded); returns that offset."""
+        offset = int(self.lengths[first])
+        assert bool((self.lengths[first:first + count] == offset).all()), "extended rows must be equally long"
+        self._reserve(self.rows, offset + width)
+        self._extend = (first, count, offset, width)
+        return offset
+
+    def end_extend(self, added: list[int]) -> None:
+        first, count, offset, _ = self._extend  # type: ignore[misc]
+        self._extend = None
+        self.lengths[first:first + count] = offset + torch.tensor(added, dtype=torch.long)
 
     def end_prefill(self, lengths: list[int]) -> None:
         self._prefill = None
@@ -140,8 +173,21 @@ class SlotCache:
         self.rows = keep
         self.lengths = self.lengths[:keep].clone()
         if keep == 0:
-            self.keys, self.values = [], []  # an idle engine holds no cache memory
+            if self.keys:  # an idle engine holds no cache memory
+                self.keys, self.values = [], []
+                _return_freed_memory()
+        else:
+            rows = _chunked(keep, _ROW_CHUNK)
+            columns = min(self.max_columns, _chunked(int(self.lengths.max()) + 1, _BLOCK))
+            have_rows, have_columns = self.capacity
+            if rows * columns * 2 <= have_rows * have_columns:  # half or less in use: worth one copy
+                self._resize(rows, columns)
+                _return_freed_memory()
         return list(zip(movers, holes, strict=True))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -151,16 +197,52 @@ class SlotCache:
         have_rows, have_columns = self.capacity
         if rows <= have_rows and columns <= have_columns:
             return
-        new_rows = min(self.max_rows, max(rows, 2 * have_rows))  # doubling: few reallocations as rows join
-        new_columns = min(self.max_columns, max(have_columns, -(-columns // _BLOCK) * _BLOCK))
-        if rows > new_rows or columns > new_columns:
+        if rows > self.max_rows or columns > self.max_columns:
             raise ValueError(f"the cache holds at most {self.max_rows} rows of {self.max_columns} tokens")
-        shape = (new_rows, self.kv_heads, new_columns, self.head_dim)
+        self._resize(min(self.max_rows, max(have_rows, _chunked(rows, _ROW_CHUNK))),
+                     min(self.max_columns, max(have_columns, _chunked(columns, _BLOCK))))
+
+    def _resize(self, rows: int, columns: int) -> None:
+        """New [rows, kv_heads, columns, head_dim] buffers holding the cached tokens, one layer at a time."""
         used = int(self.lengths[:self.rows].max()) if self.rows else 0
-        # Zeros, not empty: masked columns still multiply their (zero) attention weight by the stored value.
-        grown_keys = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.layers)]
-        grown_values = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.layers)]
-        if self.keys:
-            for old, new in zip(self.keys + self.values, grown_keys + grown_values, strict=True):
-                new[:self.rows, :, :used] = old[:self.rows, :, :used]
-        self.keys, self.values = grown_keys, grown_values
+        shape = (rows, self.kv_heads, columns, self.head_dim)
+        if not self.keys:
+            self.keys, self.values = [torch.empty(0)] * self.layers, [torch.empty(0)] * self.layers
+        held = self.nbytes
+        for buffers in (self.keys, self.values):
+            for layer in range(self.layers):
+                # Zeros, not empty: masked columns still multiply their (zero) attention weight by the stored value.
+                grown = torch.zeros(shape, dtype=self.dtype)
+                held += grown.numel() * grown.element_size()
+                self.peak_bytes = max(self.peak_bytes, held)
+                old = buffers[layer]
+                if old.numel():
+                    grown[:self.rows, :, :used] = old[:self.rows, :, :used]
+                held -= old.numel() * old.element_size()
+                buffers[layer] = grown  # the old layer's buffer is freed here, before the next one is allocated
+                del old
+        self.reallocations += 1
+
+
+def _chunked(n: int, chunk: int) -> int:
+    return -(-n // chunk) * chunk
+
+
+def _return_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps buffers below its mmap threshold in the heap)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+_LIBC = _load_libc()

@@ -127,6 +127,7 @@ def build_app(served: ServedModel) -> FastAPI:
             "decode_steps": s.decode_steps, "forward_batches": s.forward_batches, "prompt_tokens": s.prompt_tokens,
             "generated_tokens": s.generated_tokens, "max_rows_in_batch": s.max_rows_in_batch,
             "weight_updates": s.weight_updates, "failed_batches": s.failed_batches,
+            "kv_peak_bytes": s.kv_peak_bytes, "kv_reallocations": s.kv_reallocations,
             "structured_outputs": _structured_stats(served),
         }
 

@@ -200,3 +200,59 @@ def test_ignore_eos_runs_to_max_tokens(engine: Engine) -> None:
     assert stopped.result(timeout=TIMEOUT).completions[0].token_ids == [token]
     forced = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)).result(timeout=TIMEOUT)
     assert len(forced.completions[0].token_ids) == 6 and eos in engine.eos_ids
+
+
+def test_rows_survive_the_cache_shrinking_under_them(engine: Engine) -> None:
+    prompts = _prompts(engine) * 2  # 8 rows: 6 finish after 2 tokens, then the cache shrinks to 4 slots
+    lengths = [2, 2, 2, 20, 2, 2, 2, 20]
+    alone = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)).result(timeout=TIMEOUT)
+             for p, n in zip(prompts, lengths, strict=True)]
+    before = engine.stats.kv_reallocations
+    futures = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p, n in zip(prompts, lengths,
+                                                                                              strict=True)]
+    slots_seen = set()
+    while not all(f.done() for f in futures):
+        slots_seen.add(engine._cache.capacity[0])
+        time.sleep(0.0005)
+    together = [f.result(timeout=TIMEOUT) for f in futures]
+    time.sleep(0.05)  # the counters are copied after the step that resolved the futures
+    assert 8 in slots_seen and 4 in slots_seen  # grown for the batch, shrunk when 6 rows left
+    assert engine.stats.kv_reallocations - before >= 2
+    for a, b in zip(alone, together, strict=True):
+        assert a.completions[0].token_ids == b.completions[0].token_ids
+        assert max(abs(x - y) for x, y in zip(a.completions[0].token_logprobs, b.completions[0].token_logprobs,
+                                              strict=True)) <= 1e-5
+    assert engine.stats.kv_peak_bytes > 0
+
+
+def test_distinct_prompts_compute_their_shared_prefix_once(engine: Engine) -> None:
+    tok = engine.tokenizer
+    system = tok.encode("You are a careful agent. Read the tools, plan each step, call one tool per turn, "
+                        "and report the final answer in one short sentence. " * 2)
+    assert len(system) > 40
+    prompts = [system + tok.encode(t) for t in ("go left", "open the red box now", "take the key", "go")]
+    greedy = SamplingParams(max_tokens=5, temperature=0)
+    alone = [engine.submit(p, greedy).result(timeout=TIMEOUT) for p in prompts]
+    before = (engine.stats.shared_prefix_tokens, engine.stats.prefill_tokens)
+    futures = [engine.submit(p, greedy) for p in prompts]
+    together = [f.result(timeout=TIMEOUT) for f in futures]
+    saved = engine.stats.shared_prefix_tokens - before[0]
+    computed = engine.stats.prefill_tokens - before[1]
+    assert saved >= (len(prompts) - 1) * len(system) - 3 * 8  # nearly the whole prefix, once per extra prompt
+    assert computed + saved == sum(len(p) for p in prompts)
+    for a, b in zip(alone, together, strict=True):
+        assert a.completions[0].token_ids == b.completions[0].token_ids
+        assert max(abs(x - y) for x, y in zip(a.completions[0].token_logprobs, b.completions[0].token_logprobs,
+                                              strict=True)) <= 1e-4
+
+
+def test_shared_prefix_clusters() -> None:
+    from common.generation import _shared_prefixes
+
+    a = tuple(range(40))
+    prompts = [a + (1, 2), (7,) * 50, a + (3,), a[:35] + (9, 9), (7,) * 20 + (1,), (5, 5)]
+    clusters = {tuple(sorted(members)): shared for members, shared in _shared_prefixes(prompts, 32)}
+    # 0, 1... share 35 tokens with prompt 3; the sevens share 20 (< 32): not a cluster; (5, 5) alone.
+    assert clusters == {(0, 2, 3): 35, (1,): 0, (4,): 0, (5,): 0}
+    # A prompt that is all prefix keeps its last token to compute (its logits).
+    assert _shared_prefixes([a, a + (1,)], 32) == [([0, 1], 39)]

@@ -65,3 +65,49 @@ def test_folded_attention_equals_repeated_heads_with_a_mask() -> None:
     torch.testing.assert_close(out, reference.transpose(1, 2))
     # Row 2 sees one key: its output is that key's value, per head group.
     torch.testing.assert_close(out[2, 0, :3], value[2, 0, 0].expand(3, 4))
+
+
+def _layer_bytes(rows: int, columns: int) -> int:
+    return rows * CONFIG.num_key_value_heads * columns * CONFIG.head_dim * 4  # fp32
+
+
+def test_buffers_grow_in_chunks_one_layer_at_a_time() -> None:
+    cache = SlotCache(CONFIG, torch.float32, max_rows=32, max_columns=1024)
+    cache.begin_prefill(1, 3)
+    for layer in range(CONFIG.num_hidden_layers):
+        cache.update(torch.full((1, 1, 3, 2), 7.0), torch.full((1, 1, 3, 2), 7.0), layer)
+    cache.end_prefill([3])
+    assert cache.capacity == (4, 128) and cache.reallocations == 1  # 4 rows (a chunk), not 1 then 2 then 4
+    for _ in range(4):
+        cache.duplicate(0)
+    # 5 rows: the next chunk (8), not doubling to 8 by luck: 9 rows give 12, not 16.
+    assert cache.capacity == (8, 128)
+    for _ in range(4):
+        cache.duplicate(0)
+    assert cache.capacity == (12, 128) and cache.reallocations == 3
+    assert cache.keys[1][8, 0, :4, 0].tolist() == [7, 7, 7, 0]  # copied rows survived both reallocations
+    # 4 buffers (2 layers x keys, values): growing 8 -> 12 rows held the new cache plus one old layer at most.
+    assert cache.peak_bytes == 4 * _layer_bytes(12, 128) + _layer_bytes(8, 128)
+    assert cache.nbytes == 4 * _layer_bytes(12, 128)
+    cache.reserve(12, 300)  # columns by blocks of 128
+    assert cache.capacity == (12, 384)
+
+
+def test_buffers_shrink_when_half_empty_and_keep_their_tokens() -> None:
+    cache = _filled([1, 2, 3, 4, 5, 6, 7, 8])
+    assert cache.capacity == (8, 64)  # max_columns 64 caps the 128-column block
+    cache.remove([1, 2, 3])  # 5 rows left need 8 slots: no shrink
+    assert cache.capacity == (8, 64)
+    cache.remove([0, 2, 3])  # left: lengths 5 (moved into slot 0) and 6 -> 4 slots, half of 8
+    assert cache.rows == 2 and cache.capacity == (4, 64)
+    assert cache.lengths.tolist() == [5, 6]
+    for row, length in enumerate(cache.lengths.tolist()):
+        assert cache.keys[0][row, 0, :length, 0].tolist() == [float(length)] * length
+
+
+def test_cache_holds_the_serving_dtype() -> None:
+    cache = SlotCache(CONFIG, torch.bfloat16, max_rows=4, max_columns=64)
+    cache.begin_prefill(1, 2)
+    assert all(t.dtype == torch.bfloat16 for t in cache.keys + cache.values)
+    cache.end_prefill([2])
+    assert cache.nbytes == 4 * 4 * 1 * 64 * 2 * 2  # 4 buffers of [4 rows, 1 head, 64 columns, 2] bf16
