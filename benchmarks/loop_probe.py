@@ -30,6 +30,7 @@ import asyncio
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -159,7 +160,7 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
         "rollout": {"env": "flights", "template": "linear", "n": args.n, "max_turns": args.max_turns,
                     "max_context": args.max_context, "max_new_tokens": args.max_new_tokens,
                     "temperature": args.temperature, "experience_ratio": args.eta},
-        "optim": {"lr": args.lr, "minibatches": args.minibatches, "micro_batch_size": 4},
+        "optim": {"lr": args.lr, "minibatches": args.minibatches, "micro_batch_size": args.micro_batch},
         "loss": {"clip_low": 0.2, "clip_high": 0.28, "clip_high_boosted": 0.6},
         "advantage": {"estimator": "grpo"},
         "experience": {"workspace": workspace, "inject": "turns", "summarize": args.summarize,
@@ -174,7 +175,9 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
     out.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{args.name}.yaml"
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+    # MALLOC_ARENA_MAX: the trainer's peak resident memory on a shared machine (the OOM killer took 6.3 GB).
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "MALLOC_ARENA_MAX": "2"}
     started = time.monotonic()
     with (out.parent / f"{args.name}.log").open("ab") as log:
         code = subprocess.run([sys.executable, "-m", "trainer", "--conf", str(path)], cwd=REPO, env=env,
@@ -241,6 +244,7 @@ def main() -> None:
     parser.add_argument("--eta", type=float, default=0.5)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--minibatches", type=int, default=2)
+    parser.add_argument("--micro-batch", type=int, default=2, help="samples per forward of the update (memory)")
     parser.add_argument("--summarize", action="store_true", help="also summarize the run's own rollouts into the pool")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-turns", type=int, default=4)
@@ -254,6 +258,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ablation" / "flights" / "explore" /
                                              "probes"))
     args = parser.parse_args()
+    # `timeout` or a SIGTERM unwinds the services' context managers instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     result = asyncio.run(run(args))
     line = json.dumps(result)
     out = Path(args.out) / f"{args.name}.json"
