@@ -91,6 +91,43 @@ async def seed_pool(env: EnvPeer, flights: FlightsEnvironment, em_url: str, work
             "errors": list(result.errors)[:5], "pool_active": stats.get("active")}
 
 
+async def fit_report(env: EnvPeer, flights: FlightsEnvironment, args: argparse.Namespace) -> dict[str, Any]:
+    """Per task kind: the first train task's replayed reference as a demonstration in front of the first
+    validation task of that kind, and how it fits the context (SmolLM2's tokenizer, no model)."""
+    from transformers import AutoTokenizer
+
+    from common.models import resolve_model_dir
+    from trainer.templates import DemonstrationBudget, demonstration_turns, make_template
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir("smollm2")), local_files_only=True)
+    first: dict[str, tuple[str, str]] = {}
+    for split in ("train", "validation"):
+        for task_id in await env.task_ids("flights", split):
+            kind = flights.task(task_id).kind
+            pair = first.setdefault(kind, ("", ""))
+            if split == "train" and not pair[0]:
+                first[kind] = (task_id, pair[1])
+            elif split == "validation" and not pair[1]:
+                first[kind] = (pair[0], task_id)
+    report = {}
+    for kind, (train_id, validation_id) in sorted(first.items()):
+        _, _, turns, _ = await demonstration(env, flights, train_id, args.obs_chars)
+        created = await env.create("flights", Task(task_id=validation_id, env_type="flights", split="validation"))
+        await env.release(created.instance_id)
+        chat = [{"role": m.role, "content": m.text()} for m in created.messages]
+        budget = DemonstrationBudget.for_episode(demonstration_turns(turns), max_new_tokens=args.max_new_tokens,
+                                                 max_turns=args.max_turns, observation_tokens=args.obs_tokens)
+        template = make_template("linear", tokenizer, args.max_context)
+        template.start(chat, demonstration=turns)
+        whole = len(template.generation_context())
+        template = make_template("linear", tokenizer, args.max_context)
+        template.start(chat, demonstration=turns, budget=budget)
+        report[kind] = {"prompt_tokens": len(template.prompt_plain), "with_demonstration_tokens": whole,
+                        "reserve": budget.reserve, "fit": template.demonstration_fit,
+                        "shown_tokens": len(template.generation_context())}
+    return report
+
+
 def share_mixed(groups: list[list[float]]) -> float:
     return sum(len({o >= 1.0 for o in g}) > 1 for g in groups) / max(len(groups), 1)
 
@@ -216,6 +253,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 result["seeding"] = await seed_pool(env, flights, em.url, "probe", args.seed_per_kind,
                                                     args.demo_format, args.obs_chars)
+                if args.fit_report:
+                    result["fit"] = await fit_report(env, flights, args)
                 if args.start_tasks:
                     result["start"] = await start_phase(env, flights, em.url, "probe", args)
                     print(f"loop_probe {args.name}: start {json.dumps(result['start'])[:400]}", file=sys.stderr,
@@ -236,6 +275,7 @@ def main() -> None:
     parser.add_argument("--demo-format", choices=("python", "tool_call"), default="python")
     parser.add_argument("--obs-chars", type=int, default=4000, help="characters of each replayed observation kept")
     parser.add_argument("--obs-tokens", type=int, default=96, help="demonstration_observation_tokens")
+    parser.add_argument("--fit-report", action="store_true", help="how each kind's demonstration fits the context")
     parser.add_argument("--start-tasks", type=int, default=14)
     parser.add_argument("--start-n", type=int, default=4)
     parser.add_argument("--steps", type=int, default=0)
