@@ -115,15 +115,15 @@ async def fit_report(env: EnvPeer, flights: FlightsEnvironment, args: argparse.N
         created = await env.create("flights", Task(task_id=validation_id, env_type="flights", split="validation"))
         await env.release(created.instance_id)
         chat = [{"role": m.role, "content": m.text()} for m in created.messages]
-        budget = DemonstrationBudget.for_episode(demonstration_turns(turns), max_new_tokens=args.max_new_tokens,
-                                                 max_turns=args.max_turns, observation_tokens=args.obs_tokens)
+        budget = DemonstrationBudget(args.max_new_tokens, args.max_turns, args.obs_tokens)
         template = make_template("linear", tokenizer, args.max_context)
         template.start(chat, demonstration=turns)
         whole = len(template.generation_context())
         template = make_template("linear", tokenizer, args.max_context)
         template.start(chat, demonstration=turns, budget=budget)
+        reserve = budget.reserve(demonstration_turns(turns), lambda text: len(tokenizer.encode(text)))
         report[kind] = {"prompt_tokens": len(template.prompt_plain), "with_demonstration_tokens": whole,
-                        "reserve": budget.reserve, "fit": template.demonstration_fit,
+                        "reserve": reserve, "fit": template.demonstration_fit,
                         "shown_tokens": len(template.generation_context())}
     return report
 

@@ -24,7 +24,7 @@ from common.schemas import ChatMessage, Step, Task, Trajectory, new_id
 from trainer.mechanisms import ExperienceSource, GroupExperience, InjectMode, experience_flags
 from trainer.policy import GenerateFn, Sampling
 from trainer.settings import RolloutConfig
-from trainer.templates import DemonstrationBudget, Segment, demonstration_turns, make_template
+from trainer.templates import DemonstrationBudget, Segment, make_template
 
 
 class EnvAccess(Protocol):
@@ -102,9 +102,8 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                 demo = experience.demonstration_for(got)
                 exp_text = None if demo else got.text
                 if demo:
-                    budget = DemonstrationBudget.for_episode(
-                        demonstration_turns(demo), max_new_tokens=config.max_new_tokens, max_turns=config.max_turns,
-                        observation_tokens=experience.demonstration_observation_tokens)
+                    budget = DemonstrationBudget(config.max_new_tokens, config.max_turns,
+                                                 experience.demonstration_observation_tokens)
         template.start(chat, exp_text, demo, budget)
         if experience is not None and demo:
             experience.record_fit(template.demonstration_fit)

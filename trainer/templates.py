@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -80,19 +81,21 @@ def demonstration_turns(demonstration: list[dict[str, Any]]) -> list[dict[str, s
 
 @dataclass(frozen=True)
 class DemonstrationBudget:
-    """How much room a demonstration must leave: `reserve` tokens for the episode itself after the
-    prompt, and, when it does not fit whole, each of its observations cut to `observation_tokens`."""
+    """How much room a demonstration must leave for the episode itself, and how it is shortened.
 
-    reserve: int
+    The episode needs as many turns as the demonstration shows (at most `max_turns`): a full generation
+    for each, and between them observations like the demonstration's own (the same kind of task gets
+    results of the same size), counted uncut. When the demonstration does not fit whole, each of its
+    observations is cut to `observation_tokens` (the calls stay whole)."""
+
+    max_new_tokens: int
+    max_turns: int
     observation_tokens: int
 
-    @classmethod
-    def for_episode(cls, turns: list[dict[str, str]], *, max_new_tokens: int, max_turns: int,
-                    observation_tokens: int) -> DemonstrationBudget:
-        """The episode needs as many turns as the demonstration shows (at most `max_turns`): a full
-        generation for each, and an observation (counted at the cap) between them."""
-        needed = max(1, min(max_turns, sum(t["role"] == "assistant" for t in turns)))
-        return cls(needed * max_new_tokens + (needed - 1) * observation_tokens, observation_tokens)
+    def reserve(self, turns: list[dict[str, str]], count_tokens: Callable[[str], int]) -> int:
+        needed = max(1, min(self.max_turns, sum(t["role"] == "assistant" for t in turns)))
+        observations = [t for t in turns[1:] if t["role"] != "assistant"][: needed - 1]
+        return needed * self.max_new_tokens + sum(count_tokens(t["content"]) for t in observations)
 
 
 DemonstrationFit = Literal["whole", "shortened", "dropped"]
@@ -195,7 +198,7 @@ class ContextTemplate:
     def _fit_demonstration(self, turns: list[dict[str, str]],
                            budget: DemonstrationBudget | None) -> tuple[list[int], DemonstrationFit]:
         ids = self._with_demonstration(turns)
-        limit = self.max_context - (budget.reserve if budget else 0)
+        limit = self.max_context - (budget.reserve(turns, lambda text: len(self.encode(text))) if budget else 0)
         if budget is None or len(ids) <= limit:
             return ids, "whole"
         # The first turn is the demonstrated task's query; the later user turns are its observations.

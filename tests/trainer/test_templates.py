@@ -186,13 +186,13 @@ def test_demonstration_ending_at_an_observation_is_shown_without_it(tok):
     assert t.demonstration_fit == "whole"
 
 
-def test_demonstration_budget_reserves_a_generation_per_demonstrated_turn():
+def test_demonstration_budget_reserves_a_generation_per_shown_turn_and_the_observations_between(tok):
     from trainer.templates import DemonstrationBudget, demonstration_turns
 
-    turns = demonstration_turns(DEMO)  # two assistant turns
-    assert DemonstrationBudget.for_episode(turns, max_new_tokens=64, max_turns=4, observation_tokens=96) == \
-        DemonstrationBudget(reserve=2 * 64 + 96, observation_tokens=96)
-    assert DemonstrationBudget.for_episode(turns, max_new_tokens=64, max_turns=1, observation_tokens=96).reserve == 64
+    turns = demonstration_turns(DEMO)  # two assistant turns, one 10-token observation between them
+    count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
+    assert DemonstrationBudget(64, 4, 2).reserve(turns, count) == 2 * 64 + 10
+    assert DemonstrationBudget(64, 1, 2).reserve(turns, count) == 64  # one turn: no observation to expect
 
 
 def test_demonstration_is_shortened_then_dropped_when_it_leaves_too_little_room(tok):
@@ -201,15 +201,16 @@ def test_demonstration_is_shortened_then_dropped_when_it_leaves_too_little_room(
     whole = ids(tok, *SYSTEM, *DEMO_TOKENS, *TASK)
     cut = ids(tok, *SYSTEM, *DEMO_CUT_TOKENS, *TASK)
     plain = ids(tok, *START)
-    budget = DemonstrationBudget(reserve=10, observation_tokens=2)
-    for max_context, fit, expected in ((len(whole) + 10, "whole", whole),
-                                       (len(whole) + 9, "shortened", cut),
-                                       (len(cut) + 10, "shortened", cut),
-                                       (len(cut) + 9, "dropped", plain)):
+    budget = DemonstrationBudget(max_new_tokens=5, max_turns=4, observation_tokens=2)
+    reserve = 2 * 5 + 10  # the episode's two turns and an observation as long as the demonstration's, uncut
+    for max_context, fit, expected in ((len(whole) + reserve, "whole", whole),
+                                       (len(whole) + reserve - 1, "shortened", cut),
+                                       (len(cut) + reserve, "shortened", cut),
+                                       (len(cut) + reserve - 1, "dropped", plain)):
         t = make_template("linear", tok, max_context)
         t.start(MESSAGES, demonstration=DEMO, budget=budget)
         assert (t.demonstration_fit, t.generation_context()) == (fit, expected), max_context
-        assert t.budget() >= 10 or fit == "dropped"
+        assert t.budget() >= reserve or fit == "dropped"
         # Whatever the policy was shown, the training prompt is the plain one.
         g = generate(tok, "go", "<|im_end|>")
         t.add_turn(0, g, "go")
