@@ -60,8 +60,8 @@ def python_call(name: str, arguments: dict[str, Any]) -> str:
 
 
 async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
-                        max_obs_chars: int) -> tuple[str, str, list[dict[str, str]]]:
-    """A solved train task as (example text, the experience manager's case of it).
+                        max_obs_chars: int) -> tuple[str, str, list[dict[str, str]], list[dict[str, Any]]]:
+    """A solved train task as (example text, the experience manager's case of it, turns, the replayed messages).
 
     The example text: its query, its reference calls and the real observations they got, and the closing
     reply. The case: what the experience manager's heuristic summary stores for the same replayed
@@ -108,7 +108,7 @@ async def demonstration(env: EnvPeer, flights: FlightsEnvironment, task_id: str,
     view = build_view(messages=messages, reward=score, success_threshold=1.0, trajectory_id=None, task_id=task_id,
                       query=task.query)
     case = heuristic_case([view])
-    return "\n".join(lines), render_experiences([(case.when_to_use, case.content)]), turns
+    return "\n".join(lines), render_experiences([(case.when_to_use, case.content)]), turns, messages
 
 
 class DemoTurnsEnv:

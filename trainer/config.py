@@ -52,6 +52,12 @@ class ExperienceConfig(StrictModel):
         "text: the rendered experiences inside <EXP> in the task's user message; turns: the top hit's "
         "demonstration (a solved task's chat turns) before the task, falling back to text for hits without "
         "one. Either way only generation sees it: the training sample is rendered without it"))
+    demonstration_observation_tokens: int = Field(default=96, ge=1, description=(
+        "inject: turns -- a demonstration must leave room for the episode (max_new_tokens per turn it shows, "
+        "and observations as long as its own between them); when it does not fit whole each of its "
+        "observations is cut to this many "
+        "tokens (the calls stay whole), and when it still does not fit the rollout goes without it (both "
+        "counted in the summary)"))
 
 
 class TaskSourceConfig(StrictModel):

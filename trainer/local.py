@@ -346,6 +346,8 @@ class LocalTrainer:
             groups = await collect_groups(tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
                                           experience=experience, grader=self.mechanisms.tasks, seed=step_seed,
                                           stats=self.group_stats, inject=self.mechanisms.experience_config.inject,
+                                          demonstration_observation_tokens=(
+                                              self.mechanisms.experience_config.demonstration_observation_tokens),
                                           on_rollout=_rollout_progress(len(tasks) * cfg.rollout.n, started))
             if groups:
                 return groups

@@ -54,12 +54,16 @@ class GroupExperience:
     """One retrieval per task group, done by the first flagged rollout that knows the query; the
     group's other flagged rollouts get the same experience, injected the way `inject` says."""
 
-    def __init__(self, source: ExperienceSource, inject: InjectMode = "text") -> None:
+    def __init__(self, source: ExperienceSource, inject: InjectMode = "text",
+                 demonstration_observation_tokens: int = 96) -> None:
         self.source = source
         self.inject = inject
+        self.demonstration_observation_tokens = demonstration_observation_tokens
         self.retrievals = 0
-        self.turns_injected = 0  # rollouts given the demonstration as chat turns
+        self.turns_injected = 0  # rollouts given the demonstration as chat turns (whole or shortened)
         self.text_fallbacks = 0  # `turns` rollouts given text because no hit had a demonstration
+        self.demos_shortened = 0  # demonstrations shown with their observations cut to fit the context
+        self.demos_dropped = 0  # demonstrations that did not fit even cut: the rollout went without
         self._lock = asyncio.Lock()
         self._done = False
         self._value: Retrieved | None = None
@@ -74,14 +78,19 @@ class GroupExperience:
             return self._value
 
     def demonstration_for(self, got: Retrieved) -> list[dict[str, Any]] | None:
-        """The demonstration a rollout is given as turns (None: inject the text), counted."""
+        """The demonstration a rollout is given as turns (None: inject the text); a missing one is counted."""
         if self.inject != "turns":
             return None
         if got.demonstration:
-            self.turns_injected += 1
             return got.demonstration
         self.text_fallbacks += 1
         return None
+
+    def record_fit(self, fit: str | None) -> None:
+        """Count how a demonstration fitted the context (`ContextTemplate.demonstration_fit`)."""
+        self.turns_injected += fit in ("whole", "shortened")
+        self.demos_shortened += fit == "shortened"
+        self.demos_dropped += fit == "dropped"
 
 
 class Mechanisms:

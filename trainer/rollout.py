@@ -24,7 +24,7 @@ from common.schemas import ChatMessage, Step, Task, Trajectory, new_id
 from trainer.mechanisms import ExperienceSource, GroupExperience, InjectMode, experience_flags
 from trainer.policy import GenerateFn, Sampling
 from trainer.settings import RolloutConfig
-from trainer.templates import Segment, make_template
+from trainer.templates import DemonstrationBudget, Segment, make_template
 
 
 class EnvAccess(Protocol):
@@ -60,6 +60,8 @@ class GroupStats:
     retrievals: int = 0
     turns_injected: int = 0  # inject: turns -- rollouts given a demonstration as chat turns
     text_fallbacks: int = 0  # inject: turns -- rollouts given text because no hit had a demonstration
+    demos_shortened: int = 0  # inject: turns -- demonstrations shown with observations cut to fit the context
+    demos_dropped: int = 0  # inject: turns -- demonstrations too long even cut: the rollout went without
     retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
     last_error: str = ""  # the latest rollout failure, named when a step ends up empty
 
@@ -91,6 +93,7 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
         messages = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in created.messages]
         chat = [{"role": m.role, "content": m.text()} for m in messages]
         exp_text, exp_ids, demo = None, [], None
+        budget = None
         if experience is not None:
             query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
             got = await experience.get(query)
@@ -98,7 +101,14 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                 exp_ids = got.ids
                 demo = experience.demonstration_for(got)
                 exp_text = None if demo else got.text
-        template.start(chat, exp_text, demo)
+                if demo:
+                    budget = DemonstrationBudget(config.max_new_tokens, config.max_turns,
+                                                 experience.demonstration_observation_tokens)
+        template.start(chat, exp_text, demo, budget)
+        if experience is not None and demo:
+            experience.record_fit(template.demonstration_fit)
+            if template.demonstration_fit == "dropped":  # the rollout saw no experience: it is not flagged
+                demo, exp_ids = None, []
         steps: list[Step] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -165,10 +175,13 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                          grader: SyntheticGrader | None = None, seed: int = 0,
                          stats: GroupStats | None = None, sampling: Sampling | None = None,
                          n: int | None = None, on_rollout: Callable[[Rollout], None] | None = None,
-                         inject: InjectMode = "text") -> list[list[Rollout]]:
+                         inject: InjectMode = "text",
+                         demonstration_observation_tokens: int = 96) -> list[list[Rollout]]:
     """n rollouts per task, concurrently; returns the complete groups only (in task order).
 
     `on_rollout` is called once per finished rollout (progress), in completion order.
+    `demonstration_observation_tokens`: inject: turns -- the cap on each demonstration observation when
+    the demonstration does not fit the context whole.
     """
     stats = stats if stats is not None else GroupStats()
     n = n or config.n
@@ -200,7 +213,8 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
 
     async def group(task: Task) -> list[Rollout] | None:
         group_id = new_id("grp")
-        shared = GroupExperience(experience, inject) if experience is not None else None
+        shared = (GroupExperience(experience, inject, demonstration_observation_tokens)
+                  if experience is not None else None)
         flags = experience_flags(n, config.experience_ratio if experience is not None else 0.0)
         seeds = [rng.randrange(2**31) for _ in range(n)]
         results = await asyncio.gather(
@@ -211,6 +225,8 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
             stats.retrievals += shared.retrievals
             stats.turns_injected += shared.turns_injected
             stats.text_fallbacks += shared.text_fallbacks
+            stats.demos_shortened += shared.demos_shortened
+            stats.demos_dropped += shared.demos_dropped
         if any(isinstance(r, BaseException) for r in results):
             stats.dropped_groups += 1
             logger.warning("dropping group of task {}: {} of {} rollouts failed", task.task_id,

@@ -114,6 +114,9 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
                                          "inject": trainer.config.experience.inject,
                                          "turns_injected": trainer.group_stats.turns_injected,
                                          "text_fallbacks": trainer.group_stats.text_fallbacks,
+                                         # demonstrations cut to fit the context, and those that still did not
+                                         "demonstrations_shortened": trainer.group_stats.demos_shortened,
+                                         "demonstrations_dropped": trainer.group_stats.demos_dropped,
                                          # pool seeding from verified synthetic tasks before training
                                          "seeded_trajectories": sum(int(r.get("sent", 0)) for r in seeding.values()),
                                          "seeded_experiences": sum(int(r.get("experiences_created", 0))

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 EXP_OPEN, EXP_CLOSE = "<EXP>", "</EXP>"
 _PLACEHOLDER = "\u2063EVOLVER_TURN\u2063"
@@ -56,17 +57,48 @@ def _call_text(call: dict[str, Any]) -> str:
 
 def demonstration_turns(demonstration: list[dict[str, Any]]) -> list[dict[str, str]]:
     """A demonstration as the chat turns the policy sees: observations become user turns (as
-    `_turn_glue` renders the episode's own observations), structured tool calls become text."""
-    turns = []
+    `_turn_glue` renders the episode's own observations), structured tool calls become text.
+
+    The turns alternate and end with the assistant: the task's own user message follows them, and two
+    user turns in a row (a replayed reference ends at the observation of its last call) are a shape the
+    chat model never saw. So consecutive observations are joined into one turn and trailing ones dropped.
+    """
+    turns: list[dict[str, str]] = []
     for message in demonstration:
         content = message.get("content") or ""
-        if message.get("role") == "assistant":
+        role = "assistant" if message.get("role") == "assistant" else "user"
+        if role == "assistant":
             calls = message.get("tool_calls") or []
             content = content or "\n".join(_call_text(c) for c in calls if isinstance(c, dict))
-            turns.append({"role": "assistant", "content": content})
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += "\n" + content
         else:
-            turns.append({"role": "user", "content": content})
+            turns.append({"role": role, "content": content})
+    while turns and turns[-1]["role"] != "assistant":
+        turns.pop()
     return turns
+
+
+@dataclass(frozen=True)
+class DemonstrationBudget:
+    """How much room a demonstration must leave for the episode itself, and how it is shortened.
+
+    The episode needs as many turns as the demonstration shows (at most `max_turns`): a full generation
+    for each, and between them observations like the demonstration's own (the same kind of task gets
+    results of the same size), counted uncut. When the demonstration does not fit whole, each of its
+    observations is cut to `observation_tokens` (the calls stay whole)."""
+
+    max_new_tokens: int
+    max_turns: int
+    observation_tokens: int
+
+    def reserve(self, turns: list[dict[str, str]], count_tokens: Callable[[str], int]) -> int:
+        needed = max(1, min(self.max_turns, sum(t["role"] == "assistant" for t in turns)))
+        observations = [t for t in turns[1:] if t["role"] != "assistant"][: needed - 1]
+        return needed * self.max_new_tokens + sum(count_tokens(t["content"]) for t in observations)
+
+
+DemonstrationFit = Literal["whole", "shortened", "dropped"]
 
 
 @dataclass
@@ -129,16 +161,21 @@ class ContextTemplate:
     # ------------------------------------------------------------------ episode API
 
     def start(self, messages: list[dict], experience: str | None = None,
-              demonstration: list[dict[str, Any]] | None = None) -> None:
+              demonstration: list[dict[str, Any]] | None = None,
+              budget: DemonstrationBudget | None = None) -> None:
         """Begin an episode from the environment's initial [system, user] messages; `demonstration`
-        (chat turns of a solved task) goes before the first non-system message, for generation only."""
+        (chat turns of a solved task) goes before the first non-system message, for generation only.
+
+        With a `budget`, the demonstration must leave `budget.reserve` tokens of the context: else its
+        observations are cut to `budget.observation_tokens` each (the calls stay whole), and if it still
+        does not fit the episode starts without it. `demonstration_fit` says which happened."""
         self.messages = [dict(m) for m in messages]
         plain = self.render(self.messages, add_generation_prompt=True)
         self.prompt_plain = self.encode(plain)
+        self.demonstration_fit: DemonstrationFit | None = None
         if demonstration:
-            at = next((i for i, m in enumerate(self.messages) if m["role"] != "system"), len(self.messages))
-            shown = [*self.messages[:at], *demonstration_turns(demonstration), *self.messages[at:]]
-            self.prompt_generation = self.encode(self.render(shown, add_generation_prompt=True))
+            self.prompt_generation, self.demonstration_fit = self._fit_demonstration(
+                demonstration_turns(demonstration), budget)
         elif experience:
             with_exp = [dict(m) for m in self.messages]
             last_user = max(i for i, m in enumerate(with_exp) if m["role"] == "user")
@@ -147,6 +184,31 @@ class ContextTemplate:
         else:
             self.prompt_generation = list(self.prompt_plain)
         self._segments = [Segment(prompt_ids=list(self.prompt_plain))]
+
+    def _with_demonstration(self, turns: list[dict[str, str]]) -> list[int]:
+        at = next((i for i, m in enumerate(self.messages) if m["role"] != "system"), len(self.messages))
+        return self.encode(self.render([*self.messages[:at], *turns, *self.messages[at:]], add_generation_prompt=True))
+
+    def _cut(self, text: str, tokens: int) -> str:
+        ids = self.encode(text)
+        if len(ids) <= tokens:
+            return text
+        return self.tokenizer.decode(ids[:tokens]) + " ..."
+
+    def _fit_demonstration(self, turns: list[dict[str, str]],
+                           budget: DemonstrationBudget | None) -> tuple[list[int], DemonstrationFit]:
+        ids = self._with_demonstration(turns)
+        limit = self.max_context - (budget.reserve(turns, lambda text: len(self.encode(text))) if budget else 0)
+        if budget is None or len(ids) <= limit:
+            return ids, "whole"
+        # The first turn is the demonstrated task's query; the later user turns are its observations.
+        cut = [t if i == 0 or t["role"] == "assistant" else {**t, "content": self._cut(t["content"],
+                                                                                         budget.observation_tokens)}
+               for i, t in enumerate(turns)]
+        ids = self._with_demonstration(cut)
+        if len(ids) <= limit:
+            return ids, "shortened"
+        return list(self.prompt_plain), "dropped"
 
     def generation_context(self) -> list[int]:
         """The ids the policy continues from now (with experience, when injected)."""
@@ -199,11 +261,12 @@ class LinearThinkTemplate(ContextTemplate):
     instruction = ("First think step by step inside <think></think>, then write only your action after it.")
 
     def start(self, messages: list[dict], experience: str | None = None,
-              demonstration: list[dict[str, Any]] | None = None) -> None:
+              demonstration: list[dict[str, Any]] | None = None,
+              budget: DemonstrationBudget | None = None) -> None:
         messages = [dict(m) for m in messages]
         if messages and messages[0]["role"] == "system":
             messages[0]["content"] = f"{messages[0]['content']}\n\n{self.instruction}"
-        super().start(messages, experience, demonstration)
+        super().start(messages, experience, demonstration, budget)
 
     def action_text(self, generated_text: str) -> str:
         text = THINK_PATTERN.sub("", generated_text)

@@ -339,3 +339,56 @@ def test_turns_mode_shows_a_retrieved_demonstration_to_generation_only(env_url, 
     assert "experience_demonstration" not in fell_back.trajectory.metadata
     exp_ids = tok.encode(EXP_OPEN, add_special_tokens=False)
     assert sum(_contains(c, exp_ids) for c in plain_policy.contexts) == len(fell_back.trajectory.steps)
+
+
+class FixedDemonstration:
+    """Stands in for the experience manager's retrieval: one hit that carries a demonstration."""
+
+    def __init__(self, demonstration):
+        self.demonstration = demonstration
+
+    async def retrieve(self, query):
+        from trainer.peers import Retrieved
+
+        return Retrieved("a case", ["exp-1"], self.demonstration)
+
+
+CONTEXT = 640
+
+
+def test_demonstrations_that_do_not_fit_are_shortened_or_dropped_and_counted(env_url, tiny):
+    """A demonstration that would leave the episode too little context is shown with its observations cut
+    (the calls whole); one that still does not fit is not shown, and that rollout is not flagged."""
+    model, tok = tiny
+    # The episode is expected to need two generations and a 300-token observation like the demonstration's:
+    # the demonstration fits only cut (a short query), or not at all (a 300-token query).
+    task = Task(task_id="signal-train-0000", env_type="signal")
+    long_observation = " ".join(["door"] * 300)
+    call = "zebra quartz call"
+    shortenable = [{"role": "user", "content": "go"}, {"role": "assistant", "content": call},
+                   {"role": "tool", "content": long_observation}, {"role": "assistant", "content": "done"}]
+    too_long = [{"role": "user", "content": long_observation}, *shortenable[1:]]
+    call_ids = tok.encode(call, add_special_tokens=False)
+    door_ids = tok.encode(" door door door door door door", add_special_tokens=False)
+
+    def collect(demonstration):
+        policy, stats = RecordingPolicy(model, tok), GroupStats()
+        groups = asyncio.run(_with_env(env_url, lambda env: collect_groups(
+            [task], env, policy.generate, tok, config(n=2, experience_ratio=0.5, max_context=CONTEXT), seed=3,
+            stats=stats,
+            experience=FixedDemonstration(demonstration), inject="turns", demonstration_observation_tokens=4)))
+        asyncio.run(policy.inner.aclose())
+        return groups[0], policy, stats
+
+    group, policy, stats = collect(shortenable)
+    assert (stats.turns_injected, stats.demos_shortened, stats.demos_dropped) == (1, 1, 0)
+    flagged = [r for r in group if r.trajectory.experience_flag]
+    assert len(flagged) == 1 and flagged[0].trajectory.experience_ids == ["exp-1"]
+    shown = [c for c in policy.contexts if _contains(c, call_ids)]
+    assert len(shown) == len(flagged[0].trajectory.steps)  # every turn of the flagged rollout saw the call
+    assert all(not _contains(c, door_ids) and len(c) <= CONTEXT for c in policy.contexts)
+
+    group, policy, stats = collect(too_long)
+    assert (stats.turns_injected, stats.demos_shortened, stats.demos_dropped) == (0, 0, 1)
+    assert not any(r.trajectory.experience_flag or r.trajectory.experience_ids for r in group)
+    assert not any(_contains(c, call_ids) for c in policy.contexts)

@@ -149,3 +149,69 @@ def test_demonstration_turns_render_observations_as_user_turns_and_calls_as_text
         {"role": "assistant", "content": '<tool_call>{"name": "get_passenger", "arguments": {"name": "Ann"}}</tool_call>'},
         {"role": "user", "content": "P1"},
         {"role": "assistant", "content": "Ann is P1."}]
+
+
+# ---------------------------------------------------------------- demonstrations that fit (issue 14)
+
+DEMO = [{"role": "user", "content": "go left"}, {"role": "assistant", "content": "go left"},
+        {"role": "tool", "content": "you see a door you see a door"}, {"role": "assistant", "content": "right"}]
+DEMO_TOKENS = ["<|im_start|>", "user", NL, "go", "Ġleft", "<|im_end|>", NL,
+               "<|im_start|>", "assistant", NL, "go", "Ġleft", "<|im_end|>", NL,
+               "<|im_start|>", "user", NL, "you", "Ġse", "e", "Ġa", "Ġdoor", "Ġyou", "Ġse", "e", "Ġa", "Ġdoor",
+               "<|im_end|>", NL,
+               "<|im_start|>", "assistant", NL, "right", "<|im_end|>", NL]
+# The observation cut to 2 tokens, then " ..." (what the policy is shown instead of the whole result).
+DEMO_CUT_TOKENS = [*DEMO_TOKENS[:17], "you", "Ġse", "Ġ", ".", ".", ".", *DEMO_TOKENS[27:]]
+SYSTEM = START[:9]
+TASK = START[9:]
+
+
+def test_demonstration_turns_end_with_the_assistant_and_alternate():
+    from trainer.templates import demonstration_turns
+
+    # A replayed reference ends at its last call's observation; a multi-call turn has two observations.
+    demo = [{"role": "user", "content": "Book it."}, {"role": "assistant", "content": "a()\nb()"},
+            {"role": "tool", "content": "A"}, {"role": "tool", "content": "B"},
+            {"role": "assistant", "content": "c()"}, {"role": "tool", "content": "booked"}]
+    assert demonstration_turns(demo) == [
+        {"role": "user", "content": "Book it."}, {"role": "assistant", "content": "a()\nb()"},
+        {"role": "user", "content": "A\nB"}, {"role": "assistant", "content": "c()"}]
+
+
+def test_demonstration_ending_at_an_observation_is_shown_without_it(tok):
+    t = make_template("linear", tok)
+    t.start(MESSAGES, demonstration=[*DEMO[:2], {"role": "tool", "content": "you see a door"}])
+    # system, the demonstrated query, its call, then the task: never two user turns in a row.
+    assert t.generation_context() == ids(tok, *SYSTEM, *DEMO_TOKENS[:14], *TASK)
+    assert t.demonstration_fit == "whole"
+
+
+def test_demonstration_budget_reserves_a_generation_per_shown_turn_and_the_observations_between(tok):
+    from trainer.templates import DemonstrationBudget, demonstration_turns
+
+    turns = demonstration_turns(DEMO)  # two assistant turns, one 10-token observation between them
+    count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
+    assert DemonstrationBudget(64, 4, 2).reserve(turns, count) == 2 * 64 + 10
+    assert DemonstrationBudget(64, 1, 2).reserve(turns, count) == 64  # one turn: no observation to expect
+
+
+def test_demonstration_is_shortened_then_dropped_when_it_leaves_too_little_room(tok):
+    from trainer.templates import DemonstrationBudget
+
+    whole = ids(tok, *SYSTEM, *DEMO_TOKENS, *TASK)
+    cut = ids(tok, *SYSTEM, *DEMO_CUT_TOKENS, *TASK)
+    plain = ids(tok, *START)
+    budget = DemonstrationBudget(max_new_tokens=5, max_turns=4, observation_tokens=2)
+    reserve = 2 * 5 + 10  # the episode's two turns and an observation as long as the demonstration's, uncut
+    for max_context, fit, expected in ((len(whole) + reserve, "whole", whole),
+                                       (len(whole) + reserve - 1, "shortened", cut),
+                                       (len(cut) + reserve, "shortened", cut),
+                                       (len(cut) + reserve - 1, "dropped", plain)):
+        t = make_template("linear", tok, max_context)
+        t.start(MESSAGES, demonstration=DEMO, budget=budget)
+        assert (t.demonstration_fit, t.generation_context()) == (fit, expected), max_context
+        assert t.budget() >= reserve or fit == "dropped"
+        # Whatever the policy was shown, the training prompt is the plain one.
+        g = generate(tok, "go", "<|im_end|>")
+        t.add_turn(0, g, "go")
+        assert t.segments()[0].prompt_ids == plain

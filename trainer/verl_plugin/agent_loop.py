@@ -122,7 +122,8 @@ def group_experience(uid: str, settings: EvolverVerlSettings) -> GroupExperience
     if group is None:
         group = _GROUPS[uid] = GroupExperience(FreshExperienceRetrieval(settings.experience, settings.timeout_s,
                                                                            settings.outage()),
-                                               settings.experience.inject)
+                                               settings.experience.inject,
+                                               settings.experience.demonstration_observation_tokens)
         while len(_GROUPS) > _GROUPS_KEPT:
             _GROUPS.popitem(last=False)
     return group
