@@ -419,11 +419,13 @@ class LocalTrainer:
         await self.setup()
         try:
             history: list[dict[str, float]] = []
-            if cfg.eval.before and self.step == 0:
+            if cfg.eval.before and self.step == 0 and "before" not in self.evaluations:
                 before = await self.evaluate("before")
                 self.metrics.log(0, before)
                 history.append({"step": 0, **before})
                 logger.info("eval before training: {}", _short(before))
+                if cfg.checkpoint.every:  # a run killed in step 1 then resumes without evaluating again
+                    self.save()
             progress = _progress(cfg.progress, cfg.steps, self.step)
             while self.step < cfg.steps:
                 metrics = await self.train_step()

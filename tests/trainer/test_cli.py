@@ -99,6 +99,27 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
     assert rows["avg@1"]["delta"]["n"] == 4
 
 
+def test_run_killed_in_its_first_step_resumes_without_evaluating_again(env_url, tmp_path):
+    out = tmp_path / "run"
+    conf = tmp_path / "run.yaml"
+    conf.write_text(trainer_yaml(out, env_url, steps=1, evals=True).replace("every: 2", "every: 1"))
+    proc = start(conf, tmp_path / "run.log")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    # As if killed during step 1: only the checkpoint written after the evaluation before training is left.
+    checkpoints = out / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*.pt")) == ["step_000000.pt", "step_000001.pt"]
+    (checkpoints / "step_000001.pt").unlink()
+    (checkpoints / "latest").write_text("step_000000.pt")
+
+    conf.write_text(trainer_yaml(out, env_url, steps=1, evals=True, resume=True).replace("every: 2", "every: 1"))
+    proc = start(conf, tmp_path / "resume.log")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    log = (tmp_path / "resume.log").read_text()
+    assert "at step 0 " in log and "eval before training" not in log
+    rows = {row["metric"]: row for row in json.loads((out / "summary.json").read_text())["eval"]["rows"]}
+    assert rows["avg@1"]["delta"]["n"] == 4
+
+
 def test_trainer_runs_as_a_ray_actor_and_exports(env_url, tmp_path):
     out, export = tmp_path / "ray", tmp_path / "export"
     conf = tmp_path / "ray.yaml"
