@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +217,8 @@ class LocalTrainer:
         self.updater.load_state_dict(state["updater"])
         self.cursor.load(state["cursor"])
         self.group_stats = GroupStats(**state.get("group_stats", {}))
+        # The held-out "before" result: without it a resumed run's summary has no before/after change.
+        self.evaluations = {label: EvalSummary(**saved) for label, saved in state.get("evaluations", {}).items()}
         assert self.mechanisms is not None
         self.mechanisms.load_counters(state.get("mechanisms", {}))
         resilience = state.get("resilience", {})
@@ -232,6 +234,7 @@ class LocalTrainer:
         payload = {"model": lora.merged_state_dict(self.model), "updater": self.updater.state_dict(),
                    "cursor": self._prefetch_cursor if self._prefetch is not None else self.cursor.state(),
                    "group_stats": vars(self.group_stats),
+                   "evaluations": {label: asdict(summary) for label, summary in self.evaluations.items()},
                    "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
                    "resilience": {"steps": self._step_counters(),
                                   "outages": {name: vars(c) for name, c in self._outage_counters().items()}},
@@ -418,11 +421,13 @@ class LocalTrainer:
         await self.setup()
         try:
             history: list[dict[str, float]] = []
-            if cfg.eval.before and self.step == 0:
+            if cfg.eval.before and self.step == 0 and "before" not in self.evaluations:
                 before = await self.evaluate("before")
                 self.metrics.log(0, before)
                 history.append({"step": 0, **before})
                 logger.info("eval before training: {}", _short(before))
+                if cfg.checkpoint.every:  # a run killed in step 1 then resumes without evaluating again
+                    self.save()
             progress = _progress(cfg.progress, cfg.steps, self.step)
             while self.step < cfg.steps:
                 metrics = await self.train_step()

@@ -18,7 +18,7 @@ ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
 
 
 def trainer_yaml(out: Path, env_url: str, *, steps: int, ray: bool = False, resume: bool = False,
-                 export: Path | None = None) -> str:
+                 export: Path | None = None, evals: bool = False) -> str:
     return f"""
 trainer:
   model: tiny
@@ -33,7 +33,7 @@ trainer:
   rollout: {{env: signal, n: 2, max_turns: 2, max_new_tokens: 2, max_context: 256}}
   optim: {{lr: 0.001, minibatches: 2, micro_batch_size: 2}}
   services: {{env_url: "{env_url}"}}
-  eval: {{before: false, after: {str(ray).lower()}, tasks: 4}}
+  eval: {{before: {str(evals).lower()}, after: {str(ray or evals).lower()}, tasks: 4}}
   checkpoint: {{every: 2, keep: 3}}
   ray: {{enabled: {str(ray).lower()}, dashboard: false, num_cpus: 0}}
 """
@@ -67,7 +67,7 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
 
     killed = tmp_path / "killed"
     conf = tmp_path / "killed.yaml"
-    conf.write_text(trainer_yaml(killed, env_url, steps=5))
+    conf.write_text(trainer_yaml(killed, env_url, steps=5, evals=True))
     proc = start(conf, tmp_path / "killed.log")
     deadline = time.monotonic() + 240
     while not (killed / "checkpoints" / "step_000002.pt").exists():
@@ -80,7 +80,7 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
     assert checkpoint_step in (2, 4)
 
     conf = tmp_path / "resume.yaml"
-    conf.write_text(trainer_yaml(killed, env_url, steps=5, resume=True))
+    conf.write_text(trainer_yaml(killed, env_url, steps=5, resume=True, evals=True))
     proc = start(conf, tmp_path / "resume.log")
     assert proc.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
     log = (tmp_path / "resume.log").read_text()
@@ -93,6 +93,31 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
         assert got[step]["cursor"] == expected[step]["cursor"]
     steps_logged = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps_logged[-1] == 5
+    # The held-out result from before training came back with the checkpoint: the summary pairs it with after.
+    rows = {row["metric"]: row for row in json.loads((killed / "summary.json").read_text())["eval"]["rows"]}
+    assert rows["avg@1"]["before"]["n"] == 4 and rows["avg@1"]["after"]["n"] == 4
+    assert rows["avg@1"]["delta"]["n"] == 4
+
+
+def test_run_killed_in_its_first_step_resumes_without_evaluating_again(env_url, tmp_path):
+    out = tmp_path / "run"
+    conf = tmp_path / "run.yaml"
+    conf.write_text(trainer_yaml(out, env_url, steps=1, evals=True).replace("every: 2", "every: 1"))
+    proc = start(conf, tmp_path / "run.log")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    # As if killed during step 1: only the checkpoint written after the evaluation before training is left.
+    checkpoints = out / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*.pt")) == ["step_000000.pt", "step_000001.pt"]
+    (checkpoints / "step_000001.pt").unlink()
+    (checkpoints / "latest").write_text("step_000000.pt")
+
+    conf.write_text(trainer_yaml(out, env_url, steps=1, evals=True, resume=True).replace("every: 2", "every: 1"))
+    proc = start(conf, tmp_path / "resume.log")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    log = (tmp_path / "resume.log").read_text()
+    assert "at step 0 " in log and "eval before training" not in log
+    rows = {row["metric"]: row for row in json.loads((out / "summary.json").read_text())["eval"]["rows"]}
+    assert rows["avg@1"]["delta"]["n"] == 4
 
 
 def test_trainer_runs_as_a_ray_actor_and_exports(env_url, tmp_path):
