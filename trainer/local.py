@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,8 @@ class LocalTrainer:
         self._saved_outages = resilience.get("outages", {})  # onto the clients once the policy exists
         set_rng_state(state["rng"])
         self.step = int(state["step"])
+        # The "before" evaluation ran once at step 0: a resumed run's summary still compares against it.
+        self.evaluations = {label: EvalSummary(**saved) for label, saved in state.get("evaluations", {}).items()}
         logger.info("resumed from {} at step {} (cursor epoch {} index {})", path.name, self.step,
                     self.cursor.epoch, self.cursor.index)
 
@@ -235,7 +237,8 @@ class LocalTrainer:
                    "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
                    "resilience": {"steps": self._step_counters(),
                                   "outages": {name: vars(c) for name, c in self._outage_counters().items()}},
-                   "config": self.config.model_dump()}
+                   "config": self.config.model_dump(),
+                   "evaluations": {label: asdict(summary) for label, summary in self.evaluations.items()}}
         if lora.is_peft(self.model):
             payload["lora"] = self.model.state_dict()
         path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)

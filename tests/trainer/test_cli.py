@@ -18,7 +18,7 @@ ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
 
 
 def trainer_yaml(out: Path, env_url: str, *, steps: int, ray: bool = False, resume: bool = False,
-                 export: Path | None = None) -> str:
+                 export: Path | None = None, evaluate: bool = False) -> str:
     return f"""
 trainer:
   model: tiny
@@ -33,7 +33,7 @@ trainer:
   rollout: {{env: signal, n: 2, max_turns: 2, max_new_tokens: 2, max_context: 256}}
   optim: {{lr: 0.001, minibatches: 2, micro_batch_size: 2}}
   services: {{env_url: "{env_url}"}}
-  eval: {{before: false, after: {str(ray).lower()}, tasks: 4}}
+  eval: {{before: {str(evaluate).lower()}, after: {str(ray or evaluate).lower()}, tasks: 4}}
   checkpoint: {{every: 2, keep: 3}}
   ray: {{enabled: {str(ray).lower()}, dashboard: false, num_cpus: 0}}
 """
@@ -61,13 +61,13 @@ def batches(out: Path) -> dict[int, dict]:
 def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_path):
     straight = tmp_path / "straight"
     conf = tmp_path / "straight.yaml"
-    conf.write_text(trainer_yaml(straight, env_url, steps=5))
+    conf.write_text(trainer_yaml(straight, env_url, steps=5, evaluate=True))
     proc = start(conf, tmp_path / "straight.log")
     assert proc.wait(timeout=240) == 0, (tmp_path / "straight.log").read_text()[-3000:]
 
     killed = tmp_path / "killed"
     conf = tmp_path / "killed.yaml"
-    conf.write_text(trainer_yaml(killed, env_url, steps=5))
+    conf.write_text(trainer_yaml(killed, env_url, steps=5, evaluate=True))
     proc = start(conf, tmp_path / "killed.log")
     deadline = time.monotonic() + 240
     while not (killed / "checkpoints" / "step_000002.pt").exists():
@@ -80,7 +80,7 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
     assert checkpoint_step in (2, 4)
 
     conf = tmp_path / "resume.yaml"
-    conf.write_text(trainer_yaml(killed, env_url, steps=5, resume=True))
+    conf.write_text(trainer_yaml(killed, env_url, steps=5, resume=True, evaluate=True))
     proc = start(conf, tmp_path / "resume.log")
     assert proc.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
     log = (tmp_path / "resume.log").read_text()
@@ -93,6 +93,13 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
         assert got[step]["cursor"] == expected[step]["cursor"]
     steps_logged = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps_logged[-1] == 5
+    # The step-0 evaluation is not redone on resume, yet the summary still holds it, equal to the
+    # uninterrupted run's (same weights at step 0, greedy), with the paired change.
+    eval_rows = {r["metric"]: r for r in json.loads((killed / "summary.json").read_text())["eval"]["rows"]}
+    straight_rows = {r["metric"]: r for r in json.loads((straight / "summary.json").read_text())["eval"]["rows"]}
+    assert eval_rows["avg@1"]["before"] == straight_rows["avg@1"]["before"]
+    assert {"before", "after", "delta"} <= set(eval_rows["avg@1"])
+    assert log.count("eval before training") == 0
 
 
 def test_trainer_runs_as_a_ray_actor_and_exports(env_url, tmp_path):
