@@ -208,7 +208,7 @@ def test_textworld_games_load_and_play_concurrently_in_one_process(tmp_path):
     import threading
 
     config = {"envs": ["tw-treasure_hunter-L1", "tw-coin_collector-L1"], "games_dir": str(tmp_path),
-              "splits": {"train": 1, "validation": 1, "test": 2}}
+              "splits": {"train": 3, "validation": 3, "test": 2}}
     env = load_environments({"textworld": config})["textworld"]
     task_ids = env.task_ids("test")
     for task_id in task_ids:  # games are generated once, before the concurrent part
@@ -232,3 +232,12 @@ def test_textworld_games_load_and_play_concurrently_in_one_process(tmp_path):
         for thread in threads:
             thread.join()
     assert errors == [] and len(played) == 3 * 2 * len(task_ids) == 24
+    # Generating a game parses the same logic files: creates that build a new game (the train and
+    # validation ids have none yet) while others load and step failed the same way (benchmark 400s).
+    new_ids = env.task_ids("train") + env.task_ids("validation")
+    threads = [threading.Thread(target=play, args=(t,)) for t in new_ids + task_ids * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(played) == 24 + len(new_ids) + 2 * len(task_ids) == 44
