@@ -4,6 +4,7 @@ known (a scripted solver, or a fixed wrong play)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -232,3 +233,37 @@ def test_textworld_games_load_and_play_concurrently_in_one_process(tmp_path):
         for thread in threads:
             thread.join()
     assert errors == [] and len(played) == 3 * 2 * len(task_ids) == 24
+
+
+@pytest.mark.slow
+def test_textworld_creates_that_build_games_run_concurrently_over_http(tmp_path):
+    # Building a game parses the same logic files as loading one. In a fresh env_service, 12 concurrent
+    # creates of games not yet built (each builds, then loads) failed 8 times with FailedToken or
+    # "pop from empty list" (400s) until building took the same lock as loading and stepping.
+    import httpx
+
+    from tests.helpers import run_env_service
+
+    env_yaml = (f"env_service:\n  environments:\n    textworld:\n      games_dir: {tmp_path / 'games'}\n"
+                "      envs: [tw-coin_collector-L1, tw-treasure_hunter-L1]\n"
+                "      splits: {train: 0, validation: 0, test: 6}\n")
+
+    async def play_all(url: str) -> list[str]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            async def play(task_id: str) -> str:
+                created = await client.post("/v1/instances", json={"env": "textworld", "task_id": task_id})
+                if created.status_code != 201:
+                    return f"{task_id}: {created.status_code} {created.text[:200]}"
+                instance = created.json()["instance_id"]
+                stepped = await client.post(f"/v1/instances/{instance}/step",
+                                            json={"action": {"role": "assistant", "content": "look"}})
+                await client.delete(f"/v1/instances/{instance}")
+                return "" if stepped.status_code == 200 else f"{task_id}: step {stepped.status_code}"
+
+            ids = (await client.get("/v1/environments/textworld/tasks", params={"split": "test"})).json()["task_ids"]
+            assert len(ids) == 12
+            return [e for e in await asyncio.gather(*(play(t) for t in ids)) if e]
+
+    with run_env_service(env_yaml, tmp_path) as service:
+        assert asyncio.run(play_all(service.url)) == []
+    assert len(list((tmp_path / "games").glob("*/*.z8"))) == 12

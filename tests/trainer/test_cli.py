@@ -61,7 +61,7 @@ def batches(out: Path) -> dict[int, dict]:
 def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_path):
     straight = tmp_path / "straight"
     conf = tmp_path / "straight.yaml"
-    conf.write_text(trainer_yaml(straight, env_url, steps=5))
+    conf.write_text(trainer_yaml(straight, env_url, steps=5, evals=True))
     proc = start(conf, tmp_path / "straight.log")
     assert proc.wait(timeout=240) == 0, (tmp_path / "straight.log").read_text()[-3000:]
 
@@ -97,6 +97,10 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
     rows = {row["metric"]: row for row in json.loads((killed / "summary.json").read_text())["eval"]["rows"]}
     assert rows["avg@1"]["before"]["n"] == 4 and rows["avg@1"]["after"]["n"] == 4
     assert rows["avg@1"]["delta"]["n"] == 4
+    straight_rows = {r["metric"]: r for r in json.loads((straight / "summary.json").read_text())["eval"]["rows"]}
+    # Not redone on resume, yet equal to the uninterrupted run's (same weights at step 0, greedy).
+    assert rows["avg@1"]["before"] == straight_rows["avg@1"]["before"]
+    assert log.count("eval before training") == 0
 
 
 def test_run_killed_in_its_first_step_resumes_without_evaluating_again(env_url, tmp_path):

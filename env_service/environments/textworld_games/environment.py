@@ -8,17 +8,17 @@ The state snapshot is the room description, the inventory and the score (what th
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 from common.schemas import Split
 from env_service.environments.textgames import Parsed, SuiteEnvironment, TextGameInstance, Turn, match_choice
-from env_service.environments.textworld_games.games import check_game_id, game_file, request_infos
-
-# TextWorld's game loading and state tracking share module-level parser state (its logic grammar):
-# two games loading at once in one process fail with "pop from empty list". Calls into it take turns.
-_textworld_lock = threading.Lock()
+from env_service.environments.textworld_games.games import (
+    TEXTWORLD_LOCK,
+    check_game_id,
+    game_file,
+    request_infos,
+)
 
 
 def clean(text: str) -> str:
@@ -56,7 +56,7 @@ class TextWorldInstance(TextGameInstance):
     def start(self) -> tuple[str, str]:
         import textworld
 
-        with _textworld_lock:
+        with TEXTWORLD_LOCK:
             if self.env is None:
                 self.env = textworld.start(str(self.path), request_infos=request_infos())
             self.game = self.env.reset()
@@ -68,7 +68,7 @@ class TextWorldInstance(TextGameInstance):
         return match_choice(text, {c: c for c in self._commands()})
 
     def apply(self, action: str) -> Turn:
-        with _textworld_lock:
+        with TEXTWORLD_LOCK:
             self.game, reward, done = self.env.step(action)
         return Turn(self._with_commands(clean(self.game.feedback)), float(reward), bool(done),
                     info={"score": self.game.score, "max_score": self.game.max_score})

@@ -17,7 +17,10 @@ from typing import Any
 _CHALLENGE = re.compile(r"^tw-(coin_collector|treasure_hunter)-L(\d+)$")
 _CUSTOM = re.compile(r"^custom-R(\d+)-O(\d+)-Q(\d+)$")
 EXAMPLES = "tw-coin_collector-L1, tw-treasure_hunter-L1, custom-R3-O6-Q3"
-_lock = threading.Lock()  # the Inform compiler is CPU-bound; one build at a time per process
+# TextWorld keeps its logic parser's state at module level: generating, loading and stepping games on
+# several threads at once fails ("pop from empty list", "FailedToken"). Every call into TextWorld in
+# this process takes this lock; building a game holds it for seconds (`pregenerate` avoids that).
+TEXTWORLD_LOCK = threading.Lock()
 
 
 def check_game_id(env_id: str) -> str:
@@ -60,7 +63,7 @@ def game_file(games_dir: Path, env_id: str, seed: int) -> Path:
     final = games_dir / env_id / f"{seed}.z8"
     if final.exists():
         return final
-    with _lock:
+    with TEXTWORLD_LOCK:
         if final.exists():
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
