@@ -69,7 +69,9 @@ async def held_out(url: str, model: Any, tok: Any, args: argparse.Namespace) -> 
 def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
     config = TrainerConfig.model_validate({
         "model": args.model, "steps": args.steps, "tasks_per_step": PROMPTS, "seed": args.seed,
-        "output_dir": tempfile.mkdtemp(prefix="bench-ours-"), "progress": False, "tensorboard": False, "plot": False,
+        "output_dir": args.ours_dir or tempfile.mkdtemp(prefix="bench-ours-"), "resume": bool(args.ours_dir),
+        "checkpoint": {"every": 1 if args.ours_dir else 0, "keep": 1},
+        "progress": False, "tensorboard": False, "plot": False,
         "rollout": rollout_config().model_dump(),
         "optim": {"lr": LR, "epochs": 1, "minibatches": 2, "micro_batch_size": 4, "schedule": "constant"},
         "loss": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0},
@@ -143,14 +145,18 @@ def run_trl(url: str, args: argparse.Namespace) -> dict[str, Any]:
                 self.rewards.append(float(logs["reward"]))
 
     model, tok = load_model(args.model)
+    out_dir = args.trl_dir or tempfile.mkdtemp(prefix="bench-trl-")
+    resume = args.trl_dir is not None and any(Path(out_dir).glob("checkpoint-*"))
     grpo = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), use_cpu=True, bf16=False, fp16=False, seed=args.seed,
+        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, seed=args.seed,
         per_device_train_batch_size=PROMPTS * COMPLETIONS // 2, gradient_accumulation_steps=1,
         steps_per_generation=2, num_generations=COMPLETIONS, num_iterations=1,
         max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", scale_rewards="group",
-        max_steps=2 * args.steps, logging_steps=1, save_strategy="no", report_to="none",
+        max_steps=2 * args.steps, logging_steps=1, report_to="none",
+        # `--trl-dir`: a checkpoint after every batch (its two updates), so a stopped run resumes there.
+        save_strategy="steps" if args.trl_dir else "no", save_steps=2, save_total_limit=1,
         dataloader_num_workers=0, disable_dropout=True,
         # TRL turns activation checkpointing on by default; it trades compute for memory, which a
         # 135M model on a 128 GiB host does not need, so the comparison is against TRL's faster setting.
@@ -158,7 +164,7 @@ def run_trl(url: str, args: argparse.Namespace) -> dict[str, Any]:
     clock = StepClock()
     trainer = TimedGRPO(model=model, reward_funcs=reward, args=grpo, train_dataset=Dataset.from_list(rows),
                         processing_class=tok, callbacks=[clock])
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if resume else None)
     if args.save_trl:  # so a held-out evaluation cut off by a time limit can be run later (--eval-saved)
         trainer.save_model(args.save_trl)
         tok.save_pretrained(args.save_trl)
@@ -171,7 +177,7 @@ def run_trl(url: str, args: argparse.Namespace) -> dict[str, Any]:
            "update_ms_per_training_token": round(1000 * (total - gen) / max(tokens, 1), 2),
            "training_tokens_per_step": round(tokens / n, 1),
            "reward_mean": round(sum(clock.rewards) / max(len(clock.rewards), 1), 4),
-           "trl_version": trl_version,
+           "trl_version": trl_version, "resumed": resume,
            "speed_options": {k: getattr(grpo, k) for k in (
                "use_vllm", "use_transformers_paged", "use_transformers_continuous_batching", "cache_implementation",
                "gradient_checkpointing", "bf16", "torch_compile", "per_device_train_batch_size",
@@ -192,6 +198,9 @@ def main() -> None:
                         help="keep TRL's default activation checkpointing (slower)")
     parser.add_argument("--only", choices=["ours", "trl"], help="run one side (for debugging)")
     parser.add_argument("--save-trl", help="write TRL's trained model to this folder")
+    parser.add_argument("--ours-dir", help="our run's folder: a checkpoint every step, resumed when it has one")
+    parser.add_argument("--trl-dir", help="TRL's output folder: a checkpoint every batch, resumed when it has one "
+                                          "(the timings of a resumed run cover only its last part)")
     parser.add_argument("--eval-saved", help="only the held-out success of a saved model folder (then exit)")
     args = parser.parse_args()
     conf = Path(tempfile.mkdtemp()) / "env.yaml"

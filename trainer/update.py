@@ -200,6 +200,72 @@ def shared_prompt_logprobs(model: Any, samples: list[TrainSample], device: torch
     return logp, entropy
 
 
+def packed_logprobs(model: Any, samples: list[TrainSample], device: torch.device, with_entropy: bool = False, *,
+                    share_prompts: bool = True, dtype: torch.dtype | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` of `samples` from one padding-free forward: all rows packed into one sequence.
+
+    The sequence holds each distinct prompt once (every prompt, without `share_prompts`) followed by the
+    responses that continue it. Position ids restart for every response after its prompt, and a block mask
+    lets a response token see its prompt and its own earlier tokens only, so each row computes what it
+    would alone; but no position is padding, and a group's prompt runs once. Returns (B, T) tensors like
+    `response_logprobs` (T: the longest response), 0 off the loss mask.
+    """
+    b, t = len(samples), max(len(s.response_ids) for s in samples)
+    tokens: list[int] = []
+    positions: list[int] = []
+    blocks: list[int] = []  # which prompt each token belongs to (an attention "document")
+    owners: list[int] = []  # the row a response token belongs to; -1 on prompt tokens (every row sees them)
+    prompt_last: dict[Any, tuple[int, int]] = {}  # prompt key -> (block, index of its last token)
+    last, start = [], []  # per row: the index predicting its first token, where its response begins
+    for i, s in enumerate(samples):
+        key = tuple(s.prompt_ids) if share_prompts else i
+        if key not in prompt_last:
+            n = len(s.prompt_ids)
+            tokens += s.prompt_ids
+            positions += range(n)
+            blocks += [len(prompt_last)] * n
+            owners += [-1] * n
+            prompt_last[key] = (len(prompt_last), len(tokens) - 1)
+        block, end = prompt_last[key]
+        last.append(end)
+        start.append(len(tokens))
+        n, p = len(s.response_ids), len(s.prompt_ids)
+        tokens += s.response_ids
+        positions += range(p, p + n)
+        blocks += [block] * n
+        owners += [i] * n
+    mask = torch.zeros((b, t), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        mask[i, :len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    rows, cols = torch.nonzero(mask > 0, as_tuple=True)
+    logp = torch.zeros((b, t), dtype=torch.float32, device=device)
+    entropy = torch.zeros((b, t), dtype=torch.float32, device=device) if with_entropy else None
+    if rows.numel() == 0:
+        return logp, entropy
+    ids, pos = torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
+    block, owner = torch.tensor(blocks), torch.tensor(owners)
+    # Query q sees key k: same prompt, not later, and k is a prompt token or a token of q's own row.
+    allowed = ((block[:, None] == block[None, :]) & (pos[None, :] <= pos[:, None])
+               & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None])))
+    first, begin = torch.tensor(last), torch.tensor(start)
+    # Response token c is predicted by its prompt's last token (c = 0) or by its own token c - 1.
+    predicting = torch.where(cols == 0, first[rows], begin[rows] + cols - 1)
+    targets = ids[begin[rows] + cols].to(device)
+    kept, where = torch.unique(predicting, sorted=True, return_inverse=True)
+    width = int(kept[-1]) + 1  # tokens after the last predicting one are never needed as inputs
+    with _autocast(device, dtype):
+        logits = model(input_ids=ids[None, :width].to(device), position_ids=pos[None, :width].to(device),
+                       attention_mask=allowed[None, None, :width, :width].to(device), use_cache=False,
+                       logits_to_keep=kept.to(device)).logits
+    log_probs = torch.log_softmax(logits[0, where.to(device)].float(), dim=-1)
+    rows, cols = rows.to(device), cols.to(device)
+    logp = logp.index_put((rows, cols), log_probs.gather(-1, targets[:, None]).squeeze(-1))
+    if entropy is not None:
+        entropy = entropy.index_put((rows, cols), -(log_probs.exp() * log_probs).sum(-1))
+    return logp, entropy
+
+
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
@@ -244,6 +310,9 @@ class PolicyUpdater:
 
     def _forward(self, model: Any, micro: list[TrainSample], batch: _Batch, with_entropy: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.optim_config.pack and self.optim_config.logits == "response":
+            return packed_logprobs(model, micro, self.device, with_entropy, share_prompts=self.optim_config.share_prompts,
+                                   dtype=self.compute_dtype)
         if self._shares(micro):
             return shared_prompt_logprobs(model, micro, self.device, with_entropy, dtype=self.compute_dtype)
         return response_logprobs(model, batch, with_entropy, full_logits=self.optim_config.logits == "full",
@@ -303,6 +372,22 @@ class PolicyUpdater:
                 and policy_version is not None and sample.policy_version == policy_version
                 and sample.rollout_logprobs is not None and sample.logprobs_exact and not sample.experience_flag)
 
+    def _fusable(self, samples: list[TrainSample], chunks: list[list[int]], old: dict[int, torch.Tensor],
+                 policy_version: int | None) -> set[int]:
+        """Samples of the first minibatch whose old log-probs can be their first training forward's.
+
+        Before the first optimizer step the weights are the old policy, so that forward (train mode, with
+        gradient) computes the old log-probs too, if train mode computes what eval mode does (no dropout).
+        Not for samples already holding old log-probs (reused), nor for off-policy ones, whose importance
+        weights need their old log-probs before the loss.
+        """
+        first = next((c for c in chunks if c), [])
+        if not self.optim_config.fuse_old_logprobs or not first or _has_dropout(self.model):
+            return set()
+        # A sample without trained tokens may sit in a micro-batch that is skipped: scored as before.
+        return {i for i in first if i not in old and any(samples[i].loss_mask)
+                and not self.off_policy(samples[i], policy_version)}
+
     @staticmethod
     def off_policy(sample: TrainSample, policy_version: int | None) -> bool:
         """Generated (wholly or partly) by an older policy than `policy_version`, and correctable:
@@ -341,7 +426,13 @@ class PolicyUpdater:
                 old[i] = torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=self.device) * \
                     torch.tensor(s.loss_mask, dtype=torch.float32, device=self.device)
         reused = len(old)
-        old.update(self.score(self.model, samples, [i for i in range(len(samples)) if i not in old]))
+        order = list(range(len(samples)))
+        # The first epoch's minibatches are cut now: the first one's old log-probs may come from its own forward.
+        self.rng.shuffle(order)
+        first_chunks = self._minibatches(order, samples)
+        fused = self._fusable(samples, first_chunks, old, policy_version)
+        old.update(self.score(self.model, samples,
+                              [i for i in range(len(samples)) if i not in old and i not in fused]))
         ref = self.score(self.ref_model, samples) if self.ref_model is not None and self.loss_config.kl_coef > 0 \
             else None
         weights = self._behaviour_weights(samples, old, policy_version)
@@ -349,13 +440,13 @@ class PolicyUpdater:
         want_entropy = self.loss_config.entropy_coef > 0
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
-        order = list(range(len(samples)))
         optimizer_steps = 0
         grad_norms: list[float] = []
         total_steps = cfg.epochs * sum(1 for k in range(cfg.minibatches) if order[k::cfg.minibatches])
-        for _ in range(cfg.epochs):
-            self.rng.shuffle(order)
-            chunks = self._minibatches(order, samples)
+        for epoch in range(cfg.epochs):
+            if epoch:
+                self.rng.shuffle(order)
+            chunks = first_chunks if epoch == 0 else self._minibatches(order, samples)
             for minibatch in (c for c in chunks if c):
                 tokens = sum(sum(samples[i].loss_mask) for i in minibatch)
                 if tokens == 0:
@@ -368,6 +459,9 @@ class PolicyUpdater:
                         continue  # nothing to train here, and no logits to take a gradient through
                     batch = collate(micro, self.pad_id, self.device)
                     logp, entropy = self._forward(self.model, micro, batch, with_entropy=want_entropy)
+                    for j, i in enumerate(idx):
+                        if i not in old:  # fused: the weights have not moved since the rollout's policy
+                            old[i] = logp[j, :len(samples[i].response_ids)].detach()
                     old_logp = _pad([old[i] for i in idx], batch.mask.shape, self.device)
                     ref_logp = _pad([ref[i] for i in idx], batch.mask.shape, self.device) if ref is not None else None
                     weight = _pad([weights.get(i, torch.ones(len(samples[i].response_ids))) for i in idx],
@@ -395,6 +489,7 @@ class PolicyUpdater:
         out["update/samples"] = float(len(samples))
         out["update/tokens"] = float(sum(sum(s.loss_mask) for s in samples))
         out["update/reused_old_logprob_frac"] = reused / len(samples)
+        out["update/fused_old_logprob_frac"] = len(fused) / len(samples)
         out.update(_weight_metrics(samples, weights, self.loss_config.importance_cap))
         return out
 
@@ -406,6 +501,15 @@ class PolicyUpdater:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.setstate(state["rng"])
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether train mode computes other log-probs than eval mode: a dropout module or a config rate above 0."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = vars(config).items() if config is not None else []
+    return any(name.endswith("dropout") and isinstance(v, (int, float)) and v > 0 for name, v in rates)
 
 
 def _prompt_groups(indices: list[int], samples: list[TrainSample]) -> list[list[int]]:
