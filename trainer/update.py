@@ -488,6 +488,7 @@ class PolicyUpdater:
         out["update/lr"] = float(self.scheduler.get_last_lr()[0])
         out["update/samples"] = float(len(samples))
         out["update/tokens"] = float(sum(sum(s.loss_mask) for s in samples))
+        out["update/sequence_tokens"] = float(sum(s.length for s in samples))  # prompt + response, every row
         out["update/reused_old_logprob_frac"] = reused / len(samples)
         out["update/fused_old_logprob_frac"] = len(fused) / len(samples)
         out.update(_weight_metrics(samples, weights, self.loss_config.importance_cap))
