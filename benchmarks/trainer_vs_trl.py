@@ -76,6 +76,8 @@ def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model, "steps": args.steps, "tasks_per_step": PROMPTS, "seed": args.seed,
         "output_dir": args.ours_dir or tempfile.mkdtemp(prefix="bench-ours-"), "resume": bool(args.ours_dir),
         "checkpoint": {"every": 1 if args.ours_dir else 0, "keep": 1},
+        # The trained policy, for `--eval-saved` (which evaluates with an fp32 engine, as TRL's model is).
+        "export_dir": str(Path(args.ours_dir) / "export") if args.ours_dir else None,
         "progress": False, "tensorboard": False, "plot": False,
         "rollout": rollout_config().model_dump(), "policy": {"dtype": args.rollout_dtype},
         "optim": {"lr": LR, "epochs": 1, "minibatches": 2, "micro_batch_size": 4, "schedule": "constant",
