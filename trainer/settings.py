@@ -47,6 +47,9 @@ class OptimConfig(StrictModel):
         "the completions of one prompt share one forward of it (KV cache with gradient), in one minibatch"))
     pack: bool = Field(default=True, description=(
         "a micro-batch runs as one padding-free sequence (block attention mask), its shared prompts once"))
+    pack_max_tokens: int = Field(default=1024, ge=1, description=(
+        "pack only micro-batches whose packed sequence is at most this long: attention over a packed sequence "
+        "costs its length squared (masked blocks included), and the mask is held per layer for the backward"))
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="forward autocast dtype (master weights and optimizer stay fp32)")
     fuse_old_logprobs: bool = Field(default=True, description=(

@@ -17,7 +17,8 @@ Speed levers (each an `OptimConfig` field, measured by `benchmarks/trainer.py`):
   completion continues (`shared_prompt_logprobs`): n prompts + n responses of work become 1 + n.
 - `pack`: a micro-batch runs as one padding-free sequence (`packed_logprobs`): each distinct prompt once,
   then its responses, position ids restarting after the prompt and a block mask keeping rows apart, so
-  no position is padding (with `share_prompts`, this replaces the KV-cache path above).
+  no position is padding (with `share_prompts`, this replaces the KV-cache path above). Only up to
+  `pack_max_tokens`: attention over the packed sequence costs its length squared, masked blocks included.
 - `fuse_old_logprobs`: before the first optimizer step the weights are still the old policy, so the first
   minibatch's training forward gives its old log-probs too (detached); only the other minibatches are
   scored beforehand. Off for models with dropout (train-mode log-probs would differ).
@@ -316,13 +317,20 @@ class PolicyUpdater:
 
     def _forward(self, model: Any, micro: list[TrainSample], batch: _Batch, with_entropy: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.optim_config.pack and self.optim_config.logits == "response":
+        if self._packs(micro):
             return packed_logprobs(model, micro, self.device, with_entropy, share_prompts=self.optim_config.share_prompts,
                                    dtype=self.compute_dtype)
         if self._shares(micro):
             return shared_prompt_logprobs(model, micro, self.device, with_entropy, dtype=self.compute_dtype)
         return response_logprobs(model, batch, with_entropy, full_logits=self.optim_config.logits == "full",
                                  dtype=self.compute_dtype)
+
+    def _packs(self, micro: list[TrainSample]) -> bool:
+        cfg = self.optim_config
+        if not cfg.pack or cfg.logits != "response":
+            return False
+        prompts = {tuple(s.prompt_ids) for s in micro} if cfg.share_prompts else [s.prompt_ids for s in micro]
+        return sum(map(len, prompts)) + sum(len(s.response_ids) for s in micro) <= cfg.pack_max_tokens
 
     def _shares(self, micro: list[TrainSample]) -> bool:
         return (self.optim_config.share_prompts and self.optim_config.logits == "response" and len(micro) > 1

@@ -147,6 +147,15 @@ def test_packing_gives_the_same_gradient_in_one_forward_per_micro_batch(tiny):
     # Each group's prompt once, then its responses: no padding.
     group = grouped_samples(tok)[0::2]
     assert shapes[0][1] <= len(group[0].prompt_ids) + sum(len(s.response_ids) for s in group)
+    # A micro-batch whose packed sequence would pass pack_max_tokens runs padded instead.
+    shapes.clear()
+    capped = PolicyUpdater(trainable, OptimConfig(minibatches=1, micro_batch_size=4, share_prompts=False,
+                                                  pack_max_tokens=8), PolicyLossConfig(), pad_id=0, total_updates=1)
+    handle = trainable.register_forward_pre_hook(lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                 with_kwargs=True)
+    capped.score(trainable, samples)
+    handle.remove()
+    assert [shape[0] for shape in shapes] == [4, 4, 2]
 
 
 def test_fused_old_logprobs_skip_the_first_minibatch_forward_and_train_the_same(tiny):
