@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.trainer_vs_trl import SIGNAL as LOOKUP_SIGNAL  # noqa: E402
 from common.models import load_model  # noqa: E402
 from common.schemas import Task  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
@@ -73,7 +74,7 @@ LEVER_STEPS: list[tuple[str, dict[str, Any]]] = [
 
 
 def rollout_config(args: argparse.Namespace, concurrency: int = 64) -> RolloutConfig:
-    return RolloutConfig(env="signal", n=args.n, max_turns=2, max_new_tokens=args.max_new_tokens, max_context=1024,
+    return RolloutConfig(env="signal", n=args.n, max_turns=1 if args.lookup else 2, max_new_tokens=args.max_new_tokens, max_context=1024,
                          concurrency=concurrency)
 
 
@@ -101,7 +102,7 @@ def trainer_config(args: argparse.Namespace, url: str, optim: dict[str, Any], ov
         "model": args.model, "steps": args.steps, "tasks_per_step": args.tasks, "seed": 0, "overlap": overlap,
         "output_dir": tempfile.mkdtemp(prefix="bench-trainer-"), "progress": False, "tensorboard": False,
         "plot": False,
-        "rollout": {"env": "signal", "n": args.n, "max_turns": 2, "max_new_tokens": args.max_new_tokens,
+        "rollout": {"env": "signal", "n": args.n, "max_turns": 1 if args.lookup else 2, "max_new_tokens": args.max_new_tokens,
                     "max_context": 1024},
         "policy": {"dtype": rollout_dtype},
         "optim": {"lr": 1e-6, "minibatches": 2, "micro_batch_size": 4, **optim},
@@ -197,6 +198,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--levers", action="store_true", help="also time updates per lever setting")
+    parser.add_argument("--lookup", action="store_true",
+                        help="signal's one-turn lookup mode of benchmarks/trainer_vs_trl.py instead of two turns")
     parser.add_argument("--lever-names", help="comma-separated lever settings to time (default: all)")
     parser.add_argument("--lever-tasks", type=int, default=4, help="tasks in the lever batch (x n samples)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the lever updates")
@@ -206,8 +209,9 @@ def main() -> None:
     parser.add_argument("--only-after", action="store_true", help="skip `before` (the levers off)")
     args = parser.parse_args()
     conf = Path(tempfile.mkdtemp()) / "env.yaml"
-    conf.write_text("env_service:\n  environments:\n    signal: {}\n")
-    result: dict[str, Any] = {"benchmark": "trainer", "model": args.model, "tasks_per_step": args.tasks, "n": args.n,
+    signal = LOOKUP_SIGNAL if args.lookup else {}
+    conf.write_text(json.dumps({"env_service": {"environments": {"signal": signal}}}))  # JSON is YAML
+    result: dict[str, Any] = {"benchmark": "trainer", "model": args.model, "signal_turns": 1 if args.lookup else 2, "tasks_per_step": args.tasks, "n": args.n,
                               "max_new_tokens": args.max_new_tokens, "cpus": os.cpu_count(),
                               "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
     with run_service("env_service", ["--conf", str(conf)]) as service:
