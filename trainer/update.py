@@ -474,7 +474,7 @@ class PolicyUpdater:
                     batch = collate(micro, self.pad_id, self.device)
                     logp, entropy = self._forward(self.model, micro, batch, with_entropy=want_entropy)
                     for j, i in enumerate(idx):
-                        if i not in old:  # fused: the weights have not moved since the rollout's policy
+                        if i not in old:  # fused: no optimizer step yet, so this forward is the old policy
                             old[i] = logp[j, :len(samples[i].response_ids)].detach()
                     old_logp = _pad([old[i] for i in idx], batch.mask.shape, self.device)
                     ref_logp = _pad([ref[i] for i in idx], batch.mask.shape, self.device) if ref is not None else None
