@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.trainer_vs_trl import SIGNAL as LOOKUP_SIGNAL  # noqa: E402
 from common.models import load_model  # noqa: E402
 from common.schemas import Task  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
@@ -51,7 +52,8 @@ from trainer.update import OptimConfig, PolicyUpdater  # noqa: E402
 
 # The update levers off: what the trainer did before they existed.
 LEVERS_OFF = {"logits": "full", "bucket_by_length": False, "reuse_rollout_logprobs": False, "dtype": "float32",
-              "share_prompts": False}
+              "share_prompts": False, "pack": False, "fuse_old_logprobs": False}
+SHARED = {"logits": "response", "bucket_by_length": True, "share_prompts": True}
 # Cumulative, in the order they were added; bf16 is measured on top of the other levers without reuse
 # (reuse needs fp32 numerics).
 LEVER_STEPS: list[tuple[str, dict[str, Any]]] = [
@@ -59,17 +61,20 @@ LEVER_STEPS: list[tuple[str, dict[str, Any]]] = [
     ("response_logits", {"logits": "response"}),
     ("bucket_by_length", {"logits": "response", "bucket_by_length": True}),
     ("reuse_rollout_logprobs", {"logits": "response", "bucket_by_length": True, "reuse_rollout_logprobs": True}),
-    ("share_prompts", {"logits": "response", "bucket_by_length": True, "reuse_rollout_logprobs": True,
-                       "share_prompts": True}),
-    ("bf16_autocast", {"logits": "response", "bucket_by_length": True, "dtype": "bfloat16", "share_prompts": True}),
-    # LoRA (r 16 on every linear layer) on top of the fp32 levers: the adapters train, the base is frozen.
-    ("lora_r16", {"logits": "response", "bucket_by_length": True, "reuse_rollout_logprobs": True,
-                  "share_prompts": True}),
+    ("share_prompts", {**SHARED, "reuse_rollout_logprobs": True}),
+    ("pack", {**SHARED, "reuse_rollout_logprobs": True, "pack": True}),
+    # A bf16 rollout engine (`policy.dtype: auto` on a native-bf16 CPU): its log-probs are not reused, so the
+    # update recomputes them; then the first minibatch's from its own forward; then bf16 autocast as well.
+    ("pack_recompute", {**SHARED, "pack": True}),
+    ("pack_recompute_fused", {**SHARED, "pack": True, "fuse_old_logprobs": True}),
+    ("pack_fused_bf16_autocast", {**SHARED, "pack": True, "fuse_old_logprobs": True, "dtype": "bfloat16"}),
+    # LoRA (r 16 on every linear layer) on top of the fp32 levers with reuse: the adapters train, the base is frozen.
+    ("lora_r16", {**SHARED, "reuse_rollout_logprobs": True, "pack": True}),
 ]
 
 
 def rollout_config(args: argparse.Namespace, concurrency: int = 64) -> RolloutConfig:
-    return RolloutConfig(env="signal", n=args.n, max_turns=2, max_new_tokens=args.max_new_tokens, max_context=1024,
+    return RolloutConfig(env="signal", n=args.n, max_turns=1 if args.lookup else 2, max_new_tokens=args.max_new_tokens, max_context=1024,
                          concurrency=concurrency)
 
 
@@ -91,13 +96,15 @@ async def rollout_rate(url: str, args: argparse.Namespace, tasks: int, concurren
         await env.aclose()
 
 
-def trainer_config(args: argparse.Namespace, url: str, optim: dict[str, Any], overlap: bool = False) -> TrainerConfig:
+def trainer_config(args: argparse.Namespace, url: str, optim: dict[str, Any], overlap: bool = False,
+                   rollout_dtype: str = "auto") -> TrainerConfig:
     return TrainerConfig.model_validate({
         "model": args.model, "steps": args.steps, "tasks_per_step": args.tasks, "seed": 0, "overlap": overlap,
         "output_dir": tempfile.mkdtemp(prefix="bench-trainer-"), "progress": False, "tensorboard": False,
         "plot": False,
-        "rollout": {"env": "signal", "n": args.n, "max_turns": 2, "max_new_tokens": args.max_new_tokens,
+        "rollout": {"env": "signal", "n": args.n, "max_turns": 1 if args.lookup else 2, "max_new_tokens": args.max_new_tokens,
                     "max_context": 1024},
+        "policy": {"dtype": rollout_dtype},
         "optim": {"lr": 1e-6, "minibatches": 2, "micro_batch_size": 4, **optim},
         "services": {"env_url": url}, "eval": {"before": False, "after": False}, "ray": {"enabled": False}})
 
@@ -159,9 +166,11 @@ async def update_levers(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "mean_response_tokens": round(sum(len(s.response_ids) for s in samples) / len(samples), 1),
         "max_length": max(s.length for s in samples)}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    seconds: dict[str, list[float]] = {name: [] for name, _ in LEVER_STEPS}
+    wanted = set(args.lever_names.split(",")) if args.lever_names else {name for name, _ in LEVER_STEPS}
+    steps = [(name, levers) for name, levers in LEVER_STEPS if name in wanted]
+    seconds: dict[str, list[float]] = {name: [] for name, _ in steps}
     for _ in range(args.repeats):
-        for name, levers in LEVER_STEPS:
+        for name, levers in steps:
             optim = OptimConfig(lr=1e-6, minibatches=2, micro_batch_size=4, **{**LEVERS_OFF, **levers})
             trainable = copy.deepcopy(model)
             if name.startswith("lora"):
@@ -171,7 +180,8 @@ async def update_levers(url: str, args: argparse.Namespace) -> dict[str, Any]:
             updater.update(samples, policy_version=0)
             seconds[name].append(time.monotonic() - started)
             del updater, trainable
-    base = min(seconds["baseline"])
+    base = min(seconds[steps[0][0]])  # "baseline" below: the first setting timed (the levers off, unless left out)
+    out["speedups_against"] = steps[0][0]
     for name, values in seconds.items():
         best = min(values)
         out[name] = {"update_s_min": round(best, 2), "update_s_median": round(statistics.median(values), 2),
@@ -188,6 +198,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--levers", action="store_true", help="also time updates per lever setting")
+    parser.add_argument("--lookup", action="store_true",
+                        help="signal's one-turn lookup mode of benchmarks/trainer_vs_trl.py instead of two turns")
+    parser.add_argument("--lever-names", help="comma-separated lever settings to time (default: all)")
     parser.add_argument("--lever-tasks", type=int, default=4, help="tasks in the lever batch (x n samples)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the lever updates")
     parser.add_argument("--no-steps", action="store_true", help="skip the before/after training steps")
@@ -196,8 +209,9 @@ def main() -> None:
     parser.add_argument("--only-after", action="store_true", help="skip `before` (the levers off)")
     args = parser.parse_args()
     conf = Path(tempfile.mkdtemp()) / "env.yaml"
-    conf.write_text("env_service:\n  environments:\n    signal: {}\n")
-    result: dict[str, Any] = {"benchmark": "trainer", "model": args.model, "tasks_per_step": args.tasks, "n": args.n,
+    signal = LOOKUP_SIGNAL if args.lookup else {}
+    conf.write_text(json.dumps({"env_service": {"environments": {"signal": signal}}}))  # JSON is YAML
+    result: dict[str, Any] = {"benchmark": "trainer", "model": args.model, "signal_turns": 1 if args.lookup else 2, "tasks_per_step": args.tasks, "n": args.n,
                               "max_new_tokens": args.max_new_tokens, "cpus": os.cpu_count(),
                               "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
     with run_service("env_service", ["--conf", str(conf)]) as service:
@@ -208,9 +222,11 @@ def main() -> None:
                            "rollout_tokens_per_s_serial": serial["tokens_per_s"],
                            "batched_speedup": round(batched["tokens_per_s"] / max(serial["tokens_per_s"], 1e-9), 2),
                            "max_rows_in_batch": batched["max_rows_in_batch"]})
+        # `before`: the levers off and the fp32 rollout engine; `after`: the defaults (rollout dtype auto).
         runs = [] if args.no_steps else [("before", LEVERS_OFF, False), ("after", {}, False)][args.only_after:]
         for label, optim, overlap in runs + ([("overlap", {}, True)] if args.overlap else []):
-            history = asyncio.run(LocalTrainer(trainer_config(args, service.url, optim, overlap)).run())["history"]
+            config = trainer_config(args, service.url, optim, overlap, "float32" if label == "before" else "auto")
+            history = asyncio.run(LocalTrainer(config).run())["history"]
             result[label] = step_times(history)
             result[f"loadavg_after_{label}"] = [round(x, 2) for x in os.getloadavg()]
         if args.levers:

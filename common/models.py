@@ -83,6 +83,14 @@ def chatml_template(default_system: str | None) -> str:
     )
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (avx512_bf16 or AMX); emulated bf16 is slower than fp32."""
+    import torch
+
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
+                                                                         "_is_amx_tile_supported"))
+
+
 def cache_root() -> Path:
     base = os.environ.get("EVOLVER_CACHE_DIR")
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "evolver") / "models"

@@ -84,9 +84,9 @@ def _torch_dtype(name: str) -> Any:
 
     if name != "auto":
         return getattr(torch, name)
-    native = any(getattr(torch.cpu, probe, lambda: False)()
-                 for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return torch.bfloat16 if native else torch.float32
+    from common.models import native_bf16
+
+    return torch.bfloat16 if native_bf16() else torch.float32
 
 
 def _grammar_compiler(tokenizer: Any, engine: Engine, settings: LLMServerSettings) -> GrammarCompiler | None:

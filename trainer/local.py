@@ -26,7 +26,7 @@ import torch
 from loguru import logger
 
 from advantage.estimators import batch_from_trajectories, estimate, split_row
-from common.models import export_model, load_model
+from common.models import export_model, load_model, native_bf16
 from common.schemas import Task
 from trainer import lora
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
@@ -54,6 +54,13 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def rollout_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The in-process engine's weight dtype for `policy.dtype`; None keeps the training model's."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cpu" and native_bf16() else None
+    return getattr(torch, name)
 
 
 class TaskCursor:
@@ -200,7 +207,10 @@ class LocalTrainer:
                 await self.policy.load_weights(lora.serving_view(self.model))
         else:
             self.policy = InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=cfg.policy.max_batch,
-                                          threads=cfg.policy.threads, policy_version=self.step)
+                                          threads=cfg.policy.threads, policy_version=self.step,
+                                          dtype=rollout_dtype(cfg.policy.dtype, self.device))
+            logger.info("rollout engine: {} weights, log-probs {}", next(self.policy.engine.model.parameters()).dtype,
+                        "reusable as old ones" if self.policy.exact_logprobs else "recomputed by the update")
         load_outages(self.peer_clients(), self._saved_outages)
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
         self.records = RolloutRecords(self.out / "rollouts", self.tokenizer)  # for the studio
@@ -317,8 +327,9 @@ class LocalTrainer:
             self._prefetch_cursor = self.cursor.state()  # what a checkpoint taken meanwhile resumes from
             self._prefetch = asyncio.create_task(self._collect_step(step + 1))
         if rollouts:
+            # Only a generator with the training numerics gives log-probs that may stand for the old ones.
             samples, adv_metrics = training_samples(rollouts, cfg, step,
-                                                    exact_logprobs=isinstance(self.policy, InProcessPolicy))
+                                                    exact_logprobs=getattr(self.policy, "exact_logprobs", False))
             self.records.write(step + 1, rollouts, samples, trained_version=trained_version)
             metrics.update(adv_metrics)
             metrics.update(await asyncio.to_thread(self.updater.update, samples, policy_version=trained_version,

@@ -45,8 +45,16 @@ class OptimConfig(StrictModel):
     bucket_by_length: bool = Field(default=True, description="cut micro-batches from length-sorted minibatches")
     share_prompts: bool = Field(default=True, description=(
         "the completions of one prompt share one forward of it (KV cache with gradient), in one minibatch"))
+    pack: bool = Field(default=True, description=(
+        "a micro-batch runs as one padding-free sequence (block attention mask), its shared prompts once"))
+    pack_max_tokens: int = Field(default=1024, ge=1, description=(
+        "pack only micro-batches whose packed sequence is at most this long: attention over a packed sequence "
+        "costs its length squared (masked blocks included), and the mask is held per layer for the backward"))
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="forward autocast dtype (master weights and optimizer stay fp32)")
+    fuse_old_logprobs: bool = Field(default=True, description=(
+        "the first minibatch's old log-probs are its own training forward's (the policy has not moved yet), "
+        "so only the other minibatches need a forward before the update; off when the model has dropout"))
     reuse_rollout_logprobs: bool = Field(
         default=True, description="old log-probs from the rollout when policy version, context and numerics match")
 

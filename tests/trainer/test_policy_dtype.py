@@ -1,12 +1,18 @@
-"""A bf16 in-process policy: rollouts from bf16 weights, log-probs near fp32 ones, and never reused as old ones."""
+"""A bf16 in-process policy: rollouts from bf16 weights, log-probs near fp32 ones, and never reused as old ones;
+`policy.dtype: auto` picks it on CPUs with native bf16."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from common.models import load_model
+from tests.helpers import run_env_service
+from tests.trainer.test_learning import ENV_YAML
+from trainer.config import TrainerConfig
+from trainer.local import LocalTrainer
 from trainer.policy import InProcessPolicy, Sampling
 
 
@@ -34,3 +40,46 @@ def test_bf16_policy_generates_near_fp32_logprobs_and_is_not_exact() -> None:
     finally:
         asyncio.run(fp32.aclose())
         asyncio.run(bf16.aclose())
+
+
+def test_rollout_dtype_auto_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch) -> None:
+    import trainer.local as local
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(local, "native_bf16", lambda: True)
+    assert local.rollout_dtype("auto", cpu) == torch.bfloat16
+    assert local.rollout_dtype("auto", cuda) is None  # the training dtype
+    monkeypatch.setattr(local, "native_bf16", lambda: False)
+    assert local.rollout_dtype("auto", cpu) is None
+    assert local.rollout_dtype("float32", cpu) == torch.float32
+    assert local.rollout_dtype("bfloat16", cpu) == torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def env_url(tmp_path_factory):
+    with run_env_service(ENV_YAML, tmp_path_factory.mktemp("env")) as service:
+        yield service.url
+
+
+@pytest.mark.parametrize(("dtype", "reused"), [("float32", 1.0), ("bfloat16", 0.0)])
+def test_rollout_logprobs_are_reused_only_from_an_engine_with_the_training_numerics(env_url, tmp_path, dtype, reused):
+    config = TrainerConfig.model_validate({
+        "model": "tiny", "seed": 0, "steps": 1, "tasks_per_step": 2, "output_dir": str(tmp_path / "run"),
+        "torch_threads": 1, "progress": False, "tensorboard": False, "plot": False,
+        "rollout": {"env": "signal", "n": 2, "max_turns": 2, "max_new_tokens": 2, "max_context": 128},
+        "policy": {"max_batch": 8, "threads": 1, "dtype": dtype},
+        "optim": {"minibatches": 1, "fuse_old_logprobs": False},
+        "services": {"env_url": env_url}, "eval": {"before": False, "after": False},
+        "ray": {"enabled": False}})
+    trainer = LocalTrainer(config)
+
+    async def one_step() -> dict[str, float]:
+        await trainer.setup()
+        try:
+            assert trainer.policy.exact_logprobs is (dtype == "float32")
+            return await trainer.train_step()
+        finally:
+            await trainer.close()
+
+    metrics = asyncio.run(one_step())
+    assert metrics["update/samples"] > 0 and metrics["update/reused_old_logprob_frac"] == reused
