@@ -138,7 +138,8 @@ def derive(run: dict[str, Any], row: str, seed: int, settings: AblationSettings,
         trainer.pop("tasks", None)
     else:  # zero human data: only the synthesized tasks
         keep = {"env_service", "task_manager"}
-        cfg.setdefault("task_manager", {})["mixture"] = {"synthetic_ratio": 1.0, "use_original": False}
+        # update, not replace: `pool_share` stays, so every zero-human-data row trains on the same tasks
+        cfg.setdefault("task_manager", {}).setdefault("mixture", {}).update(synthetic_ratio=1.0, use_original=False)
         trainer.setdefault("tasks", {})["synthetic_ratio"] = 1.0
     if "experience" in mechanisms:
         keep.add("experience_manager")

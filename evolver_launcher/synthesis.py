@@ -126,7 +126,8 @@ class SynthesisGate:
         self.results.setdefault(env, {})["seeding"] = report.model_dump(exclude={"task_ids"})
         self.say(f"self-navigating seeded from self-questioning on {env}: {report.sent} of {report.candidates} "
                  f"verified synthetic tasks replayed into workspace {self.workspace!r}, "
-                 f"{report.experiences_created} experiences created ({report.refused} refused, "
+                 f"{report.experiences_created} experiences created ({report.kept_for_training} kept for training, "
+                 f"{report.refused} refused, "
                  f"{report.replay_failed} failed to replay; {time.monotonic() - started:.0f}s)")
 
 

@@ -119,6 +119,7 @@ class SeedResponse(WireModel):
     workspace: str
     candidates: int  # synthetic tasks considered
     refused: int  # left out because they may not seed the pool (only when no ids were named)
+    kept_for_training: int = 0  # left out because they are training tasks (mixture.pool_share > 0)
     replayed: int
     replay_failed: int
     sent: int  # trajectories summarized into the pool

@@ -12,6 +12,7 @@ environment's train split, and refuses anything else by name, before anything is
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ def check_seedable(stored: StoredTask | None, task_id: str, train_ids: set[str],
 class SeedReport:
     candidates: int = 0  # verified synthetic tasks considered
     refused: int = 0  # left out by `check_seedable` (only when no ids were named)
+    kept_for_training: int = 0  # left out as training tasks (`mixture.pool_share` > 0; only when no ids were named)
     replayed: int = 0  # references that replayed to their verified end state
     replay_failed: int = 0
     sent: int = 0  # trajectories sent to the experience manager
@@ -107,6 +109,25 @@ async def seed_pool(access: EnvAccess, stored: list[StoredTask], experience: Any
         report.experiences_updated = len(result.updated)
         report.errors = list(result.errors)[:10]
     return report
+
+
+def giveaway(stored: StoredTask) -> str:
+    """What a demonstration of the task gives away: a lookup's answer (two questions with one answer, such as
+    the ids and names forms of one question, share it), else the task itself."""
+    answer = stored.reference.answer if stored.reference is not None else None
+    if answer is not None:
+        return "answer:" + " ".join(answer.lower().split())
+    return "task:" + stored.task.task_id
+
+
+def reserved_for_pool(stored: StoredTask, share: float) -> bool:
+    """Whether the task belongs to the pool's share (`mixture.pool_share`): decided by a hash of its giveaway,
+    so tasks that give the same thing away fall on the same side, and the split needs no state (a restarted
+    task manager and every ablation row draw the same line)."""
+    if share <= 0:
+        return False
+    key = f"{stored.task.env_type}:{giveaway(stored)}".encode()
+    return int(hashlib.sha256(key).hexdigest()[:8], 16) < share * 2**32
 
 
 def seedable_tasks(synthetic: list[Task], train_ids: set[str]) -> list[str]:

@@ -27,7 +27,14 @@ from task_manager.grading import Grade, GradingError, llm_judge, state_match
 from task_manager.jobs import JobRunner, new_progress
 from task_manager.lookups import grade_answer
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
-from task_manager.seeding import SeedingRefused, SeedReport, check_seedable, seed_pool, seedable_tasks
+from task_manager.seeding import (
+    SeedingRefused,
+    SeedReport,
+    check_seedable,
+    reserved_for_pool,
+    seed_pool,
+    seedable_tasks,
+)
 from task_manager.settings import TaskManagerSettings
 from task_manager.store import TaskStore
 
@@ -45,6 +52,7 @@ class TaskManager:
         self._profiles: dict[str, EnvProfile] = {}
         self._indices: dict[str, DedupIndex] = {}
         self._synthetic: dict[str, list[Task]] | None = None
+        self._pool_only: set[str] = set()  # synthetic task ids kept for the experience pool (mixture.pool_share)
         self._llms: dict[str, LLMClient] = {}
         self._embed_lock = asyncio.Lock()
         self.seeding: dict[str, dict[str, Any]] = {}  # env -> the latest pool-seeding report (run summary)
@@ -160,10 +168,19 @@ class TaskManager:
     def synthetic_tasks(self) -> dict[str, list[Task]]:
         if self._synthetic is None:
             grouped: dict[str, list[Task]] = {}
+            share = self.settings.mixture.pool_share
+            pool_only: set[str] = set()
             for stored in self.store.tasks(synthetic=True):
                 grouped.setdefault(stored.task.env_type, []).append(stored.task)
-            self._synthetic = grouped
+                if reserved_for_pool(stored, share):
+                    pool_only.add(stored.task.task_id)
+            self._synthetic, self._pool_only = grouped, pool_only
         return self._synthetic
+
+    def training_tasks(self, env: str | None) -> list[Task]:
+        """The synthetic tasks batches sample: all but the pool's share."""
+        tasks = self.all_tasks(env, True)  # fills the pool-only set
+        return [t for t in tasks if t.task_id not in self._pool_only]
 
     # ------------------------------------------------------------ API operations
 
@@ -232,9 +249,13 @@ class TaskManager:
         mixture, curriculum = self.settings.mixture, self.settings.curriculum
         ratio = mixture.synthetic_ratio if request.synthetic_ratio is None else request.synthetic_ratio
         rng = random.Random(request.seed) if request.seed is not None else random.Random()
-        plan = sample_batch(self.all_tasks(request.env, False), self.all_tasks(request.env, True),
+        plan = sample_batch(self.all_tasks(request.env, False), self.training_tasks(request.env),
                             self.store.pass_rates(), request.batch_size, ratio, mixture.use_original, curriculum, rng)
         if not plan.tasks:
+            if self.all_tasks(request.env, True):
+                raise ServiceError(409, "no_tasks", f"no tasks to sample: every synthetic task is in the experience "
+                                   f"pool's share (task_manager.mixture.pool_share={mixture.pool_share}); lower it "
+                                   "or synthesize more tasks")
             raise ServiceError(409, "no_tasks", "no tasks to sample: the environments have no train tasks and no "
                                "synthetic task exists yet (submit a synthesize job)")
         return {"tasks": plan.tasks, "original": plan.original, "synthetic": plan.synthetic, "in_band": plan.in_band,
@@ -291,6 +312,8 @@ class TaskManager:
             raise ServiceError(400, "experience_manager_not_configured", "pool seeding needs "
                                "task_manager.experience_url (the launcher sets it when experience_manager runs)")
         train_ids = {t.task_id for t in self.originals.get(request.env, [])}
+        synthetic = self.synthetic_tasks().get(request.env, [])
+        share = self.settings.mixture.pool_share
         report = SeedReport()
         try:
             if request.task_ids is not None:
@@ -302,10 +325,17 @@ class TaskManager:
                 if wrong_env:
                     raise SeedingRefused(f"task(s) {', '.join(wrong_env)} belong to another environment than "
                                          f"{request.env!r}")
+                trained = [s.task.task_id for s in chosen if share > 0 and s.task.task_id not in self._pool_only]
+                if trained:
+                    raise SeedingRefused(f"task(s) {', '.join(trained)} are training tasks (not in the pool's share, "
+                                         f"mixture.pool_share={share}): their demonstrations would hold answers the "
+                                         "trainer is rewarded for; seed only the pool's share")
             else:
-                synthetic = self.synthetic_tasks().get(request.env, [])
                 ids = seedable_tasks(synthetic, train_ids)
                 report.refused = len(synthetic) - len(ids)
+                if share > 0:
+                    pool = [i for i in ids if i in self._pool_only]
+                    report.kept_for_training, ids = len(ids) - len(pool), pool
                 chosen = [check_seedable(self.store.get(i), i, train_ids) for i in ids]
         except SeedingRefused as exc:
             raise ServiceError(400, "not_seedable", str(exc)) from None
@@ -339,6 +369,7 @@ class TaskManager:
                 name = task.metadata.get("synthesizer", "")
                 by_synth[name] = by_synth.get(name, 0) + 1
             envs[env] = {"original": len(self.originals.get(env, [])), "synthetic": len(synthetic),
+                         "pool_only": sum(t.task_id in self._pool_only for t in synthetic),
                          "by_synthesizer": by_synth}
         funnel = {k: 0 for k in ("episodes_done", "proposed", "parsed", "verified", "kept")}
         jobs: dict[str, int] = {}

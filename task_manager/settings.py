@@ -75,6 +75,10 @@ class DedupSettings(StrictModel):
 class MixtureSettings(StrictModel):
     synthetic_ratio: float = Field(default=0.5, ge=0, le=1)  # fraction of a batch that is synthetic
     use_original: bool = True
+    # Share of the synthetic tasks (grouped by what their demonstration gives away: a lookup's answer) kept for
+    # the experience pool: pool seeding uses only them and batches never sample them. 0: one set does both, so
+    # a task's own demonstration can hold its answer and copying it is rewarded (issue #14's first full run).
+    pool_share: float = Field(default=0.0, ge=0, lt=1)
 
 
 class CurriculumSettings(StrictModel):

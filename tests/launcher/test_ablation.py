@@ -67,7 +67,8 @@ def harness(protocol: Path, tmp_path: Path, *extra: str) -> subprocess.Popen:
 
 
 def test_rows_differ_only_in_their_mechanisms(tmp_path):
-    (tmp_path / "p.yaml").write_text(PROTOCOL)
+    (tmp_path / "p.yaml").write_text(PROTOCOL.replace("dedup: {embeddings: false}",
+                                                      "dedup: {embeddings: false}\n    mixture: {pool_share: 0.3}"))
     protocol = load_protocol(tmp_path / "p.yaml")
     configs = {row: derive(protocol.run, row, 7, protocol.ablation, tmp_path) for row in ROWS if row != "base"}
     services = {row: set(c["launcher"]["services"]) for row, c in configs.items()}
@@ -77,7 +78,9 @@ def test_rows_differ_only_in_their_mechanisms(tmp_path):
     assert services["full"] == {"env_service", "task_manager", "experience_manager", "judge", "llm_server"}
     assert services["grpo"] == {"env_service"}
     for row in ("q", "qn", "qa", "full"):  # zero human data: synthetic tasks only
-        assert configs[row]["task_manager"]["mixture"] == {"synthetic_ratio": 1.0, "use_original": False}
+        # the pool's share is the same in every row, so they all train on the same synthetic tasks
+        assert configs[row]["task_manager"]["mixture"] == {"synthetic_ratio": 1.0, "use_original": False,
+                                                           "pool_share": 0.3}
     assert configs["grpo"]["trainer"]["train_split"] == "train" and configs["grpo"]["launcher"]["synthesis"] == {
         "episodes": 0, "seed_experience": False}
     # The pool is seeded from the synthetic tasks only where there is a pool.
