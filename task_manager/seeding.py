@@ -13,6 +13,7 @@ environment's train split, and refuses anything else by name, before anything is
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,23 +112,73 @@ async def seed_pool(access: EnvAccess, stored: list[StoredTask], experience: Any
     return report
 
 
+def _norm(value: object) -> str:
+    return " ".join(str(value).lower().split())
+
+
 def giveaway(stored: StoredTask) -> str:
     """What a demonstration of the task gives away: a lookup's answer (two questions with one answer, such as
     the ids and names forms of one question, share it), else the task itself."""
     answer = stored.reference.answer if stored.reference is not None else None
-    if answer is not None:
-        return "answer:" + " ".join(answer.lower().split())
-    return "task:" + stored.task.task_id
+    return "answer:" + _norm(answer) if answer is not None else "task:" + stored.task.task_id
 
 
-def reserved_for_pool(stored: StoredTask, share: float) -> bool:
-    """Whether the task belongs to the pool's share (`mixture.pool_share`): decided by a hash of its giveaway,
-    so tasks that give the same thing away fall on the same side, and the split needs no state (a restarted
-    task manager and every ablation row draw the same line)."""
+def shown_values(stored: StoredTask) -> set[str]:
+    """Every scalar a demonstration of the task shows: its answer and the values in its observations."""
+    reference = stored.reference
+    if reference is None:
+        return set()
+    values = {_norm(reference.answer)} if reference.answer is not None else set()
+    stack: list[object] = []
+    for text in reference.observations:
+        try:
+            stack.append(json.loads(text))
+        except (TypeError, ValueError):
+            continue
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif item is not None and not isinstance(item, bool):
+            values.add(_norm(item))
+    return values
+
+
+@dataclass
+class PoolSplit:
+    pool: set[str]  # seed the experience pool
+    withheld: set[str]  # neither: their answer is shown by a pool demonstration
+    training: set[str]
+
+
+def split_for_pool(stored: list[StoredTask], share: float) -> PoolSplit:
+    """`mixture.pool_share`: which synthetic tasks seed the pool and which are trained on.
+
+    Per kind (a lookup's kind, or `goal`), tasks are grouped by their giveaway and the groups ordered by a hash
+    of it; the first `round(share * groups)` of each kind (at least one where a kind has two groups or more) go
+    to the pool, so every kind with room has a demonstration. A remaining task whose answer any pool
+    demonstration shows (the same passenger's record, a search listing the flight, or the same value by
+    chance) is withheld from training too: copying it from the demonstration would be rewarded."""
     if share <= 0:
-        return False
-    key = f"{stored.task.env_type}:{giveaway(stored)}".encode()
-    return int(hashlib.sha256(key).hexdigest()[:8], 16) < share * 2**32
+        return PoolSplit(set(), set(), {s.task.task_id for s in stored})
+    kinds: dict[str, dict[str, list[StoredTask]]] = {}
+    for item in stored:
+        kind = str(item.task.metadata.get("lookup") or item.task.metadata.get("kind") or "goal")
+        kinds.setdefault(kind, {}).setdefault(giveaway(item), []).append(item)
+    pool: list[StoredTask] = []
+    for kind, groups in sorted(kinds.items()):
+        order = sorted(groups, key=lambda g: hashlib.sha256(f"{kind}:{g}".encode()).hexdigest())
+        take = max(1, round(share * len(order))) if len(order) >= 2 else 0
+        pool += [item for g in order[:take] for item in groups[g]]
+    shown = set().union(*(shown_values(item) for item in pool)) if pool else set()
+    pool_ids = {item.task.task_id for item in pool}
+    withheld = {item.task.task_id for item in stored if item.task.task_id not in pool_ids
+                and item.reference is not None and item.reference.answer is not None
+                and _norm(item.reference.answer) in shown}
+    training = {item.task.task_id for item in stored} - pool_ids - withheld
+    return PoolSplit(pool_ids, withheld, training)
 
 
 def seedable_tasks(synthetic: list[Task], train_ids: set[str]) -> list[str]:

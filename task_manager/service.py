@@ -26,14 +26,15 @@ from task_manager.explore import ExploreConfig
 from task_manager.grading import Grade, GradingError, llm_judge, state_match
 from task_manager.jobs import JobRunner, new_progress
 from task_manager.lookups import grade_answer
+from task_manager.models import StoredTask
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
 from task_manager.seeding import (
     SeedingRefused,
     SeedReport,
     check_seedable,
-    reserved_for_pool,
     seed_pool,
     seedable_tasks,
+    split_for_pool,
 )
 from task_manager.settings import TaskManagerSettings
 from task_manager.store import TaskStore
@@ -52,7 +53,10 @@ class TaskManager:
         self._profiles: dict[str, EnvProfile] = {}
         self._indices: dict[str, DedupIndex] = {}
         self._synthetic: dict[str, list[Task]] | None = None
-        self._pool_only: set[str] = set()  # synthetic task ids kept for the experience pool (mixture.pool_share)
+        # mixture.pool_share: synthetic task ids that seed the pool, and those withheld because a pool
+        # demonstration shows their answer; batches sample neither
+        self._pool_only: set[str] = set()
+        self._withheld: set[str] = set()
         self._llms: dict[str, LLMClient] = {}
         self._embed_lock = asyncio.Lock()
         self.seeding: dict[str, dict[str, Any]] = {}  # env -> the latest pool-seeding report (run summary)
@@ -167,20 +171,21 @@ class TaskManager:
 
     def synthetic_tasks(self) -> dict[str, list[Task]]:
         if self._synthetic is None:
-            grouped: dict[str, list[Task]] = {}
-            share = self.settings.mixture.pool_share
-            pool_only: set[str] = set()
+            by_env: dict[str, list[StoredTask]] = {}
             for stored in self.store.tasks(synthetic=True):
-                grouped.setdefault(stored.task.env_type, []).append(stored.task)
-                if reserved_for_pool(stored, share):
-                    pool_only.add(stored.task.task_id)
-            self._synthetic, self._pool_only = grouped, pool_only
+                by_env.setdefault(stored.task.env_type, []).append(stored)
+            self._pool_only, self._withheld = set(), set()
+            for stored_tasks in by_env.values():
+                split = split_for_pool(stored_tasks, self.settings.mixture.pool_share)
+                self._pool_only |= split.pool
+                self._withheld |= split.withheld
+            self._synthetic = {env: [s.task for s in items] for env, items in by_env.items()}
         return self._synthetic
 
     def training_tasks(self, env: str | None) -> list[Task]:
-        """The synthetic tasks batches sample: all but the pool's share."""
+        """The synthetic tasks batches sample: all but the pool's share and the tasks it gives away."""
         tasks = self.all_tasks(env, True)  # fills the pool-only set
-        return [t for t in tasks if t.task_id not in self._pool_only]
+        return [t for t in tasks if t.task_id not in self._pool_only and t.task_id not in self._withheld]
 
     # ------------------------------------------------------------ API operations
 
@@ -253,9 +258,10 @@ class TaskManager:
                             self.store.pass_rates(), request.batch_size, ratio, mixture.use_original, curriculum, rng)
         if not plan.tasks:
             if self.all_tasks(request.env, True):
-                raise ServiceError(409, "no_tasks", f"no tasks to sample: every synthetic task is in the experience "
-                                   f"pool's share (task_manager.mixture.pool_share={mixture.pool_share}); lower it "
-                                   "or synthesize more tasks")
+                raise ServiceError(409, "no_tasks", f"no tasks to sample: every synthetic task seeds the experience "
+                                   f"pool (task_manager.mixture.pool_share={mixture.pool_share}) or is withheld "
+                                   "because a pool demonstration shows its answer; lower pool_share or synthesize "
+                                   "more tasks")
             raise ServiceError(409, "no_tasks", "no tasks to sample: the environments have no train tasks and no "
                                "synthetic task exists yet (submit a synthesize job)")
         return {"tasks": plan.tasks, "original": plan.original, "synthetic": plan.synthetic, "in_band": plan.in_band,
@@ -370,6 +376,7 @@ class TaskManager:
                 by_synth[name] = by_synth.get(name, 0) + 1
             envs[env] = {"original": len(self.originals.get(env, [])), "synthetic": len(synthetic),
                          "pool_only": sum(t.task_id in self._pool_only for t in synthetic),
+                         "withheld": sum(t.task_id in self._withheld for t in synthetic),
                          "by_synthesizer": by_synth}
         funnel = {k: 0 for k in ("episodes_done", "proposed", "parsed", "verified", "kept")}
         jobs: dict[str, int] = {}
