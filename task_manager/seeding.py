@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,27 +124,38 @@ def giveaway(stored: StoredTask) -> str:
     return "answer:" + _norm(answer) if answer is not None else "task:" + stored.task.task_id
 
 
-def shown_values(stored: StoredTask) -> set[str]:
-    """Every scalar a demonstration of the task shows: its answer and the values in its observations."""
+def shown_records(stored: StoredTask) -> list[set[str]]:
+    """The records a demonstration of the task shows: each JSON object in its observations, as the set of its
+    scalar values (a passenger, one flight of a search)."""
     reference = stored.reference
-    if reference is None:
-        return set()
-    values = {_norm(reference.answer)} if reference.answer is not None else set()
     stack: list[object] = []
-    for text in reference.observations:
+    for text in reference.observations if reference is not None else []:
         try:
             stack.append(json.loads(text))
         except (TypeError, ValueError):
             continue
+    records: list[set[str]] = []
     while stack:
         item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
+        if isinstance(item, list):
             stack.extend(item)
-        elif item is not None and not isinstance(item, bool):
-            values.add(_norm(item))
-    return values
+        elif isinstance(item, dict):
+            records.append({_norm(v) for v in item.values()
+                            if v is not None and not isinstance(v, (bool, dict, list))})
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+    return records
+
+
+def gives_away(records: list[set[str]], task: StoredTask) -> bool:
+    """Whether one shown record holds the task's answer next to something its query names (the same passenger
+    or flight): an equal value on another record (two passengers with the same credit) is chance, not a leak."""
+    answer = task.reference.answer if task.reference is not None else None
+    if answer is None:
+        return False
+    answer, query = _norm(answer), _norm(task.task.query or "")
+    return any(answer in record and any(len(v) >= 3 and v != answer and re.search(rf"(?<!\w){re.escape(v)}(?!\w)", query)
+                                        for v in record)
+               for record in records)
 
 
 @dataclass
@@ -158,9 +170,9 @@ def split_for_pool(stored: list[StoredTask], share: float) -> PoolSplit:
 
     Per kind (a lookup's kind, or `goal`), tasks are grouped by their giveaway and the groups ordered by a hash
     of it; the first `round(share * groups)` of each kind (at least one where a kind has two groups or more) go
-    to the pool, so every kind with room has a demonstration. A remaining task whose answer any pool
-    demonstration shows (the same passenger's record, a search listing the flight, or the same value by
-    chance) is withheld from training too: copying it from the demonstration would be rewarded."""
+    to the pool, so every kind with room has a demonstration. A remaining task whose answer a pool
+    demonstration shows (the same passenger's record, a search listing the flight: `gives_away`) is withheld
+    from training too: copying it from the demonstration would be rewarded."""
     if share <= 0:
         return PoolSplit(set(), set(), {s.task.task_id for s in stored})
     kinds: dict[str, dict[str, list[StoredTask]]] = {}
@@ -172,11 +184,9 @@ def split_for_pool(stored: list[StoredTask], share: float) -> PoolSplit:
         order = sorted(groups, key=lambda g: hashlib.sha256(f"{kind}:{g}".encode()).hexdigest())
         take = max(1, round(share * len(order))) if len(order) >= 2 else 0
         pool += [item for g in order[:take] for item in groups[g]]
-    shown = set().union(*(shown_values(item) for item in pool)) if pool else set()
     pool_ids = {item.task.task_id for item in pool}
-    withheld = {item.task.task_id for item in stored if item.task.task_id not in pool_ids
-                and item.reference is not None and item.reference.answer is not None
-                and _norm(item.reference.answer) in shown}
+    shown = [record for item in pool for record in shown_records(item)]
+    withheld = {item.task.task_id for item in stored if item.task.task_id not in pool_ids and gives_away(shown, item)}
     training = {item.task.task_id for item in stored} - pool_ids - withheld
     return PoolSplit(pool_ids, withheld, training)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -18,7 +19,7 @@ from common.http import ServiceCallError
 from common.schemas import Task
 from task_manager.client import TaskClient
 from task_manager.models import Reference, StoredTask
-from task_manager.seeding import giveaway, shown_values, split_for_pool
+from task_manager.seeding import giveaway, gives_away, shown_records, split_for_pool
 from tests.experience_manager.conftest import write_conf as write_em_conf
 from tests.helpers import free_port, run_service
 from tests.task_manager.conftest import stored_rows, write_conf
@@ -43,26 +44,43 @@ def test_tasks_giving_away_one_answer_fall_on_one_side():
     assert split_for_pool(tasks, 0.0).training == {t.task.task_id for t in tasks}  # off: everything trains
 
 
-def test_every_kind_with_two_answers_seeds_and_what_a_demonstration_shows_is_withheld():
-    alice = {"passenger_id": "P1", "name": "Alice", "travel_credit": 800}
-    flights = [{"flight_id": "UA1", "price": 120, "seats_left": 3}, {"flight_id": "DL2", "price": 99, "seats_left": 0}]
-    tasks = [_stored("credit-alice", "800", "credit_lookup", (alice,)),
-             _stored("credit-bob", "500", "credit_lookup", ({"passenger_id": "P2", "travel_credit": 500},)),
-             _stored("id-alice", "P1", "id_lookup", (alice,)),
-             _stored("fare-1", "99", "fare_lookup", (flights,)),
-             _stored("fare-2", "140", "fare_lookup", ([{"flight_id": "AA3", "price": 140, "seats_left": 1}],)),
-             _stored("seats-ua1", "3", "seats_lookup", (flights,))]  # one answer group: never seeds
+def test_every_kind_with_two_answers_seeds_and_what_a_demonstration_gives_away_is_withheld():
+    alice = {"passenger_id": "P1001", "name": "Alice Wang", "travel_credit": 800}
+    flights = [{"flight_id": "UA100-0603", "origin": "SFO", "price": 120, "seats_left": 3},
+               {"flight_id": "DL200-0603", "origin": "SFO", "price": 99, "seats_left": 0}]
+
+    def task(task_id: str, query: str, answer: str, lookup: str, *observations: object) -> StoredTask:
+        stored = _stored(task_id, answer, lookup, observations)
+        return stored.model_copy(update={"task": stored.task.model_copy(update={"query": query})})
+
+    tasks = [task("credit-alice", "How much credit does Alice Wang have?", "800", "credit_lookup", alice),
+             task("credit-bob", "How much credit does P1002 have?", "500", "credit_lookup",
+                  {"passenger_id": "P1002", "travel_credit": 500}),
+             task("id-alice", "What is the passenger id of Alice Wang?", "P1001", "id_lookup", alice),
+             task("id-carl", "What is the passenger id of Carl Diaz?", "P1003", "id_lookup",
+                  {"passenger_id": "P1003", "name": "Carl Diaz", "travel_credit": 800}),
+             task("fare-sfo", "Cheapest fare from SFO on June 3?", "99", "fare_lookup", flights),
+             task("fare-bos", "Cheapest fare from BOS on June 3?", "140", "fare_lookup",
+                  [{"flight_id": "AA300-0603", "origin": "BOS", "price": 140, "seats_left": 1}]),
+             task("seats-ua", "How many seats are left on UA100-0603?", "3", "seats_lookup", flights),
+             task("credit-dana", "How much credit does Dana Okafor have?", "800", "credit_lookup",
+                  {"passenger_id": "P1004", "name": "Dana Okafor", "travel_credit": 800})]
     split = split_for_pool(tasks, 0.3)
-    # One group of each kind with two groups or more (which one: the hash), never the single seats group.
-    assert len(split.pool & {"credit-alice", "credit-bob"}) == 1 and len(split.pool & {"fare-1", "fare-2"}) == 1
-    assert "seats-ua1" not in split.pool
-    shown = set().union(*(shown_values(t) for t in tasks if t.task.task_id in split.pool))
-    for task in tasks:
-        tid = task.task.task_id
-        if tid not in split.pool:  # withheld exactly when a pool demonstration shows its answer
-            assert (tid in split.withheld) == (task.reference.answer.lower() in shown), tid
-            assert (tid in split.training) != (tid in split.withheld)
-    assert shown_values(tasks[0]) == {"800", "p1", "alice"}
+    # One answer group of each kind with two groups or more (which one: the hash); seats has one group: none.
+    assert len(split.pool & {"credit-alice", "credit-dana", "credit-bob"}) in (1, 2)  # alice and dana: one group
+    assert ("credit-alice" in split.pool) == ("credit-dana" in split.pool)
+    assert len(split.pool & {"id-alice", "id-carl"}) == 1 and len(split.pool & {"fare-sfo", "fare-bos"}) == 1
+    assert "seats-ua" not in split.pool
+    # Withheld: a pool record holding the answer beside what the query names, never a mere equal value.
+    shown = [r for t in tasks if t.task.task_id in split.pool for r in shown_records(t)]
+    expected = {t.task.task_id for t in tasks if t.task.task_id not in split.pool and gives_away(shown, t)}
+    assert split.withheld == expected
+    assert split.training == {t.task.task_id for t in tasks} - split.pool - split.withheld
+    alice_record = shown_records(tasks[0])
+    assert gives_away(alice_record, tasks[2])  # Alice's record answers "the id of Alice Wang"
+    assert not gives_away(alice_record, tasks[3])  # Carl's credit is 800 too, but nothing names Carl
+    assert gives_away(shown_records(tasks[4]), tasks[6])  # the SFO search lists UA100-0603's seats
+    assert not gives_away(shown_records(tasks[5]), tasks[6])
 
 
 def test_seeded_and_trained_synthetic_tasks_are_disjoint_over_http(flights_env, tmp_path):
@@ -95,8 +113,10 @@ def test_seeded_and_trained_synthetic_tasks_are_disjoint_over_http(flights_env, 
                 assert not {answers[i] for i in pool} & {answers[i] for i in sampled}
                 shown = " ".join(o for r in stored_rows(tmp_path / "tm", "SELECT task_id, reference FROM tasks")
                                  if r["task_id"] in pool for o in json.loads(r["reference"])["observations"])
-                for i in sampled:  # nor does any pool demonstration's observation show it
-                    assert not any(f"{a}{answers[i]}{b}" in shown for a in ('"', ": ") for b in ('"', ",", "}")), i
+                queries = {t.task_id: t.query for t in synthetic}
+                for i in sampled:  # nor does a pool demonstration show the record a training task asks about
+                    named = re.findall(r"\bP\d{4}\b|\b[A-Z0-9]{2}\d{2,4}-\d{4}\b", queries[i])
+                    assert not any(f'"{n}"' in shown for n in named if n != answers[i]) or answers[i] not in shown, i
                 stats = await tasks.stats()
                 assert stats["environments"]["flights"]["pool_only"] == len(pool)
                 # Naming a training task to seed is refused, and says why.
