@@ -4,7 +4,7 @@ A batch mixes original and synthetic tasks by `synthetic_ratio` (the other pool 
 runs short). With the curriculum on, each task is weighted by its recent pass rate from trainer
 feedback: tasks inside the learnable band [low, high] weigh 1, tasks never tried weigh
 `unseen_weight`, and the rest (too easy or, for now, too hard) weigh `outside_weight` so they
-are still sampled now and then. Sampling is weighted, without replacement inside a pool
+are still sampled now and then. With `by_kind`, a task without feedback yet takes its kind's pass rate. Sampling is weighted, without replacement inside a pool
 (Efraimidis-Spirakis keys), and repeats only when a pool is smaller than its share.
 """
 
@@ -21,6 +21,37 @@ from task_manager.settings import CurriculumSettings
 def task_key(task: Task) -> str:
     """Pass rates are kept per (environment, task id): original ids repeat across environments."""
     return f"{task.env_type}/{task.task_id}"
+
+
+def task_kind(task: Task) -> str | None:
+    """The kind a task shares its pass rate with under `curriculum.by_kind` (a lookup's kind, or `goal`)."""
+    kind = task.metadata.get("lookup") or task.metadata.get("kind")
+    return str(kind) if kind else None
+
+
+def kind_rates(tasks: Sequence[Task], rates: dict[str, tuple[float, int]]) -> dict[str, tuple[float, int]]:
+    """Per kind, the mean recent pass rate of its tasks that have feedback, and their rollouts in total."""
+    sums: dict[str, list[float]] = {}
+    for task in tasks:
+        rate, kind = rates.get(task_key(task)), task_kind(task)
+        if rate is not None and rate[1] and kind is not None:
+            acc = sums.setdefault(kind, [0.0, 0, 0])
+            acc[0], acc[1], acc[2] = acc[0] + rate[0], acc[1] + 1, acc[2] + rate[1]
+    return {kind: (acc[0] / acc[1], int(acc[2])) for kind, acc in sums.items()}
+
+
+def task_rates(tasks: Sequence[Task], rates: dict[str, tuple[float, int]],
+               curriculum: CurriculumSettings) -> list[tuple[float, int] | None]:
+    """Each task's pass rate for weighting: its own, or with `by_kind` its kind's while it has none yet (a
+    kind solved 0 times in 8 rollouts says more about an unseen task of that kind than nothing does)."""
+    by_kind = kind_rates(tasks, rates) if curriculum.by_kind else {}
+    out = []
+    for task in tasks:
+        rate = rates.get(task_key(task))
+        if (rate is None or rate[1] == 0) and (kind := task_kind(task)) in by_kind:
+            rate = by_kind[kind]
+        out.append(rate)
+    return out
 
 
 def weight(rate: tuple[float, int] | None, curriculum: CurriculumSettings) -> float:
@@ -63,9 +94,9 @@ def sample_batch(originals: Sequence[Task], synthetic: Sequence[Task], rates: di
     n_original = size - n_synthetic if originals else 0
     if not originals:
         n_synthetic = size
-    picked_synthetic = weighted_sample(synthetic, [weight(rates.get(task_key(t)), curriculum) for t in synthetic],
+    picked_synthetic = weighted_sample(synthetic, [weight(r, curriculum) for r in task_rates(synthetic, rates, curriculum)],
                                        n_synthetic, rng)
-    picked_original = weighted_sample(originals, [weight(rates.get(task_key(t)), curriculum) for t in originals],
+    picked_original = weighted_sample(originals, [weight(r, curriculum) for r in task_rates(originals, rates, curriculum)],
                                       n_original, rng)
     tasks = picked_original + picked_synthetic
     rng.shuffle(tasks)

@@ -88,6 +88,7 @@ class CurriculumSettings(StrictModel):
     window: int = Field(default=8, ge=1)  # recent outcomes kept per task
     outside_weight: float = Field(default=0.25, ge=0)  # sampling weight of tasks outside the band
     unseen_weight: float = Field(default=1.0, ge=0)  # tasks with no feedback yet
+    by_kind: bool = False  # a task with no feedback yet is weighted by its kind's pass rate (lookup kind / goal)
 
     @model_validator(mode="after")
     def _band(self) -> CurriculumSettings:

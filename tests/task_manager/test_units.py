@@ -11,7 +11,7 @@ import pytest
 from common.config import ConfigError
 from common.schemas import Task
 from env_service.environments.signal import SignalEnvironment
-from task_manager.curriculum import sample_batch, task_key
+from task_manager.curriculum import kind_rates, sample_batch, task_key, task_rates
 from task_manager.dedup import DedupIndex, literal_values, normalize_text
 from task_manager.envs import comparable_state
 from task_manager.grading import parse_reward, state_match
@@ -172,6 +172,28 @@ def test_mixture_ratio_and_curriculum_band() -> None:
         for task in sample_batch(originals, synthetic, rates, 10, 1.0, False, off, rng).tasks:
             counts["band" if int(task.task_id[1:]) < 10 else "rest"] += 1
     assert counts["rest"] > counts["band"]  # uniform: 40 of 50 tasks are outside the band
+
+
+def test_by_kind_an_unseen_task_takes_its_kinds_pass_rate() -> None:
+    def lookup(i: int, kind: str) -> Task:
+        return Task(task_id=f"{kind}-{i}", env_type="e", synthetic=True, query="q", seed_task_id="o0",
+                    metadata={"kind": "lookup", "lookup": kind})
+
+    tasks = [lookup(i, "credit") for i in range(10)] + [lookup(i, "fare") for i in range(10)]
+    # One credit task seen solved half the time (in band), one fare task never solved in 8 rollouts.
+    rates = {task_key(tasks[0]): (0.5, 4), task_key(tasks[1]): (0.25, 4), task_key(tasks[10]): (0.0, 8)}
+    assert kind_rates(tasks, rates) == {"credit": (0.375, 8), "fare": (0.0, 8)}
+    on = CurriculumSettings(by_kind=True, outside_weight=0.25)
+    assert task_rates(tasks, rates, on)[5] == (0.375, 8) and task_rates(tasks, rates, on)[15] == (0.0, 8)
+    assert task_rates(tasks, rates, on)[0] == (0.5, 4)  # its own rate when it has one
+    assert task_rates(tasks, rates, CurriculumSettings())[5] is None  # off: unseen stays unseen
+    counts = {"credit": 0, "fare": 0}
+    rng = random.Random(0)
+    for _ in range(200):
+        for task in sample_batch([], tasks, rates, 2, 1.0, False, on, rng).tasks:
+            counts[task.metadata["lookup"]] += 1
+    # credit weighs 1 per task, fare 0.25: about 4:1 (uniform would be 1:1)
+    assert counts["credit"] > 3 * counts["fare"] > 0
 
 
 def test_mixture_fills_from_the_other_pool() -> None:
