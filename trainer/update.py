@@ -56,6 +56,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from common.kv_slots import return_freed_memory
 from trainer.loss import behaviour_weights, policy_loss
 from trainer.settings import OptimConfig, PolicyLossConfig
 
@@ -508,8 +509,10 @@ class PolicyUpdater:
                 optimizer_steps += 1
                 if progress is not None:
                     progress(UpdateProgress(optimizer_steps, total_steps, int(tokens), minibatch_loss))
-        # The last minibatch's gradients are spent; the next update's first minibatch starts from None anyway.
+        # The last minibatch's gradients are spent (the next update starts from None anyway); glibc keeps most
+        # of their buffers in its heap unless asked to hand the pages back.
         self.optimizer.zero_grad(set_to_none=True)
+        return_freed_memory()
         self.model.train(was_training)
         out = {f"update/{k}": v / counts[k] for k, v in totals.items()}
         out["update/optimizer_steps"] = float(optimizer_steps)
