@@ -2,7 +2,7 @@
 
     python benchmarks/judge.py [--model smollm2] [--llm-url URL --llm-model NAME [--api-key-env VAR]]
                                [--split test] [--trajectories N] [--structured auto|on|off] [--out FILE]
-                               [--judge KEY=VALUE ...]
+                               [--judge KEY=VALUE ...] [--repeat-steps N]
 
 Starts `llm_server` (unless --llm-url is given: any OpenAI-compatible endpoint, e.g. vLLM or a hosted API)
 and the judge service on free 127.0.0.1 ports, judges the ground-truth fixture's trajectories
@@ -74,9 +74,11 @@ def service(module: str, args: list[str], log: Path, timeout: float = 600):
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def items(fixture: list) -> list[JudgeTrajectory]:
+def items(fixture: list, repeat: int = 1) -> list[JudgeTrajectory]:
+    """The fixture's trajectories as judge inputs; `repeat` > 1 plays each one's steps that many times over
+    (an agent repeating itself: longer trajectories for the output budget, with no ground truth)."""
     return [JudgeTrajectory(trajectory_id=t.trajectory_id, task_id=t.task_id, query=t.query, outcome=t.outcome,
-                            steps=[JudgeStep(action=s.action, observation=s.observation) for s in t.steps])
+                            steps=[JudgeStep(action=s.action, observation=s.observation) for s in t.steps] * repeat)
             for t in fixture]
 
 
@@ -122,6 +124,9 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=None, help="judge only the first N (default: all)")
     parser.add_argument("--stride", type=int, default=1,
                         help="judge every k-th trajectory of the half (a spread subset when CPU time is short)")
+    parser.add_argument("--repeat-steps", type=int, default=1, help=(
+        "play each trajectory's steps N times over: longer trajectories for the output budget (parse rate and "
+        "budget cuts only: no ground truth)"))
     parser.add_argument("--judge", action="append", default=[], metavar="KEY=VALUE",
                         help="a judge setting (value read as JSON, else a string), e.g. max_analysis_chars=60; "
                              "repeatable. Default: the service's defaults, as a run gets them")
@@ -146,13 +151,14 @@ def main() -> None:
                     "structured": args.structured, "api_key_env": args.api_key_env},
             "max_concurrency": args.max_concurrency, "audit_log": str(work / "audit.jsonl"), **overrides}}))
         judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work / "judge.log"))
-        trajs = items(fixture)
+        trajs = items(fixture, args.repeat_steps)
         start = time.perf_counter()
         response, stats = asyncio.run(judge_all(judge_url, trajs, 3 * args.timeout))
         wall = time.perf_counter() - start
 
     predicted = {j.trajectory_id: [lab.label for lab in j.labels] for j in response.judgments}
-    judge = report(fixture, predicted, args.bootstrap)
+    # Repeated steps have no ground truth: parse statistics only.
+    judge = report(fixture, predicted, args.bootstrap) if args.repeat_steps == 1 else {}
     judge.update({
         "raw_parse_rate": round(stats.raw_parse_rate, 4), "filled_rate": round(stats.filled_rate, 4),
         "fallback_rate": round(stats.fallback_rate, 4), "budget_cut_calls": stats.budget_cut_calls,
@@ -167,7 +173,9 @@ def main() -> None:
         "data": fixture_summary(fixture), "bootstrap": f"{args.bootstrap} resamples of tasks",
         "judge_settings": overrides, "wall_s": round(wall, 1),
         "judge": judge, "by_steps": by_steps(trajs, response),
-        "baselines": {name: report(fixture, labels, args.bootstrap) for name, labels in baselines(fixture).items()},
+        "repeat_steps": args.repeat_steps,
+        "baselines": {name: report(fixture, labels, args.bootstrap) for name, labels in baselines(fixture).items()}
+        if args.repeat_steps == 1 else None,
         "audit_log": str(work / "audit.jsonl"),
     }
     text = json.dumps(line)
