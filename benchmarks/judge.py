@@ -2,7 +2,7 @@
 
     python benchmarks/judge.py [--model smollm2] [--llm-url URL --llm-model NAME [--api-key-env VAR]]
                                [--split test] [--trajectories N] [--structured auto|on|off] [--out FILE]
-                               [--judge KEY=VALUE ...] [--repeat-steps N]
+                               [--judge KEY=VALUE ...] [--repeat-steps N] [--rollouts RUN/trainer/rollouts]
 
 Starts `llm_server` (unless --llm-url is given: any OpenAI-compatible endpoint, e.g. vLLM or a hosted API)
 and the judge service on free 127.0.0.1 ports, judges the ground-truth fixture's trajectories
@@ -88,6 +88,21 @@ async def judge_all(url: str, trajs: list[JudgeTrajectory], timeout: float):
         return response, await client.stats()
 
 
+def rollout_items(folder: Path, repeat: int = 1) -> list[JudgeTrajectory]:
+    """A trainer run's recorded rollouts (`<run>/trainer/rollouts`), as the trainer hands them to the judge."""
+    from advantage.client import to_judge_trajectory
+    from common.schemas import Trajectory
+
+    out = []
+    for shard in sorted(folder.glob("shard-*.jsonl")):
+        for line in shard.read_text().splitlines():
+            record = json.loads(line)
+            traj = to_judge_trajectory(Trajectory.model_validate({k: v for k, v in record.items()
+                                                                  if k in Trajectory.model_fields}))
+            out.append(traj.model_copy(update={"steps": traj.steps * repeat}))
+    return out
+
+
 def _setting(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -124,6 +139,9 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=None, help="judge only the first N (default: all)")
     parser.add_argument("--stride", type=int, default=1,
                         help="judge every k-th trajectory of the half (a spread subset when CPU time is short)")
+    parser.add_argument("--rollouts", type=Path, default=None, help=(
+        "judge a trainer run's recorded rollouts (its trainer/rollouts folder, every --stride-th) instead of the "
+        "fixture: parse rate and budget cuts only"))
     parser.add_argument("--repeat-steps", type=int, default=1, help=(
         "play each trajectory's steps N times over: longer trajectories for the output budget (parse rate and "
         "budget cuts only: no ground truth)"))
@@ -151,14 +169,16 @@ def main() -> None:
                     "structured": args.structured, "api_key_env": args.api_key_env},
             "max_concurrency": args.max_concurrency, "audit_log": str(work / "audit.jsonl"), **overrides}}))
         judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work / "judge.log"))
-        trajs = items(fixture, args.repeat_steps)
+        trajs = rollout_items(args.rollouts, args.repeat_steps)[::args.stride] if args.rollouts \
+            else items(fixture, args.repeat_steps)
         start = time.perf_counter()
         response, stats = asyncio.run(judge_all(judge_url, trajs, 3 * args.timeout))
         wall = time.perf_counter() - start
 
     predicted = {j.trajectory_id: [lab.label for lab in j.labels] for j in response.judgments}
-    # Repeated steps have no ground truth: parse statistics only.
-    judge = report(fixture, predicted, args.bootstrap) if args.repeat_steps == 1 else {}
+    # Repeated steps and recorded rollouts have no ground truth: parse statistics only.
+    labelled = args.repeat_steps == 1 and not args.rollouts
+    judge = report(fixture, predicted, args.bootstrap) if labelled else {}
     judge.update({
         "raw_parse_rate": round(stats.raw_parse_rate, 4), "filled_rate": round(stats.filled_rate, 4),
         "fallback_rate": round(stats.fallback_rate, 4), "budget_cut_calls": stats.budget_cut_calls,
@@ -173,9 +193,9 @@ def main() -> None:
         "data": fixture_summary(fixture), "bootstrap": f"{args.bootstrap} resamples of tasks",
         "judge_settings": overrides, "wall_s": round(wall, 1),
         "judge": judge, "by_steps": by_steps(trajs, response),
-        "repeat_steps": args.repeat_steps,
+        "repeat_steps": args.repeat_steps, "rollouts": str(args.rollouts) if args.rollouts else None,
         "baselines": {name: report(fixture, labels, args.bootstrap) for name, labels in baselines(fixture).items()}
-        if args.repeat_steps == 1 else None,
+        if labelled else None,
         "audit_log": str(work / "audit.jsonl"),
     }
     text = json.dumps(line)
