@@ -24,7 +24,8 @@ class JudgeSettings(ServiceSettings):
         "fits max_output_tokens"))
     max_output_tokens: int = Field(default=2048, ge=1, description=(
         "cap on one answer's tokens; below it the budget is the answer's worst-case length for the trajectory's "
-        "step count, so a constrained answer is never cut"))
+        "step count, so a constrained answer is never cut. The prompt plus that budget must fit the judge "
+        "model's context (an endpoint refuses the call otherwise, and the trajectory falls back)"))
     max_steps: int = Field(default=32, ge=1, description=(
         "the longest trajectory whose every step gets a parsed label: its judgments-only answer must fit "
         "max_output_tokens (and llm.max_tokens), checked at start. A longer one is labelled as far as the cap "

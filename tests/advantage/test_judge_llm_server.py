@@ -42,13 +42,15 @@ def flight_trajectories() -> list[JudgeTrajectory]:
 
 async def test_tiny_model_text_output_is_unparsable_so_every_trajectory_falls_back(
         tmp_path, tiny_server: ServiceProcess):
-    conf = judge_conf(tmp_path, tiny_server.url, "tiny", structured="off")
+    # Judgments only: the retry carries the first answer, and the tiny model's context is 2,048 tokens
+    # (a ~1,500-token prompt, the answer, the re-ask and the new answer's budget must fit it).
+    conf = judge_conf(tmp_path, tiny_server.url, "tiny", structured="off", analysis=0)
     with run_service("advantage.judge", ["--conf", conf]) as judge:
         async with JudgeClient(judge.url) as client:
             trajs = flight_trajectories()
             response = await client.judge(trajs)
             stats = await client.stats()
-    assert response.fallback_count == len(trajs) and response.raw_parse_rate == 0.0
+    assert response.fallback_count == len(trajs) and response.raw_parse_rate == 0.0 and stats.llm_errors == 0
     for traj, judgment in zip(trajs, response.judgments, strict=True):
         assert judgment.fallback and judgment.attempts == 2  # one retry before giving up
         assert judgment.filled_steps == list(range(len(traj.steps)))
