@@ -57,7 +57,7 @@ import torch
 from loguru import logger
 
 from common.kv_slots import return_freed_memory
-from trainer.loss import behaviour_weights, policy_loss
+from trainer.loss import behaviour_weights, gradient_is_zero, policy_loss
 from trainer.settings import OptimConfig, PolicyLossConfig
 
 
@@ -527,11 +527,12 @@ class PolicyUpdater:
     def cannot_move(self, samples: list[TrainSample]) -> bool:
         """Whether the update's gradient is exactly 0: every trained token's advantage is 0 (the clipped
         objective is -A times a ratio, dual clip included) and the loss has no KL or entropy term."""
-        loss = self.loss_config
-        if not self.optim_config.skip_zero_advantage or loss.entropy_coef > 0 \
-                or (loss.kl_coef > 0 and self.ref_model is not None):
+        if not self.optim_config.skip_zero_advantage:
             return False
-        return all(a == 0.0 for s in samples for a, m in zip(s.advantages, s.loss_mask, strict=True) if m)
+        advantages = torch.tensor([a for s in samples for a in s.advantages])
+        mask = torch.tensor([m for s in samples for m in s.loss_mask])
+        kl = self.loss_config.kl_coef if self.ref_model is not None else 0.0  # no reference: no KL term
+        return gradient_is_zero(advantages, mask, kl_coef=kl, entropy_coef=self.loss_config.entropy_coef)
 
     def _skipped_metrics(self, samples: list[TrainSample]) -> dict[str, float]:
         # pg_loss is exactly 0 whatever the ratio; the ratio and clip metrics need the forward, so are absent.
