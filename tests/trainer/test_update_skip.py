@@ -114,3 +114,14 @@ def test_an_update_frees_every_gradient(tiny):
     assert updater.update(samples(tok, [1.0, -1.0, 0.5, -0.5]))["update/optimizer_steps"] == 2.0
     assert len(seen) == 2 and min(seen) > 0  # they existed for the steps
     assert all(p.grad is None for p in updater.model.parameters())
+
+
+def test_gradient_is_zero_only_without_trained_advantage_and_other_terms():
+    from trainer.loss import gradient_is_zero
+
+    adv = torch.tensor([[0.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # the 2.0 sits on an untrained token
+    assert gradient_is_zero(adv, mask, kl_coef=0.0, entropy_coef=0.0)
+    assert not gradient_is_zero(adv, torch.ones_like(mask), kl_coef=0.0, entropy_coef=0.0)
+    assert not gradient_is_zero(adv, mask, kl_coef=0.1, entropy_coef=0.0)
+    assert not gradient_is_zero(adv, mask, kl_coef=0.0, entropy_coef=-0.01)  # a negative bonus is a term too
