@@ -63,7 +63,7 @@ task_manager:
   synthesis: {{synthesizer: hindsight, max_goals: 2}}
   mixture: {{synthetic_ratio: 0.5, use_original: true}}
 experience_manager: {{summary: {{mode: heuristic}}}}
-judge: {{llm: {{base_url: llm_server}}, retries: 0, max_tokens_per_step: 8}}
+judge: {{llm: {{base_url: llm_server}}, retries: 0, max_analysis_chars: 0}}
 trainer:
   model: {model}
   steps: {steps}

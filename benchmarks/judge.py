@@ -2,6 +2,7 @@
 
     python benchmarks/judge.py [--model smollm2] [--llm-url URL --llm-model NAME [--api-key-env VAR]]
                                [--split test] [--trajectories N] [--structured auto|on|off] [--out FILE]
+                               [--judge KEY=VALUE ...] [--repeat-steps N] [--rollouts RUN/trainer/rollouts]
 
 Starts `llm_server` (unless --llm-url is given: any OpenAI-compatible endpoint, e.g. vLLM or a hosted API)
 and the judge service on free 127.0.0.1 ports, judges the ground-truth fixture's trajectories
@@ -9,7 +10,7 @@ and the judge service on free 127.0.0.1 ports, judges the ground-truth fixture's
 unless told) and prints one JSON line: for the judge and for the baselines "outcome sign", "always GOOD"
 and "random" (a fair coin, seeded), balanced accuracy and Cohen's kappa with 95% bootstrap intervals
 (resampling tasks), per-class recall; for the judge also its raw parse rate, share of filled labels,
-budget cuts and seconds per trajectory.
+budget cuts and seconds per trajectory, and parse rate and budget cuts per trajectory length (`by_steps`).
 """
 
 from __future__ import annotations
@@ -73,9 +74,11 @@ def service(module: str, args: list[str], log: Path, timeout: float = 600):
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def items(fixture: list) -> list[JudgeTrajectory]:
+def items(fixture: list, repeat: int = 1) -> list[JudgeTrajectory]:
+    """The fixture's trajectories as judge inputs; `repeat` > 1 plays each one's steps that many times over
+    (an agent repeating itself: longer trajectories for the output budget, with no ground truth)."""
     return [JudgeTrajectory(trajectory_id=t.trajectory_id, task_id=t.task_id, query=t.query, outcome=t.outcome,
-                            steps=[JudgeStep(action=s.action, observation=s.observation) for s in t.steps])
+                            steps=[JudgeStep(action=s.action, observation=s.observation) for s in t.steps] * repeat)
             for t in fixture]
 
 
@@ -83,6 +86,45 @@ async def judge_all(url: str, trajs: list[JudgeTrajectory], timeout: float):
     async with JudgeClient(url, timeout=timeout) as client:
         response = await client.judge(trajs)
         return response, await client.stats()
+
+
+def rollout_items(folder: Path, repeat: int = 1) -> list[JudgeTrajectory]:
+    """A trainer run's recorded rollouts (`<run>/trainer/rollouts`), as the trainer hands them to the judge."""
+    from advantage.client import to_judge_trajectory
+    from common.schemas import Trajectory
+
+    out = []
+    for shard in sorted(folder.glob("shard-*.jsonl")):
+        for line in shard.read_text().splitlines():
+            record = json.loads(line)
+            traj = to_judge_trajectory(Trajectory.model_validate({k: v for k, v in record.items()
+                                                                  if k in Trajectory.model_fields}))
+            out.append(traj.model_copy(update={"steps": traj.steps * repeat}))
+    return out
+
+
+def _setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--judge {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def by_steps(trajs: list[JudgeTrajectory], response) -> dict[str, dict[str, float]]:
+    """Per trajectory length: trajectories, steps, labels parsed from the answer, answers cut by the budget."""
+    out: dict[str, dict[str, float]] = {}
+    for traj, judgment in zip(trajs, response.judgments, strict=True):
+        row = out.setdefault(str(len(traj.steps)), {"trajectories": 0, "steps": 0, "parsed": 0, "budget_cut": 0})
+        row["trajectories"] += 1
+        row["steps"] += len(traj.steps)
+        row["parsed"] += judgment.parsed_labels
+        row["budget_cut"] += int(judgment.budget_cut)
+    for row in out.values():
+        row["parse_rate"] = round(row["parsed"] / row["steps"], 4) if row["steps"] else 0.0
+    return dict(sorted(out.items(), key=lambda item: int(item[0])))
 
 
 def main() -> None:
@@ -97,7 +139,15 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=None, help="judge only the first N (default: all)")
     parser.add_argument("--stride", type=int, default=1,
                         help="judge every k-th trajectory of the half (a spread subset when CPU time is short)")
-    parser.add_argument("--max-tokens-per-step", type=int, default=64)
+    parser.add_argument("--rollouts", type=Path, default=None, help=(
+        "judge a trainer run's recorded rollouts (its trainer/rollouts folder, every --stride-th) instead of the "
+        "fixture: parse rate and budget cuts only"))
+    parser.add_argument("--repeat-steps", type=int, default=1, help=(
+        "play each trajectory's steps N times over: longer trajectories for the output budget (parse rate and "
+        "budget cuts only: no ground truth)"))
+    parser.add_argument("--judge", action="append", default=[], metavar="KEY=VALUE",
+                        help="a judge setting (value read as JSON, else a string), e.g. max_analysis_chars=60; "
+                             "repeatable. Default: the service's defaults, as a run gets them")
     parser.add_argument("--max-concurrency", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one LLM call may take")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
@@ -106,6 +156,7 @@ def main() -> None:
     # A SIGTERM unwinds through the `finally` blocks, so the services started here are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    overrides = dict(_setting(text) for text in args.judge)
     fixture = load_fixture(args.fixture, None if args.split == "all" else args.split)[::args.stride][:args.trajectories]
     model = args.llm_model or args.model
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
@@ -116,16 +167,18 @@ def main() -> None:
         conf.write_text(json.dumps({"judge": {
             "llm": {"base_url": llm_url, "model": model, "max_retries": 0, "timeout": args.timeout,
                     "structured": args.structured, "api_key_env": args.api_key_env},
-            "max_tokens_per_step": args.max_tokens_per_step, "max_concurrency": args.max_concurrency,
-            "audit_log": str(work / "audit.jsonl")}}))
+            "max_concurrency": args.max_concurrency, "audit_log": str(work / "audit.jsonl"), **overrides}}))
         judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work / "judge.log"))
-        trajs = items(fixture)
+        trajs = rollout_items(args.rollouts, args.repeat_steps)[::args.stride] if args.rollouts \
+            else items(fixture, args.repeat_steps)
         start = time.perf_counter()
         response, stats = asyncio.run(judge_all(judge_url, trajs, 3 * args.timeout))
         wall = time.perf_counter() - start
 
     predicted = {j.trajectory_id: [lab.label for lab in j.labels] for j in response.judgments}
-    judge = report(fixture, predicted, args.bootstrap)
+    # Repeated steps and recorded rollouts have no ground truth: parse statistics only.
+    labelled = args.repeat_steps == 1 and not args.rollouts
+    judge = report(fixture, predicted, args.bootstrap) if labelled else {}
     judge.update({
         "raw_parse_rate": round(stats.raw_parse_rate, 4), "filled_rate": round(stats.filled_rate, 4),
         "fallback_rate": round(stats.fallback_rate, 4), "budget_cut_calls": stats.budget_cut_calls,
@@ -138,9 +191,11 @@ def main() -> None:
         "benchmark": "judge", "model": model, "endpoint": "llm_server" if not args.llm_url else args.llm_url,
         "structured": args.structured, "fixture": args.fixture.name, "split": args.split, "stride": args.stride,
         "data": fixture_summary(fixture), "bootstrap": f"{args.bootstrap} resamples of tasks",
-        "max_tokens_per_step": args.max_tokens_per_step, "wall_s": round(wall, 1),
-        "judge": judge,
-        "baselines": {name: report(fixture, labels, args.bootstrap) for name, labels in baselines(fixture).items()},
+        "judge_settings": overrides, "wall_s": round(wall, 1),
+        "judge": judge, "by_steps": by_steps(trajs, response),
+        "repeat_steps": args.repeat_steps, "rollouts": str(args.rollouts) if args.rollouts else None,
+        "baselines": {name: report(fixture, labels, args.bootstrap) for name, labels in baselines(fixture).items()}
+        if labelled else None,
         "audit_log": str(work / "audit.jsonl"),
     }
     text = json.dumps(line)

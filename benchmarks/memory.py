@@ -9,6 +9,10 @@ prompt, `--max-tokens` new tokens each: the long row makes every row's slot as w
 during the batch, RSS once the batch finished, and the engine's own KV accounting where it has one.
 `trainer`: `LocalTrainer` on `signal` (two turns, 8 tasks x 4 rollouts, 32 new tokens, `checkpoint.every: 1`),
 `--steps` steps: RSS after setup and the peak over the steps (rollouts, update, optimizer state, weight sync).
+`--shape quickstart`: instead, the quickstart's batch on `flights` (2 tasks x 4 rollouts, up to 4 turns of 64
+new tokens, 1,536-token context, lr 1e-5); SmolLM2's flights outcomes are all 0, so the update is forced to run
+(`optim.skip_zero_advantage: false` where that option exists) to measure its memory. Besides the peak, each
+step reports the RSS after the step, when only what the trainer keeps between steps is left.
 RSS is sampled every 10 ms from /proc/self/statm in a background thread, so a peak shorter than that can be
 missed; `ru_maxrss` (the kernel's exact peak, including the model load) is reported beside it.
 Prints one JSON line with the load average.
@@ -94,20 +98,37 @@ def engine_part(args: argparse.Namespace) -> dict[str, Any]:
         engine.close()
 
 
+def _shape(name: str) -> tuple[str, dict[str, Any]]:
+    """(environment, the trainer config's shape keys) of `--shape`."""
+    if name == "signal":
+        return "signal", {"tasks_per_step": 8,
+                          "rollout": {"env": "signal", "n": 4, "max_turns": 2, "max_new_tokens": 32,
+                                      "max_context": 1024},
+                          "optim": {"lr": 1e-6, "minibatches": 2, "micro_batch_size": 4}}
+    from trainer.settings import OptimConfig
+
+    optim: dict[str, Any] = {"lr": 1e-5, "minibatches": 2, "micro_batch_size": 4}
+    if "skip_zero_advantage" in OptimConfig.model_fields:  # absent on code before the skip (the "before" run)
+        optim["skip_zero_advantage"] = False
+    return "flights", {"tasks_per_step": 2,
+                       "rollout": {"env": "flights", "template": "linear", "n": 4, "max_turns": 4,
+                                   "max_new_tokens": 64, "max_context": 1536, "temperature": 1.0},
+                       "optim": optim}
+
+
 def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
     from tests.helpers import run_service
     from trainer.config import TrainerConfig
     from trainer.local import LocalTrainer
 
+    env, shape = _shape(args.shape)
     conf = Path(tempfile.mkdtemp()) / "env.yaml"
-    conf.write_text("env_service:\n  environments:\n    signal: {}\n")
+    conf.write_text(f"env_service:\n  environments:\n    {env}: {{}}\n")
     with run_service("env_service", ["--conf", str(conf)]) as service:
         config = TrainerConfig.model_validate({
-            "model": args.model, "steps": args.steps, "tasks_per_step": 8, "seed": 0,
+            "model": args.model, "steps": args.steps, "seed": 0, **shape,
             "output_dir": tempfile.mkdtemp(prefix="bench-memory-"), "progress": False, "tensorboard": False,
             "plot": False, "torch_threads": args.threads, "checkpoint": {"every": 1},
-            "rollout": {"env": "signal", "n": 4, "max_turns": 2, "max_new_tokens": 32, "max_context": 1024},
-            "optim": {"lr": 1e-6, "minibatches": 2, "micro_batch_size": 4},
             "services": {"env_url": service.url}, "eval": {"before": False, "after": False},
             "ray": {"enabled": False}})
         trainer = LocalTrainer(config)
@@ -122,7 +143,9 @@ def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
                     sampler.reset()
                     metrics = await trainer.train_step()
                     steps.append({"peak_mb": round(sampler.peak), "after_mb": round(rss_mb()),
-                                  "step_s": round(metrics["time/step_s"], 1)})
+                                  "step_s": round(metrics["time/step_s"], 1),
+                                  "optimizer_steps": metrics.get("update/optimizer_steps"),
+                                  "params_with_grad": sum(p.grad is not None for p in trainer.model.parameters())})
             finally:
                 await trainer.close()
             stats = trainer.policy.stats if trainer.policy is not None else None
@@ -141,6 +164,7 @@ def main() -> None:
     parser.add_argument("--parts", default="engine,trainer")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--shape", choices=["signal", "quickstart"], default="signal", help="the trainer part's batch")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one part in this process
@@ -150,13 +174,14 @@ def main() -> None:
         out["ru_maxrss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(json.dumps(out))
         return
-    result: dict[str, Any] = {"benchmark": "memory", "model": args.model, "threads": args.threads,
+    result: dict[str, Any] = {"benchmark": "memory", "model": args.model, "threads": args.threads, "shape": args.shape,
                               "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                                                     capture_output=True, text=True).stdout.strip() or None,
                               "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
     for part in args.parts.split(","):
         proc = subprocess.run([sys.executable, __file__, "--one", part, "--model", args.model, "--steps",
-                               str(args.steps), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)],
+                               str(args.steps), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
+                               "--shape", args.shape],
                               capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         if proc.returncode:
             raise SystemExit(f"part {part} failed:\n{proc.stderr[-3000:]}")

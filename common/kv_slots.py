@@ -175,14 +175,14 @@ class SlotCache:
         if keep == 0:
             if self.keys:  # an idle engine holds no cache memory
                 self.keys, self.values = [], []
-                _return_freed_memory()
+                return_freed_memory()
         else:
             rows = _chunked(keep, _ROW_CHUNK)
             columns = min(self.max_columns, _chunked(int(self.lengths.max()) + 1, _BLOCK))
             have_rows, have_columns = self.capacity
             if rows * columns * 2 <= have_rows * have_columns:  # half or less in use: worth one copy
                 self._resize(rows, columns)
-                _return_freed_memory()
+                return_freed_memory()
         return list(zip(movers, holes, strict=True))
 
     @property
@@ -228,7 +228,7 @@ def _chunked(n: int, chunk: int) -> int:
     return -(-n // chunk) * chunk
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Hand freed heap pages back to the OS (glibc keeps buffers below its mmap threshold in the heap)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)

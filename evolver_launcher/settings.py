@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from advantage.judge.settings import JudgeSettings
 from common.config import ConfigError, StrictModel
@@ -135,6 +135,17 @@ class RunConfig(StrictModel):
     # The veRL backend's section (GPU runs through examples/run_overall_gpu.sh). Checked there, by
     # `python -m trainer.verl_plugin`: importing veRL here would add ~15 s to every launch.
     verl: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _judge_labels_the_longest_trajectory(self) -> RunConfig:
+        # One judge step per policy turn: a trajectory longer than judge.max_steps could not be labelled
+        # in full within the judge's output cap.
+        if self.judge is not None and self.trainer is not None and self.trainer.rollout.max_turns > self.judge.max_steps:
+            raise ValueError(f"trainer.rollout.max_turns ({self.trainer.rollout.max_turns}) is above judge.max_steps "
+                             f"({self.judge.max_steps}): the judge's answer for the longest trajectory must fit "
+                             f"judge.max_output_tokens; raise judge.max_steps (and judge.max_output_tokens if the "
+                             f"check on it then fails) or lower trainer.rollout.max_turns")
+        return self
 
 
 APPWORLD_HELP = (

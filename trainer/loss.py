@@ -31,6 +31,13 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
+def gradient_is_zero(advantages: torch.Tensor, mask: torch.Tensor, *, kl_coef: float, entropy_coef: float) -> bool:
+    """Whether `policy_loss` has an exactly zero gradient on this batch, whatever the log-probs: every trained
+    token's advantage is 0 (the clipped objective is -A times a ratio, dual clip included) and no KL or
+    entropy term is on. The update can then be skipped (both backends do)."""
+    return kl_coef <= 0 and entropy_coef == 0 and not bool((advantages[mask > 0] != 0).any())
+
+
 def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
                       cap: float) -> torch.Tensor:
     """Per token min(exp(prox - behaviour), cap) on the mask, 1 elsewhere; no gradient flows through it.

@@ -57,6 +57,10 @@ class OptimConfig(StrictModel):
         "so only the other minibatches need a forward before the update; off when the model has dropout"))
     reuse_rollout_logprobs: bool = Field(
         default=True, description="old log-probs from the rollout when policy version, context and numerics match")
+    skip_zero_advantage: bool = Field(default=True, description=(
+        "skip an update whose gradient is exactly 0 (every trained token's advantage 0, no KL or entropy term): "
+        "no forward, backward, optimizer or LR-schedule step (AdamW's momentum and weight decay would still "
+        "have moved the weights); logged as update/skipped"))
 
 
 class LoraSettings(StrictModel):

@@ -85,10 +85,12 @@ def training_signal(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     groups = sum(int(r.get("rollout/groups", 0)) for r in ordered)
     mixed = sum(int(r.get("rollout/mixed_outcome_groups", 0)) for r in ordered)
     nonzero = sum(1 for g in norms if g > 0.0)
+    # Updates skipped because their gradient was exactly 0 (every advantage 0): counted among the zero-grad steps.
+    skipped = sum(int(r.get("update/skipped", 0.0)) for r in ordered)
     return {"steps": len(ordered), "steps_with_nonzero_grad": nonzero,
             "every_step_nonzero_grad": bool(ordered) and nonzero == len(ordered),
-            "grad_norm_per_step": norms, "groups": groups, "mixed_outcome_groups": mixed,
-            "mixed_outcome_share": mixed / groups if groups else None}
+            "grad_norm_per_step": norms, "skipped_updates": skipped, "groups": groups,
+            "mixed_outcome_groups": mixed, "mixed_outcome_share": mixed / groups if groups else None}
 
 
 async def _service_stats(peer: Any, name: str) -> dict[str, Any] | None:
@@ -180,7 +182,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     if training.get("steps"):
         share = training.get("mixed_outcome_share")
         console.print(f"training signal: non-zero gradient on {training['steps_with_nonzero_grad']} of "
-                      f"{training['steps']} steps; groups with mixed outcomes {training['mixed_outcome_groups']} of "
+                      f"{training['steps']} steps ({training.get('skipped_updates', 0)} updates skipped: every "
+                      f"advantage 0); groups with mixed outcomes {training['mixed_outcome_groups']} of "
                       f"{training['groups']}" + (f" ({share:.2f})" if share is not None else ""))
     resilience = summary.get("resilience") or {}
     if resilience.get("outages"):

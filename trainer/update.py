@@ -33,6 +33,15 @@ log-probs are recomputed with the current weights (the proximal policy of decoup
 token's objective is weighted by min(pi_prox / mu, `loss.importance_cap`), mu being the generator's
 log-prob (`loss.behaviour_weights`). A sample that saw injected experience is not corrected: mu was
 measured on a different context, the same reason its log-probs are never reused.
+
+An update that cannot change the weights is skipped (`skip_zero_advantage`): every trained token's
+advantage exactly 0 (all groups of equal outcome and no judge term) and no KL or entropy term, so the
+gradient is exactly 0. No forward, backward or optimizer step runs; the metrics say `update/skipped: 1`
+with a gradient norm of 0. The optimizer and its LR schedule do not step either: the schedule counts
+optimizer steps taken, as it does for a minibatch without trained tokens, and AdamW's momentum and weight
+decay (which would move the weights on a zero gradient) wait for a batch that carries a signal.
+After an update the gradients are freed (`.grad` None): between updates they would hold a copy of
+the weights' size for nothing.
 """
 
 from __future__ import annotations
@@ -45,8 +54,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from loguru import logger
 
-from trainer.loss import behaviour_weights, policy_loss
+from common.kv_slots import return_freed_memory
+from trainer.loss import behaviour_weights, gradient_is_zero, policy_loss
 from trainer.settings import OptimConfig, PolicyLossConfig
 
 
@@ -430,6 +441,9 @@ class PolicyUpdater:
         """
         if not samples:
             return {}
+        if self.cannot_move(samples):
+            logger.info("update skipped: every trained token's advantage is 0 and the loss has no other term")
+            return self._skipped_metrics(samples)
         cfg = self.optim_config
         was_training = self.model.training
         self.model.eval()  # no dropout in the old log-probs
@@ -495,18 +509,42 @@ class PolicyUpdater:
                 optimizer_steps += 1
                 if progress is not None:
                     progress(UpdateProgress(optimizer_steps, total_steps, int(tokens), minibatch_loss))
+        # The last minibatch's gradients are spent (the next update starts from None anyway); glibc keeps most
+        # of their buffers in its heap unless asked to hand the pages back.
+        self.optimizer.zero_grad(set_to_none=True)
+        return_freed_memory()
         self.model.train(was_training)
         out = {f"update/{k}": v / counts[k] for k, v in totals.items()}
         out["update/optimizer_steps"] = float(optimizer_steps)
         out["update/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        out["update/lr"] = float(self.scheduler.get_last_lr()[0])
-        out["update/samples"] = float(len(samples))
-        out["update/tokens"] = float(sum(sum(s.loss_mask) for s in samples))
-        out["update/sequence_tokens"] = float(sum(s.length for s in samples))  # prompt + response, every row
+        out["update/skipped"] = 0.0
+        out.update(self._batch_metrics(samples))
         out["update/reused_old_logprob_frac"] = reused / len(samples)
         out["update/fused_old_logprob_frac"] = len(fused) / len(samples)
         out.update(_weight_metrics(samples, weights, self.loss_config.importance_cap))
         return out
+
+    def cannot_move(self, samples: list[TrainSample]) -> bool:
+        """Whether the update's gradient is exactly 0: every trained token's advantage is 0 (the clipped
+        objective is -A times a ratio, dual clip included) and the loss has no KL or entropy term."""
+        if not self.optim_config.skip_zero_advantage:
+            return False
+        advantages = torch.tensor([a for s in samples for a in s.advantages])
+        mask = torch.tensor([m for s in samples for m in s.loss_mask])
+        kl = self.loss_config.kl_coef if self.ref_model is not None else 0.0  # no reference: no KL term
+        return gradient_is_zero(advantages, mask, kl_coef=kl, entropy_coef=self.loss_config.entropy_coef)
+
+    def _skipped_metrics(self, samples: list[TrainSample]) -> dict[str, float]:
+        # pg_loss is exactly 0 whatever the ratio; the ratio and clip metrics need the forward, so are absent.
+        return {"update/pg_loss": 0.0, "update/optimizer_steps": 0.0, "update/grad_norm": 0.0,
+                "update/skipped": 1.0, **self._batch_metrics(samples)}
+
+    def _batch_metrics(self, samples: list[TrainSample]) -> dict[str, float]:
+        return {"update/lr": float(self.scheduler.get_last_lr()[0]),
+                "update/samples": float(len(samples)),
+                "update/tokens": float(sum(sum(s.loss_mask) for s in samples)),
+                # prompt + response, every row
+                "update/sequence_tokens": float(sum(s.length for s in samples))}
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),

@@ -23,7 +23,7 @@ from advantage.judge.schemas import (
     TrajectoryJudgment,
 )
 from advantage.judge.settings import JudgeSettings
-from advantage.judge.structured import label_schema, parse_json_judgments
+from advantage.judge.structured import analysis_chars, answer_tokens, label_schema, parse_json_judgments
 from common.llm import LLMClient, LLMError, json_schema_format
 
 
@@ -113,21 +113,28 @@ class Judge:
     async def _structured(self) -> bool:
         return await self.llm.supports_structured()
 
-    def _messages(self, item: JudgeTrajectory, params: dict) -> list[dict]:
+    def _messages(self, item: JudgeTrajectory, structured: bool) -> list[dict]:
         s = self.settings
-        structured_max_tokens = params["max_tokens"] if "response_format" in params else None
+        chars = self._budget(len(item.steps))[0] if structured else None
         return build_messages(item, max_step_chars=s.max_step_chars, max_query_chars=s.max_query_chars,
-                              success_threshold=s.success_threshold, structured_max_tokens=structured_max_tokens)
+                              success_threshold=s.success_threshold, structured_analysis_chars=chars)
+
+    def _budget(self, steps: int) -> tuple[int, int]:
+        """(analysis characters per step, max_tokens) for a trajectory of `steps` steps: the analysis as long
+        as the cap allows, and the budget the worst-case answer of that schema, so no answer is cut below
+        the cap (a text answer gets the same budget)."""
+        s = self.settings
+        cap = min(s.max_output_tokens, self.llm.config.max_tokens or s.max_output_tokens)
+        chars = analysis_chars(steps, cap, s.max_analysis_chars)
+        return chars, min(answer_tokens(steps, chars), cap)
 
     def _call_params(self, steps: int, structured: bool) -> dict:
         s, role = self.settings, self.llm.config
-        max_tokens = min(s.max_output_tokens, 32 + s.max_tokens_per_step * steps)
-        if role.max_tokens is not None:
-            max_tokens = min(max_tokens, role.max_tokens)
+        chars, max_tokens = self._budget(steps)
         temperature = role.temperature if role.temperature is not None else s.temperature
         params: dict = {"max_tokens": max_tokens, "temperature": temperature}
         if structured:
-            params["response_format"] = json_schema_format("step_judgments", label_schema(steps, max_tokens))
+            params["response_format"] = json_schema_format("step_judgments", label_schema(steps, chars))
         return params
 
     def _cache_key(self, messages: list[dict], params: dict) -> str:
@@ -136,8 +143,9 @@ class Judge:
 
     async def _judge_deduplicated(self, item: JudgeTrajectory) -> _Outcome:
         """Serve from the cache, join an identical judgment in flight, or judge and cache it."""
-        params = self._call_params(len(item.steps), await self._structured())
-        messages = self._messages(item, params)
+        structured = await self._structured()
+        params = self._call_params(len(item.steps), structured)
+        messages = self._messages(item, structured)
         key = self._cache_key(messages, params)
         cached = self._cache.get(key)
         if cached is not None:

@@ -58,8 +58,9 @@ def is_success(outcome: float, threshold: float) -> bool:
 
 
 def build_messages(trajectory: JudgeTrajectory, *, max_step_chars: int, max_query_chars: int,
-                   success_threshold: float, structured_max_tokens: int | None = None) -> list[dict]:
-    """The judge's prompt; `structured_max_tokens` set: the answer is the JSON of `label_schema`."""
+                   success_threshold: float, structured_analysis_chars: int | None = None) -> list[dict]:
+    """The judge's prompt; `structured_analysis_chars` set: the answer is the JSON of `label_schema` with
+    analyses of at most that many characters (0: judgments only)."""
     steps = trajectory.steps
     success = is_success(trajectory.outcome, success_threshold)
     parts = ["### TASK", truncate(trajectory.query or "(no task description given)", max_query_chars), "",
@@ -71,12 +72,12 @@ def build_messages(trajectory: JudgeTrajectory, *, max_step_chars: int, max_quer
         parts.append("\n".join(block))
     verdict = "SUCCESS (the task was completed)" if success else "FAILURE (the task was not completed)"
     parts += ["", "---", f"### OUTCOME: {verdict}; reward {trajectory.outcome:+.4f}", REMINDER[success], ""]
-    if structured_max_tokens is None:
+    if structured_analysis_chars is None:
         output_format = TEXT_FORMAT
         parts += [f"Now judge all {len(steps)} steps, Step 0 to Step {len(steps) - 1}, in the required format:",
                   "Step 0 Analysis: ...", "Step 0 Judgment: GOOD or BAD"]
     else:
-        output_format = output_instructions(len(steps), structured_max_tokens)
+        output_format = output_instructions(len(steps), structured_analysis_chars)
         parts += [f"Now judge all {len(steps)} steps. {output_format}"]
     system = SYSTEM_PROMPT.format(output_format=output_format)
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(parts)}]

@@ -1,8 +1,13 @@
-"""The judge's JSON answer: a schema with one key per step, and a parser that also reads a cut-off answer.
+"""The judge's JSON answer: a schema with one key per step, its token budget, and a parser that also reads a
+cut-off answer.
 
 The schema names every step (`step_0` … `step_{K-1}`, in order), so a constrained decoder can neither skip
-nor invent steps. Each analysis is capped so that K steps fit the output budget: the budget cannot
-silently cut a long trajectory's last steps, it shortens every analysis instead.
+nor invent steps. The output budget grows with K: it is the answer's worst-case length under the grammar
+(`answer_tokens`), so a constrained answer is never cut. The analysis may hold printable ASCII except `"`
+and `\\` (`ANALYSIS_PATTERN`): nothing in the answer needs an escape, so the answer's longest text is
+known exactly, and a token (at least one byte under a byte-level tokenizer such as SmolLM2's) covers at
+least one of its characters. When K steps with full analyses would pass the cap, every analysis is
+shortened instead (`analysis_chars`), down to judgments only.
 """
 
 from __future__ import annotations
@@ -13,31 +18,50 @@ from typing import Any
 
 from advantage.judge.parsing import MAX_REASON_CHARS, Label, ParsedOutput
 
-# Tokens one step costs besides its analysis (`"step_12": {"analysis": "", "judgment": "GOOD"}, `),
-# and characters per token of English text (conservative: small-model tokenizers split more).
-STEP_OVERHEAD_TOKENS = 24
-CHARS_PER_TOKEN = 3
-MAX_ANALYSIS_CHARS = 200
+# Printable ASCII without `"` and `\`: the analysis never needs an escape (one character, one byte).
+ANALYSIS_PATTERN = r"^[ !#-\[\]-~]*$"
+# Below this an analysis says nothing: the answer drops the field (judgments only).
 MIN_ANALYSIS_CHARS = 20
+# `json.dumps` with these separators writes what the grammar allows (`common.grammar.JSON_LAYOUT`).
+_SEPARATORS = (", ", ": ")
+# What an analysis adds to its step's object besides its text: `"analysis": "", `.
+_ANALYSIS_OVERHEAD = len('"analysis": "", ')
 
 # One step's object, also when the answer was cut after it (the JSON as a whole then does not load).
 _STEP_OBJECT = re.compile(
     r'"step_(\d+)"\s*:\s*\{\s*(?:"analysis"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*)?"judgment"\s*:\s*"(GOOD|BAD)"')
 
 
-def analysis_chars(steps: int, max_tokens: int) -> int:
-    """Longest analysis per step that lets all `steps` fit in `max_tokens`; 0 means judgments only."""
-    per_step = max_tokens // max(steps, 1) - STEP_OVERHEAD_TOKENS
-    chars = min(per_step * CHARS_PER_TOKEN, MAX_ANALYSIS_CHARS)
+def worst_case_answer(steps: int, chars: int) -> str:
+    """The longest answer the schema of `label_schema(steps, chars)` allows: every analysis full, every judgment
+    GOOD."""
+    entry: dict[str, str] = {"analysis": "x" * chars} if chars else {}
+    entry["judgment"] = "GOOD"
+    return json.dumps({f"step_{i}": entry for i in range(steps)}, separators=_SEPARATORS)
+
+
+def answer_tokens(steps: int, chars: int) -> int:
+    """Tokens that answer can take at most: one per character, plus the end-of-sequence token."""
+    return len(worst_case_answer(steps, chars)) + 1
+
+
+def analysis_chars(steps: int, cap: int, longest: int) -> int:
+    """Longest analysis per step, at most `longest`, with which the worst-case answer for `steps` steps fits
+    `cap` tokens; 0 (judgments only) when fewer than `MIN_ANALYSIS_CHARS` would fit."""
+    if longest < MIN_ANALYSIS_CHARS:
+        return 0
+    room = (cap - answer_tokens(steps, 0)) // max(steps, 1) - _ANALYSIS_OVERHEAD
+    chars = min(room, longest)
     return chars if chars >= MIN_ANALYSIS_CHARS else 0
 
 
-def label_schema(steps: int, max_tokens: int) -> dict[str, Any]:
-    chars = analysis_chars(steps, max_tokens)
+def label_schema(steps: int, chars: int) -> dict[str, Any]:
+    """One key per step, each `{"analysis": <at most chars>, "judgment": "GOOD" | "BAD"}` (no analysis: chars 0)."""
     step: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
     if chars:
         # The analysis comes first, so the judgment is conditioned on it (AgentEvolver's order).
-        step["properties"]["analysis"] = {"type": "string", "minLength": 1, "maxLength": chars}
+        step["properties"]["analysis"] = {"type": "string", "minLength": 1, "maxLength": chars,
+                                          "pattern": ANALYSIS_PATTERN}
     step["properties"]["judgment"] = {"type": "string", "enum": ["GOOD", "BAD"]}
     step["required"] = list(step["properties"])
     names = [f"step_{i}" for i in range(steps)]
@@ -45,9 +69,9 @@ def label_schema(steps: int, max_tokens: int) -> dict[str, Any]:
             "additionalProperties": False}
 
 
-def output_instructions(steps: int, max_tokens: int) -> str:
-    chars = analysis_chars(steps, max_tokens)
-    analysis = f'"analysis": "<at most {chars} characters, quoting the step as evidence>", ' if chars else ""
+def output_instructions(steps: int, chars: int) -> str:
+    analysis = (f'"analysis": "<at most {chars} characters, quoting the step as evidence, without double quotes '
+                f'or backslashes>", ') if chars else ""
     return (f'Reply with one JSON object with the keys "step_0" to "step_{steps - 1}", in order, each '
             f'{{{analysis}"judgment": "GOOD" or "BAD"}}, and nothing else.')
 

@@ -94,6 +94,9 @@ def test_resolved_yaml_is_what_every_service_reads(tmp_path):
     ("launcher.servics=[judge]", "launcher.servics: unknown key"),
     ("judge.retries=99", "judge.retries"),
     ("trainerr.steps=1", "trainerr: unknown top-level section"),
+    # 32 steps' judgments take up to 1 + 10 * 30 + 22 * 31 + 31 * 2 + 1 + 1 = 1047 tokens.
+    ("judge.max_output_tokens=500", "judge: Value error, max_output_tokens (500) is below the 1047 tokens"),
+    ("trainer.rollout.max_turns=40", "trainer.rollout.max_turns (40) is above judge.max_steps (32)"),
 ])
 def test_unknown_keys_and_bad_values_name_their_path(tmp_path, override, key):
     with pytest.raises(ConfigError) as err:

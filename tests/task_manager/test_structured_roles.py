@@ -20,7 +20,7 @@ TOOLS = tool_docs()
 
 
 @pytest.mark.parametrize("schema", [call_schema(TOOLS), task_schema(TOOLS), experience_schema(3), MERGE_SCHEMA,
-                                    label_schema(6, 400), label_schema(60, 2048)],
+                                    label_schema(6, 200), label_schema(60, 0)],
                          ids=["call", "tasks", "experiences", "merge", "labels", "labels-long"])
 def test_the_grammar_engine_accepts_every_role_schema(schema):
     assert llguidance.LLMatcher.validate_grammar(json_schema_grammar(schema)) == ""  # "" is no error

@@ -52,14 +52,15 @@ def test_training_signal_counts_steps_with_a_gradient_and_mixed_groups_once_per_
 
     records = [
         {"step": 0, "eval/avg@1": 0.0},  # the evaluation before training: not a step
-        {"step": 1, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 0.0, "update/grad_norm": 0.0},
+        {"step": 1, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 0.0, "update/grad_norm": 0.0,
+         "update/skipped": 1.0},  # every advantage 0: no update ran
         {"step": 2, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 2.0, "update/grad_norm": 0.5},
         {"step": 2, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 1.0, "update/grad_norm": 0.25},  # re-run
         {"step": 3, "rollout/groups": 4.0, "rollout/mixed_outcome_groups": 1.0},  # no update: no gradient
     ]
     got = training_signal(records)
     assert got["steps"] == 3 and got["steps_with_nonzero_grad"] == 1 and got["every_step_nonzero_grad"] is False
-    assert got["grad_norm_per_step"] == [0.0, 0.25, 0.0]
+    assert got["grad_norm_per_step"] == [0.0, 0.25, 0.0] and got["skipped_updates"] == 1
     assert got["groups"] == 8 and got["mixed_outcome_groups"] == 2 and got["mixed_outcome_share"] == 0.25
     assert training_signal(records[2:3])["every_step_nonzero_grad"] is True
     assert training_signal([])["mixed_outcome_share"] is None and training_signal([])["every_step_nonzero_grad"] is False

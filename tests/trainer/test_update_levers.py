@@ -64,8 +64,11 @@ def gradient(model, samples, optim: OptimConfig) -> torch.Tensor:
     trainable = copy.deepcopy(model)
     updater = PolicyUpdater(trainable, optim.model_copy(update={"lr": 1e-30, "minibatches": 1, "grad_clip": 1e9}),
                             PolicyLossConfig(), pad_id=0, total_updates=1)
+    taken: list[torch.Tensor] = []  # read at the optimizer step: the update frees the gradients after it
+    updater.optimizer.register_step_pre_hook(lambda *_: taken.append(
+        torch.cat([p.grad.flatten() for p in trainable.parameters() if p.grad is not None])))
     updater.update(samples)
-    return torch.cat([p.grad.flatten() for p in trainable.parameters() if p.grad is not None])
+    return taken[0]
 
 
 def test_bucketing_and_response_logits_give_the_same_gradient(tiny):

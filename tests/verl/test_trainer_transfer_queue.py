@@ -46,13 +46,13 @@ def queue():
         ray.shutdown()
 
 
-def put_samples():
+def put_samples(samples=SAMPLES, prefix: str = ""):
     keys, fields = [], []
-    for session, (uid, outcome, steps, labels, flag) in enumerate(SAMPLES):
+    for session, (uid, outcome, steps, labels, flag) in enumerate(samples):
         n = len(steps)
         rm_scores = torch.zeros(n)
         rm_scores[-1] = outcome
-        keys.append(f"{uid}_{session}_0")
+        keys.append(f"{prefix}{uid}_{session}_0")
         fields.append({"uid": uid, "prompts": torch.tensor([1, 2, 3]), "responses": torch.arange(n),
                        "response_mask": torch.ones(n, dtype=torch.int64), "rm_scores": rm_scores,
                        "extra_fields": {"experience_flag": flag, "step_ids": steps, "step_labels": labels,
@@ -62,19 +62,26 @@ def put_samples():
                                  tags=[{}] * len(keys))
 
 
-def test_advantage_step_reads_extra_fields_from_the_queue_and_writes_flag_back(queue):
-    keys, meta = put_samples()
+def advantage_only_trainer(alpha: float = 0.4, entropy_coeff: float = 0.0) -> EvolverPPOTrainer:
     trainer = object.__new__(EvolverPPOTrainer)  # only the advantage step: no workers, no GPUs
     trainer.config = OmegaConf.create({"algorithm": {
         "adv_estimator": "evolver_adca_grpo", "use_kl_in_reward": False, "kl_penalty": "kl",
-        "rollout_correction": None, "evolver": {"adca_grpo": {"alpha": 0.4}}},
+        "rollout_correction": None, "evolver": {"adca_grpo": {"alpha": alpha}}},
+        "actor_rollout_ref": {"actor": {"use_kl_loss": False, "kl_loss_coef": 0.0, "entropy_coeff": entropy_coeff}},
         # The run's `evolver` node: the samples carry their labels already (no `trajectory` to judge), so no
         # service is called and these URLs are never dialled.
         "evolver": {"env_url": "http://127.0.0.1:9", "rollout": {"env": "signal"}, "estimator": "adca_grpo",
                     "judge_url": "http://127.0.0.1:9"}})
     trainer.global_steps = 1
+    return trainer
+
+
+def test_advantage_step_reads_extra_fields_from_the_queue_and_writes_flag_back(queue):
+    keys, meta = put_samples()
+    trainer = advantage_only_trainer()
     metrics: dict = {}
     out = trainer._compute_advantage(meta, metrics)
+    assert trainer._evolver_zero_gradient is False  # mixed outcomes and judge labels: the actor updates
     assert {"advantages", "returns", EXPERIENCE_FLAG_FIELD, "extra_fields", "responses"} <= set(out.fields)
     got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", EXPERIENCE_FLAG_FIELD])
     assert got[EXPERIENCE_FLAG_FIELD].tolist() == [1.0, 0.0, 1.0, 0.0]
@@ -90,3 +97,26 @@ def test_advantage_step_reads_extra_fields_from_the_queue_and_writes_flag_back(q
     for i, row in enumerate(got["advantages"].unbind()):
         assert torch.equal(row, expected[i, : len(SAMPLES[i][2])])
     assert metrics["evolver/trajectories"] == 4
+
+
+def test_a_batch_of_zero_advantages_skips_the_actor_update(queue, monkeypatch):
+    """Equal outcomes in every group and no attribution term: veRL's actor update (FSDP workers, GPU only;
+    recorded here instead) is not called. With an entropy bonus, which has a gradient of its own, it is."""
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    updates: list = []
+    monkeypatch.setattr(PPOTrainerSync, "_update_actor", lambda self, batch, metrics: updates.append(batch) or batch)
+    equal = [(uid, outcome, steps, labels, flag) for uid, _, steps, labels, flag in SAMPLES
+             for outcome in [1.0 if uid == "prompt-1" else 0.0]]
+    _, meta = put_samples(equal, prefix="equal-")
+    trainer = advantage_only_trainer(alpha=0.0)
+    metrics: dict = {}
+    out = trainer._compute_advantage(meta, metrics)
+    assert trainer._update_actor(out, metrics) is out
+    assert updates == [] and metrics["evolver/update_skipped"] == 1.0
+
+    _, meta = put_samples(equal, prefix="entropy-")
+    trainer = advantage_only_trainer(alpha=0.0, entropy_coeff=0.01)
+    out = trainer._compute_advantage(meta, metrics)
+    trainer._update_actor(out, metrics)
+    assert len(updates) == 1 and metrics["evolver/update_skipped"] == 0.0

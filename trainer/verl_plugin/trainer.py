@@ -37,6 +37,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
+from trainer.loss import gradient_is_zero
 from trainer.verl_plugin.estimators import STEP_FIELDS, compute_evolver_advantage, estimator_name
 from trainer.verl_plugin.loss import EXPERIENCE_FLAG_FIELD, evolver_ppo_loss
 from trainer.verl_plugin.mechanisms import VerlMechanisms
@@ -164,6 +165,26 @@ class EvolverPPOTrainer(PPOTrainerSync):
         self._evolver_mechanisms.after_step()
         return self._evolver_mechanisms.metrics()
 
+    def evolver_zero_gradient(self, advantages: torch.Tensor, response_mask: torch.Tensor) -> bool:
+        """The actor loss's gradient is exactly 0 on this batch (see `gradient_is_zero`), with the actor's
+        KL-loss and entropy coefficients."""
+        actor = self.config.actor_rollout_ref.actor
+        kl = float(actor.get("kl_loss_coef", 0.0)) if actor.get("use_kl_loss", False) else 0.0
+        return gradient_is_zero(advantages, response_mask, kl_coef=kl, entropy_coef=float(actor.get("entropy_coeff", 0.0)))
+
+    def _update_actor(self, batch, metrics: dict):
+        # A batch whose gradient is exactly 0 (every advantage 0, no KL or entropy term) cannot change the
+        # weights: no forward, backward or optimizer step (veRL's LR scheduler steps inside the update, so it
+        # waits too, as in the local trainer).
+        skip = bool(getattr(self, "_evolver_zero_gradient", False))
+        self._evolver_zero_gradient = False
+        metrics["evolver/update_skipped"] = float(skip)
+        if skip:
+            logger.info("step {}: actor update skipped: every advantage is 0 and the loss has no other term",
+                        self.global_steps)
+            return batch
+        return super()._update_actor(batch, metrics)
+
     def _compute_advantage(self, batch, metrics: dict):
         if estimator_name(self.config.algorithm.adv_estimator) is None:
             return super()._compute_advantage(batch, metrics)
@@ -182,6 +203,7 @@ class EvolverPPOTrainer(PPOTrainerSync):
             fields.append("response_mask")
             if "rollout_is_weights" in data.batch:
                 fields.append("rollout_is_weights")
+        self._evolver_zero_gradient = self.evolver_zero_gradient(data.batch["advantages"], data.batch["response_mask"])
         output = {field: response_to_nested(data.batch[field], response_mask) for field in fields}
         output[EXPERIENCE_FLAG_FIELD] = experience_flag_tensor(data.non_tensor_batch, len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
