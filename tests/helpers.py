@@ -115,3 +115,27 @@ def run_env_service(env_yaml: str, directory: Path) -> Iterator[ServiceProcess]:
     conf.write_text(env_yaml)
     with run_service("env_service", ["--conf", str(conf)]) as service:
         yield service
+
+
+def config_leaves(data: dict, prefix: str = "") -> dict[str, object]:
+    """A composed YAML as `dotted.key.path -> value` (lists and empty mappings are values)."""
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(config_leaves(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def config_drift(ours: dict, theirs: dict, allowed: Sequence[str] = ()) -> list[str]:
+    """Key paths where two composed YAMLs differ (a value, or a key only one of them has), except under the
+    `allowed` paths (a path allows everything below it)."""
+    missing = object()
+    a, b = config_leaves(ours), config_leaves(theirs)
+
+    def exempt(path: str) -> bool:
+        return any(path == p or path.startswith(f"{p}.") for p in allowed)
+
+    return sorted(p for p in a.keys() | b.keys() if not exempt(p) and a.get(p, missing) != b.get(p, missing))

@@ -48,11 +48,12 @@ def per_task_values(summary: EvalSummary, threshold: float = 1.0) -> dict[str, d
     return out
 
 
-def eval_table(before: EvalSummary | None, after: EvalSummary | None) -> dict[str, Any]:
-    """Rows metric -> before / after / paired change, each a mean with its 95% interval."""
+def eval_table(before: EvalSummary | None, after: EvalSummary | None, split: str | None = None) -> dict[str, Any]:
+    """Rows metric -> before / after / paired change, each a mean with its 95% interval; `split` names the
+    held-out split the tasks came from."""
     runs = {name: per_task_values(s) for name, s in (("before", before), ("after", after)) if s is not None}
     if not runs:
-        return {"rows": [], "tasks": 0, "k": None}
+        return {"rows": [], "tasks": 0, "k": None, "split": split}
     k = (after or before).k  # type: ignore[union-attr]
     rows = []
     for metric in (f"avg@{k}", f"best@{k}", "invalid_action_rate"):
@@ -64,7 +65,7 @@ def eval_table(before: EvalSummary | None, after: EvalSummary | None) -> dict[st
             row["delta"] = interval([runs["after"][t][metric] - runs["before"][t][metric] for t in paired],
                                     (-1.0, 1.0))
         rows.append(row)
-    return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k}
+    return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k, "split": split}
 
 
 def mixed_outcome_groups(groups: Sequence[Sequence[Rollout]]) -> int:
@@ -91,6 +92,62 @@ def training_signal(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "every_step_nonzero_grad": bool(ordered) and nonzero == len(ordered),
             "grad_norm_per_step": norms, "skipped_updates": skipped, "groups": groups,
             "mixed_outcome_groups": mixed, "mixed_outcome_share": mixed / groups if groups else None}
+
+
+# Issue #14 point 7's bar for the loop's run; every check reads only the summary, so a recorded
+# summary.json can be checked again.
+PARSE_RATE_TARGET = 0.99
+
+
+def _check(name: str, value: str, target: str, met: bool | None) -> dict[str, Any]:
+    return {"check": name, "value": value, "target": target, "met": met}
+
+
+def _counter_check(name: str, mechanism: dict[str, Any] | None, key: str, of: str | None = None) -> dict[str, Any]:
+    """`key` above 0, or "off" when the mechanism did not run (`of`: the count it is out of)."""
+    if mechanism is None:
+        return _check(name, "off", "> 0", None)
+    count = int(mechanism.get(key) or 0)
+    return _check(name, f"{count} of {int(mechanism.get(of) or 0)}" if of else str(count), "> 0", count > 0)
+
+
+def loop_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the self-evolving loop's run must show (issue #14 point 7), one row per check: its value, the
+    target and whether it was met (None: not measured in this run, e.g. the mechanism was off)."""
+    rows = []
+    ev = summary.get("eval") or {}
+    change = next((r.get("delta") for r in ev.get("rows") or [] if str(r["metric"]).startswith("avg@")), None)
+    where = f"{ev.get('tasks', 0)} {ev.get('split') or 'held-out'} tasks"
+    if change and change.get("n"):
+        rows.append(_check(f"held-out avg@{ev.get('k')} change, paired", f"{_cell(change, signed=True)} on {where}",
+                           "95% CI above 0", change["lo"] > 0))
+    else:
+        rows.append(_check("held-out change, paired", "not evaluated before and after", "95% CI above 0", None))
+    training = summary.get("training") or {}
+    steps = int(training.get("steps") or 0)
+    skipped = int(training.get("skipped_updates") or 0)
+    rows.append(_check("steps with a non-zero gradient", f"{training.get('steps_with_nonzero_grad', 0)} of {steps}"
+                       + (f" ({skipped} updates skipped: every advantage 0)" if skipped else ""),
+                       "every step", bool(training.get("every_step_nonzero_grad")) if steps else None))
+    groups, mixed = int(training.get("groups") or 0), int(training.get("mixed_outcome_groups") or 0)
+    share = f" ({mixed / groups:.2f})" if groups else ""
+    rows.append(_check("groups with mixed outcomes", f"{mixed} of {groups}{share}", "> 0 (an outcome signal)",
+                       mixed > 0 if groups else None))
+    mechanisms = summary.get("mechanisms") or {}
+    judge = mechanisms.get("self_attributing")
+    if judge is None:
+        rows.append(_check("judge parse rate", "off", f">= {PARSE_RATE_TARGET}", None))
+    else:
+        labelled = int(judge.get("steps_labelled") or 0)
+        rate = judge.get("parse_rate", 0.0)
+        rows.append(_check("judge parse rate", f"{rate:.3f} ({judge.get('parsed_labels', 0)} of {labelled} labels)",
+                           f">= {PARSE_RATE_TARGET}", rate >= PARSE_RATE_TARGET if labelled else None))
+    experience = mechanisms.get("self_navigating")
+    rows.append(_counter_check("rollouts with injected experience", experience, "injected_rollouts"))
+    rows.append(_counter_check("experience hits (of retrievals)", experience, "hits", of="retrievals"))
+    rows.append(_counter_check("synthetic tasks sampled (of tasks)", mechanisms.get("self_questioning"),
+                               "synthetic_sampled", of="tasks_sampled"))
+    return rows
 
 
 async def _service_stats(peer: Any, name: str) -> dict[str, Any] | None:
@@ -128,15 +185,18 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
         mechanisms["self_attributing"] = {**trainer.judge.summary(),
                                           "service": await _service_stats(trainer.judge, "judge")}
     stats = trainer.group_stats
-    return {
+    summary = {
         "steps": trainer.step, "output_dir": str(trainer.out), "run_id": trainer.run_id,
         "dropped_groups": stats.dropped_groups, "failed_attempts": stats.failed_attempts, "rollouts": stats.rollouts,
         "plot": str(plot) if plot else None,
-        "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after")),
+        "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after"),
+                           split=trainer.config.eval.split),
         "training": training_signal(trainer.metrics.records()),
         "mechanisms": mechanisms,
         "resilience": trainer.resilience_summary(),
     }
+    summary["checks"] = loop_checks(summary)
+    return summary
 
 
 def write_summary(directory: Path, summary: dict[str, Any]) -> Path:
@@ -162,7 +222,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     console = Console()
     ev = summary.get("eval") or {}
     if ev.get("rows"):
-        table = Table(title=f"held-out tasks ({ev['tasks']}, k={ev['k']}): mean [95% CI]")
+        split = f"{ev['split']} split, " if ev.get("split") else ""
+        table = Table(title=f"held-out tasks ({split}{ev['tasks']} tasks, k={ev['k']}): mean [95% CI]")
         for column in ("metric", "before", "after", "change (paired)"):
             table.add_column(column)
         for row in ev["rows"]:
@@ -178,13 +239,13 @@ def print_summary(summary: dict[str, Any]) -> None:
                 continue
             table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         console.print(table)
-    training = summary.get("training") or {}
-    if training.get("steps"):
-        share = training.get("mixed_outcome_share")
-        console.print(f"training signal: non-zero gradient on {training['steps_with_nonzero_grad']} of "
-                      f"{training['steps']} steps ({training.get('skipped_updates', 0)} updates skipped: every "
-                      f"advantage 0); groups with mixed outcomes {training['mixed_outcome_groups']} of "
-                      f"{training['groups']}" + (f" ({share:.2f})" if share is not None else ""))
+    checks = summary.get("checks") or loop_checks(summary)
+    table = Table(title="the self-evolving loop (issue #14 point 7)")
+    for column in ("check", "value", "target", "met"):
+        table.add_column(column)
+    for row in checks:
+        table.add_row(row["check"], row["value"], row["target"], {True: "yes", False: "NO", None: "-"}[row["met"]])
+    console.print(table)
     resilience = summary.get("resilience") or {}
     if resilience.get("outages"):
         table = Table(title="peer outages the run rode through")

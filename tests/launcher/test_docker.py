@@ -14,7 +14,7 @@ import yaml
 from common.config import compose, load_config
 from evolver_launcher.plan import TRAINER_URL_FIELDS, _section_model
 from evolver_launcher.synthesis import gate_from_config
-from tests.helpers import REPO
+from tests.helpers import REPO, config_drift
 
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yml"
 SERVICES = {"ray-head", "llm-server", "env-service", "task-manager", "experience-manager", "judge", "studio",
@@ -153,23 +153,30 @@ def test_the_compose_trainer_runs_the_quickstart_loop_with_every_mechanism(monke
     judge = load_config(_section_model("judge"), RUN_YAML, section="judge")
     assert url_address(judge.llm.base_url) == compose_service_address(services, "llm-server")
 
-    # The mechanisms are on (not `mechanisms: {}`): ADCA-GRPO on judge labels, experience for half of each
-    # group, synthetic tasks in the mixture, synthesis before training.
-    assert trainer.advantage.needs_step_labels and trainer.rollout.experience_ratio == 0.5
-    assert trainer.tasks.synthetic_ratio == 0.5 and trainer.rollout.env == "flights"
-    gate = gate_from_config(compose(RUN_YAML), say=print, run_name="test")
+    # The mechanisms are on (not `mechanisms: {}`): ADCA-GRPO on judge labels, experience for part of each
+    # group, synthetic tasks in the mixture, synthesis (and pool seeding) before training, each as the
+    # quickstart sets it.
+    run_yaml, quickstart = compose(RUN_YAML), compose(QUICKSTART)
+    ours_trainer = quickstart["trainer"]
+    assert trainer.advantage.needs_step_labels and trainer.rollout.experience_ratio > 0
+    assert trainer.rollout.experience_ratio == ours_trainer["rollout"]["experience_ratio"]
+    assert trainer.tasks.synthetic_ratio == ours_trainer["tasks"]["synthetic_ratio"] > 0
+    assert trainer.rollout.env == ours_trainer["rollout"]["env"] and trainer.steps == ours_trainer["steps"]
+    gate = gate_from_config(run_yaml, say=print, run_name="test")
+    synthesis_settings = quickstart["launcher"]["synthesis"]
     assert gate is not None and gate.url == "http://task-manager:8030"
-    assert (gate.environments, gate.episodes) == (["flights"], 8)
+    assert (gate.environments, gate.episodes) == (quickstart["task_manager"]["environments"],
+                                                  synthesis_settings["episodes"])
+    assert gate.seed_experience == synthesis_settings.get("seed_experience", False)
+    assert gate.experience_url == ("http://experience-manager:8003" if gate.seed_experience else None)
     command = services["trainer"]["command"][-1]
     synthesis, training = command.index("python -m evolver_launcher.synthesis --conf docker/run.yaml"), \
         command.index("exec python -m trainer --conf docker/run.yaml")
     assert synthesis < training and "&&" in command[synthesis:training], "training must wait for synthesis"
 
-    run_yaml, quickstart = compose(RUN_YAML), compose(QUICKSTART)
-    for section, deployment in DEPLOYMENT_KEYS.items():
-        ours = {k: v for k, v in run_yaml[section].items() if k not in deployment}
-        theirs = {k: v for k, v in quickstart[section].items() if k not in deployment}
-        assert ours == theirs, f"{section}: docker/run.yaml differs from examples/quickstart.yaml"
+    allowed = [f"{section}.{key}" for section, keys in DEPLOYMENT_KEYS.items() for key in keys]
+    drift = config_drift(run_yaml, quickstart, allowed)
+    assert drift == [], f"docker/run.yaml differs from examples/quickstart.yaml at {drift}"
     assert quickstart["judge"]["llm"] == {"base_url": "llm_server"}, "the quickstart's judge uses llm_server too"
 
 

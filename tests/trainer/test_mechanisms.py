@@ -126,5 +126,11 @@ def test_a_few_steps_with_every_mechanism_live(flights_env, task_manager, experi
     metrics = [row["metric"] for row in summary["eval"]["rows"]]
     assert metrics == ["avg@1", "best@1", "invalid_action_rate"]
     assert all({"before", "after", "delta"} <= set(row) for row in summary["eval"]["rows"])
+    assert summary["eval"]["split"] == "validation"
+    # The loop's checks are in the file too: every mechanism ran, so none of them reads "off".
+    checks = {row["check"]: row for row in summary["checks"]}
+    assert checks["synthetic tasks sampled (of tasks)"]["value"].endswith(" of 4")
+    assert checks["rollouts with injected experience"]["met"] is True
+    assert checks["judge parse rate"]["met"] is False  # the tiny model's output never parses
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["judge/steps_labelled"] >= 8 and records[-1]["experience/hits"] >= 1

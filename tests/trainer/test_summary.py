@@ -64,3 +64,75 @@ def test_training_signal_counts_steps_with_a_gradient_and_mixed_groups_once_per_
     assert got["groups"] == 8 and got["mixed_outcome_groups"] == 2 and got["mixed_outcome_share"] == 0.25
     assert training_signal(records[2:3])["every_step_nonzero_grad"] is True
     assert training_signal([])["mixed_outcome_share"] is None and training_signal([])["every_step_nonzero_grad"] is False
+
+
+def _checks(summary):
+    from trainer.summary import loop_checks
+
+    return {row["check"]: row for row in loop_checks(summary)}
+
+
+def test_loop_checks_read_a_recorded_quickstart_summary():
+    """The old quickstart's quiet run (6 steps, 8 validation tasks x 2): it moved the weights on judge labels
+    alone, so the checks must say which of issue #14 point 7's bars it missed."""
+    import json
+
+    from tests.helpers import REPO
+
+    recorded = json.loads((REPO / "benchmarks/results/quickstart-smollm2-quiet-final5-summary.json").read_text())
+    checks = _checks(recorded)
+    assert checks["held-out avg@2 change, paired"] == {
+        "check": "held-out avg@2 change, paired", "value": "+0.000 [+0.000, +0.000] on 8 held-out tasks",
+        "target": "95% CI above 0", "met": False}  # recorded before the summary named the split
+    assert (checks["steps with a non-zero gradient"]["value"], checks["steps with a non-zero gradient"]["met"]) == (
+        "6 of 6", True)
+    assert (checks["groups with mixed outcomes"]["value"], checks["groups with mixed outcomes"]["met"]) == (
+        "0 of 12 (0.00)", False)
+    assert checks["judge parse rate"]["value"] == "0.941 (48 of 51 labels)" and checks["judge parse rate"]["met"] is False
+    assert (checks["rollouts with injected experience"]["value"], checks["rollouts with injected experience"]["met"]) \
+        == ("20", True)
+    assert checks["experience hits (of retrievals)"]["value"] == "10 of 12"
+    assert checks["synthetic tasks sampled (of tasks)"]["value"] == "6 of 12"
+
+
+def _constructed_summary():
+    before = EvalSummary(0.0, 0.0, 0.0, 3, 2, per_task={"a": [0.0, 0.0], "b": [0.0, 0.0], "c": [0.0, 0.0]},
+                         per_task_invalid={})
+    after = EvalSummary(0.5, 1.0, 0.0, 3, 2, per_task={"a": [1.0, 0.0], "b": [1.0, 0.0], "c": [1.0, 0.0]},
+                        per_task_invalid={})
+    return {
+        "eval": eval_table(before, after, split="test"),
+        "training": {"steps": 2, "steps_with_nonzero_grad": 2, "every_step_nonzero_grad": True, "groups": 4,
+                     "mixed_outcome_groups": 3, "mixed_outcome_share": 0.75},
+        "mechanisms": {"self_questioning": {"tasks_sampled": 4, "synthetic_sampled": 4},
+                       "self_navigating": {"retrievals": 4, "hits": 3, "injected_rollouts": 8},
+                       "self_attributing": {"steps_labelled": 100, "parsed_labels": 99, "parse_rate": 0.99}},
+    }
+
+
+def test_loop_checks_meet_every_bar_of_a_run_that_learned_and_print_them(capsys, monkeypatch):
+    from trainer.summary import print_summary
+
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps cells at 80 columns when not on a terminal
+
+    summary = _constructed_summary()
+    checks = _checks(summary)
+    # Every task went 0/2 -> 1/2: the paired differences are all +0.5, so the interval has zero width.
+    assert checks["held-out avg@2 change, paired"]["value"] == "+0.500 [+0.500, +0.500] on 3 test tasks"
+    assert all(row["met"] is True for row in checks.values()), checks
+    assert checks["groups with mixed outcomes"]["value"] == "3 of 4 (0.75)"
+    assert checks["judge parse rate"]["value"] == "0.990 (99 of 100 labels)"
+
+    summary["mechanisms"]["self_attributing"]["parse_rate"] = 0.98
+    del summary["mechanisms"]["self_navigating"]
+    checks = _checks(summary)
+    assert checks["judge parse rate"]["met"] is False
+    assert checks["rollouts with injected experience"] == {
+        "check": "rollouts with injected experience", "value": "off", "target": "> 0", "met": None}
+
+    print_summary(_constructed_summary())
+    out = capsys.readouterr().out
+    assert "test split, 3 tasks, k=2" in out
+    for check in checks:
+        assert check in out, check
+    assert "NO" not in out
