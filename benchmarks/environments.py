@@ -12,6 +12,8 @@ Per env id it reports: success (the environment's own evaluation), mean episode 
 mapped-action and invalid-action rates (so mapping cannot pass for skill), and the step latency over
 HTTP (client-timed POST .../step, generation excluded; concurrent episodes share the service, so this is
 latency under that load). Prints one JSON line; `--partial FILE` also appends each suite's result as it ends;
+`--episodes FILE` appends every finished episode and, run again with the same file, plays only the
+episodes it lacks (a long row runs in chunks that resume: stop it, start it again);
 `--table RESULT...` prints the README's table from such files.
 
 The chat given to the model keeps the system prompt, the first observation and the last
@@ -127,20 +129,50 @@ async def play(http: httpx.AsyncClient, policy: Policy, env: str, task_id: str, 
             "invalid": invalid, "step_ms": step_ms, "last_action": chat[-2]["content"][:200] if turns else ""}
 
 
+class EpisodeLog:
+    """Finished episodes, one JSON line each, so that a stopped run resumes where it was (`--episodes`)."""
+
+    def __init__(self, path: Path | None, settings: dict[str, Any] | None = None) -> None:
+        self.path, self.settings = path, settings or {}
+        self.done: dict[tuple[str, str], dict[str, Any]] = {}
+        if path is not None and path.exists():
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if line.strip():
+                    record = json.loads(line)
+                    if record.get("settings", {}) != self.settings:
+                        # Episodes played with other settings would mix two measurements in one row.
+                        raise ValueError(f"{path}:{number} was played with {record.get('settings')}, this run uses "
+                                         f"{self.settings}: use another --episodes file or the same settings")
+                    self.done[(record["suite"], record["task_id"])] = record["episode"]
+
+    def add(self, suite: str, episode: dict[str, Any]) -> None:
+        self.done[(suite, episode["task_id"])] = episode
+        if self.path is not None:
+            with self.path.open("a") as out:
+                out.write(json.dumps({"suite": suite, "task_id": episode["task_id"], "settings": self.settings,
+                                      "episode": episode}) + "\n")
+
+
 async def play_all(http: httpx.AsyncClient, policy: Policy, env: str, task_ids: list[str], max_turns: int,
-                   concurrency: int, budget_s: float) -> list[dict[str, Any]]:
+                   concurrency: int, budget_s: float, log: EpisodeLog | None = None) -> list[dict[str, Any]]:
     """Tasks in order, `concurrency` episodes in flight at once; none starts after `budget_s` (0: no limit).
 
-    The semaphore admits waiters in order, so the episodes played are always the first N task ids.
+    The semaphore admits waiters in order, so the episodes played are always the first N task ids;
+    those already in `log` are taken from it, not played again.
     """
+    log = log or EpisodeLog(None)
     limit = asyncio.Semaphore(concurrency)
     deadline = time.monotonic() + budget_s if budget_s else float("inf")
 
     async def one(task_id: str) -> dict[str, Any] | None:
+        if (env, task_id) in log.done:
+            return log.done[(env, task_id)]
         async with limit:
             if time.monotonic() > deadline:
                 return None
-            return await play(http, policy, env, task_id, max_turns)
+            episode = await play(http, policy, env, task_id, max_turns)
+            log.add(env, episode)
+            return episode
 
     return [e for e in await asyncio.gather(*(one(t) for t in task_ids)) if e is not None]
 
@@ -196,6 +228,8 @@ async def measure(args: argparse.Namespace, suites: list[str], tasks: dict[str, 
     results: dict[str, Any] = {}
     async with LLMServerClient(llm_url) as llm, httpx.AsyncClient(base_url=env_url, timeout=600) as http:
         policy = Policy(llm, args.max_new_tokens, args.history, args.obs_chars)
+        log = EpisodeLog(args.episodes, {k: getattr(args, k) for k in ("max_turns", "max_new_tokens", "history",
+                                                                        "obs_chars")})
         for suite in suites:
             started = time.time()
             listed = await http.get(f"/v1/environments/{suite}/tasks", params={"split": "test"})
@@ -206,7 +240,7 @@ async def measure(args: argparse.Namespace, suites: list[str], tasks: dict[str, 
             concurrency = min(args.concurrency, SUITES[suite].get("max_concurrency", args.concurrency))
             summaries = {}
             for env_id, ids in by_env.items():
-                episodes = await play_all(http, policy, suite, ids, args.max_turns, concurrency, args.budget_s)
+                episodes = await play_all(http, policy, suite, ids, args.max_turns, concurrency, args.budget_s, log)
                 summaries[env_id] = {**summarize(episodes), "tasks_available": len(ids)}
             results[suite] = {"package": SUITES[suite]["package"], "version": package_version(SUITES[suite]["package"]),
                               "tasks_per_env_id": tasks[suite], "concurrency": concurrency,
@@ -240,6 +274,8 @@ def main() -> None:
                         help="print the README's markdown table from these result files and exit (measures nothing)")
     parser.add_argument("--partial", type=Path, help="also append each suite's result to this file as it finishes "
                                                      "(a long run that is stopped keeps what it measured)")
+    parser.add_argument("--episodes", type=Path, help="append each finished episode to this file; episodes already "
+                                                      "in it are not played again (resume a stopped run)")
     args = parser.parse_args()
     if args.table:
         print(markdown_table(args.table))

@@ -1,6 +1,7 @@
 """benchmarks/environments.py's episode loop against a real env service and a real llm_server (the tiny
-random model): every task is played once, in task order, concurrently; a spent budget starts none; the
-counts in the summary and the README table add up."""
+random model): every task is played once, in task order, concurrently; a spent budget starts none; a run
+resumed from its episode log plays only the missing episodes; the counts in the summary and the README
+table add up."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.environments import Policy, markdown_table, parse_tasks_for, play_all, summarize
+from benchmarks.environments import EpisodeLog, Policy, markdown_table, parse_tasks_for, play_all, summarize
 from llm_server.client import LLMServerClient
 from tests.helpers import run_env_service, run_service
 
@@ -27,21 +28,31 @@ def test_play_all_plays_each_task_in_order_and_respects_the_budget(tmp_path: Pat
     with run_service("llm_server", ["--model", "tiny", "--max-batch", "4", "--threads", "1"], timeout=300) as llm, \
             run_env_service(ENV_YAML, tmp_path) as env:
 
-        async def scenario() -> tuple[list[str], list[dict], list[dict], int]:
+        log_path, settings = tmp_path / "episodes.jsonl", {"max_turns": 3}
+
+        async def scenario() -> tuple[list[str], list[dict], list[dict], list[dict], list[dict], int]:
             async with LLMServerClient(llm.url) as client, httpx.AsyncClient(base_url=env.url, timeout=120) as http:
                 policy = Policy(client, max_new_tokens=4, history=1, obs_chars=200, model="tiny")
                 ids = (await http.get("/v1/environments/gym/tasks", params={"split": "test"})).json()["task_ids"]
                 played = await play_all(http, policy, "gym", ids, max_turns=3, concurrency=3, budget_s=0)
                 spent = await play_all(http, policy, "gym", ids, max_turns=3, concurrency=3, budget_s=1e-9)
+                # A run stopped after two episodes, then started again with the same log.
+                first = await play_all(http, policy, "gym", ids[:2], 3, 3, 0, EpisodeLog(log_path, settings))
+                resumed = await play_all(http, policy, "gym", ids, 3, 3, 0, EpisodeLog(log_path, settings))
                 live = len((await http.get("/v1/instances")).json()["instances"])
-                return ids, played, spent, live
+                return ids, played, spent, first, resumed, live
 
-        ids, played, spent, live = asyncio.run(scenario())
+        ids, played, spent, first, resumed, live = asyncio.run(scenario())
     assert len(ids) == 5
     assert [e["task_id"] for e in played] == ids
     assert all(1 <= e["turns"] <= 3 and len(e["step_ms"]) == e["turns"] for e in played)
     assert spent == []  # the budget was over before the first episode could start
     assert live == 0  # every instance was released
+    logged = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert [r["task_id"] for r in logged[:2]] == ids[:2] and sorted(r["task_id"] for r in logged[2:]) == ids[2:]
+    assert [e["task_id"] for e in resumed] == ids and resumed[:2] == first  # 2 from the log, 3 played
+    with pytest.raises(ValueError, match="episodes.jsonl:1 was played with"):
+        EpisodeLog(log_path, {"max_turns": 20})
     summary = summarize(played)
     turns = sum(e["turns"] for e in played)
     assert summary["tasks"] == 5 and summary["successes"] == sum(e["success"] for e in played)

@@ -43,6 +43,20 @@ def test_match_choice_prefers_the_longest_command_named():
     assert match_choice("I will open red box", choices).action == 2
 
 
+def test_match_choice_rejects_an_echo_that_names_several_commands():
+    # SmolLM2's 32-token reply in TextWorld: the observation echoed up to its list of valid commands.
+    # The longest command in it ("examine coin") used to be played as a mapped action.
+    echo = ("You've just shown up in a washroom.\n\nThere is a coin on the floor.\n"
+            "Valid commands: examine coin, inventory, look, take")
+    choices = {c: c for c in ("examine coin", "inventory", "look", "take coin")}
+    assert (match_choice(echo, choices).action, match_choice(echo, choices).kind) == (None, "invalid")
+    assert match_choice("I go north, then I take apple", COMMANDS).kind == "invalid"
+    # Several phrases of the same action are one action (BabyAI's synonyms).
+    synonyms = {"turn left": 0, "left": 0, "go forward": 2}
+    assert (match_choice("I should turn left, yes, left", synonyms).action,
+            match_choice("I should turn left, yes, left", synonyms).kind) == (0, "mapped")
+
+
 def test_extract_wrapped_passes_wrapped_replies_and_wraps_the_rest():
     boxed = re.compile(r"\\boxed\{[^{}]*\}")
     wrap = lambda s: f"\\boxed{{{s}}}"  # noqa: E731

@@ -46,20 +46,31 @@ def candidate(text: str) -> str:
     return ""
 
 
+def _contains(text: str, phrase: str) -> bool:
+    """Whether normalized `phrase` occurs in normalized `text` as whole words."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(phrase)}(?![a-z0-9])", text) is not None
+
+
 def match_choice(text: str, choices: Mapping[str, T]) -> Parsed[T]:
     """The action among `choices` (phrase -> action) that the reply names.
 
-    exact: the candidate is a phrase. mapped: a phrase occurs inside the candidate (then inside the
-    whole reply; the longest wins), or the candidate is close to one phrase. invalid: none of these.
+    exact: the candidate is a phrase. mapped: the candidate (else the whole reply) names exactly one
+    action, or the candidate is close to one phrase. invalid: none of these, or a reply that names
+    several actions: small models echo the observation with its list of valid commands, and picking
+    one of them (the longest, say) would count an echo as a move.
     """
     table = {normalize(phrase): action for phrase, action in choices.items() if normalize(phrase)}
     cand = normalize(candidate(text))
     if cand in table:
         return Parsed(table[cand], "exact", cand)
     for scope in (cand, normalize(text)):
-        inside = [p for p in table if re.search(rf"(?<![a-z0-9]){re.escape(p)}(?![a-z0-9])", scope)]
-        if inside:
-            return Parsed(table[max(inside, key=len)], "mapped", cand)
+        inside = [p for p in table if _contains(scope, p)]
+        # A phrase inside a longer one found too ("open box" in "open red box") is part of it, not a second action.
+        named = {table[p] for p in inside if not any(q != p and _contains(q, p) for q in inside)}
+        if len(named) > 1:
+            return Parsed(None, "invalid", cand)
+        if named:
+            return Parsed(named.pop(), "mapped", cand)
     close = difflib.get_close_matches(cand, list(table), n=1, cutoff=SIMILARITY_CUTOFF) if cand else []
     if close:
         return Parsed(table[close[0]], "mapped", cand)
