@@ -131,6 +131,6 @@ def test_a_few_steps_with_every_mechanism_live(flights_env, task_manager, experi
     checks = {row["check"]: row for row in summary["checks"]}
     assert checks["synthetic tasks sampled (of tasks)"]["value"].endswith(" of 4")
     assert checks["rollouts with injected experience"]["met"] is True
-    assert checks["judge parse rate"]["met"] is False  # the tiny model's output never parses
+    assert checks["judge parse rate"]["met"] is True  # the budget fits the schema: every label parses (above)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["judge/steps_labelled"] >= 8 and records[-1]["experience/hits"] >= 1
