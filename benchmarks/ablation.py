@@ -304,6 +304,7 @@ class Harness:
                       "resumes": (summary.get("resilience") or {}).get("resumes"),
                       "dropped_groups": summary.get("dropped_groups")},
             "eval_end": end,
+            "success_lengths": {"start": success_lengths(base["eval_start"]), "end": success_lengths(end)},
             "paired_vs_start": {m: interval(paired(base["eval_start"], end, m), (-1.0, 1.0))
                                 for m in ("avg", "best")},
         }
@@ -318,6 +319,20 @@ def per_task_metric(result: dict[str, Any], metric: str) -> dict[str, float]:
         success = [float(s >= 1.0) for s in scores]
         out[task] = sum(success) / len(success) if metric == "avg" else max(success)
     return out
+
+
+def success_lengths(result: dict[str, Any]) -> dict[str, int] | None:
+    """Successful samples by episode length (on a one-call lookup, length 1 is an answer without any call);
+    None for an evaluation made before lengths were recorded."""
+    steps = result.get("per_task_steps")
+    if steps is None:
+        return None
+    counts: dict[str, int] = {}
+    for task, scores in result["per_task"].items():
+        for score, length in zip(scores, steps.get(task, []), strict=False):
+            if score >= 1.0:
+                counts[str(length)] = counts.get(str(length), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
 
 
 def paired(before: dict[str, Any], after: dict[str, Any], metric: str) -> list[float]:

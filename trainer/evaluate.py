@@ -130,8 +130,10 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
     steps: dict[str, int] = {}
     invalid: dict[str, int] = {}
     answers: dict[str, str] = {}
+    lengths: dict[str, list[int]] = {}
     for task_id, outcome, n_steps, n_invalid, answer in results:
         answers.setdefault(task_id, answer)
+        lengths.setdefault(task_id, []).append(n_steps)
         per_task.setdefault(task_id, []).append(outcome)
         steps[task_id] = steps.get(task_id, 0) + n_steps
         invalid[task_id] = invalid.get(task_id, 0) + n_invalid
@@ -139,7 +141,7 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
     n = max(len(success), 1)
     return EvalSummary(sum(sum(v) / len(v) for v in success.values()) / n, sum(max(v) for v in success.values()) / n,
                        sum(invalid.values()) / max(sum(steps.values()), 1), len(success), k, per_task,
-                       {t: invalid[t] / max(steps[t], 1) for t in per_task}, answers)
+                       {t: invalid[t] / max(steps[t], 1) for t in per_task}, answers, per_task_steps=lengths)
 
 
 def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +151,8 @@ def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
     return {**meta, f"avg@{summary.k}": summary.avg_at_k, f"best@{summary.k}": summary.best_at_k,
             "invalid_action_rate": summary.invalid_action_rate, "tasks": summary.tasks, "k": summary.k,
             "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer,
-            "prompts": summary.per_task_prompt, "experience_rollouts": summary.experience_rollouts}
+            "prompts": summary.per_task_prompt, "experience_rollouts": summary.experience_rollouts,
+            "per_task_steps": summary.per_task_steps}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -253,6 +253,9 @@ class EvalSummary:
     # every sample of a task) and how many samples were given experience (evaluation gives none).
     per_task_prompt: dict[str, str] = field(default_factory=dict)
     experience_rollouts: int = 0
+    # Environment steps of each sample: a one-call lookup solved in 1 step was answered without any call
+    # (a guess or a memorised value), in 2 after one call.
+    per_task_steps: dict[str, list[int]] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         return {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
@@ -273,6 +276,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     task_invalid: dict[str, int] = {}
     answers: dict[str, str] = {}
     prompts: dict[str, str] = {}
+    lengths: dict[str, list[int]] = {}
     with_experience = 0
     for g in groups:
         for r in g:
@@ -281,6 +285,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
             prompts.setdefault(task_id, prompt_digest(r.trajectory.prompt_ids))
             with_experience += int(r.trajectory.experience_flag)
             task_steps[task_id] = task_steps.get(task_id, 0) + len(r.trajectory.steps)
+            lengths.setdefault(task_id, []).append(len(r.trajectory.steps))
             task_invalid[task_id] = task_invalid.get(task_id, 0) + r.invalid_steps
             if task_id not in answers and r.trajectory.steps:
                 answers[task_id] = r.trajectory.steps[-1].action.text()
@@ -292,7 +297,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
     per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
     return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers, prompts,
-                       with_experience)
+                       with_experience, lengths)
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.ablation import ROWS, derive, load_protocol, paired, per_task_metric
+from benchmarks.ablation import ROWS, derive, load_protocol, paired, per_task_metric, success_lengths
 from benchmarks.ablation_report import steps_to_target
 from tests.helpers import REPO
 from trainer.summary import interval
@@ -230,3 +230,10 @@ def test_report_pools_seeds_per_task_and_checks_the_ordering_by_hand(tmp_path):
     text = (tmp_path / "REPORT.md").read_text()
     assert "- +Q&A < full: difference +0.000 [+0.000, +0.000]: does NOT hold" in text
     assert "- +Q < +Q&N: not run" in text and "| +Q | 2 | 0.625" in text
+
+
+def test_successes_are_counted_by_episode_length():
+    result = {"per_task": {"a": [1.0, 0.0, 1.0], "b": [0.0, 1.0, 1.0]},
+              "per_task_steps": {"a": [1, 4, 2], "b": [3, 2, 2]}}
+    assert success_lengths(result) == {"1": 1, "2": 3}  # a: lengths 1 and 2; b: 2 and 2
+    assert success_lengths({"per_task": {"a": [1.0]}}) is None  # recorded before lengths existed

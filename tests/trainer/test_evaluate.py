@@ -49,6 +49,9 @@ def test_checkpoint_and_its_export_score_the_same(env_url, tmp_path, capsys):
     assert printed["policy"] == {"checkpoint": str(tmp_path / "checkpoints"), "step": 7}
     assert from_checkpoint["tasks"] == TASKS and from_checkpoint["k"] == 2
     assert all(len(v) == 2 for v in from_checkpoint["per_task"].values())
+    # Each sample's episode length, beside its outcome (2 turns at most here).
+    assert sorted(from_checkpoint["per_task_steps"]) == sorted(from_checkpoint["per_task"])
+    assert all(len(v) == 2 and all(1 <= n <= 2 for n in v) for v in from_checkpoint["per_task_steps"].values())
     # Greedy decoding of the same weights: the same answers, task by task.
     assert from_checkpoint["per_task"] == from_export["per_task"]
     assert from_checkpoint["answers"] == from_export["answers"]
@@ -74,6 +77,7 @@ def test_endpoint_with_token_ids_and_chat_only(env_url, tiny_server, tmp_path):
     for result in results.values():
         assert result["tasks"] == TASKS and result["greedy"]
         assert len(result["answers"]) == TASKS and all(isinstance(a, str) for a in result["answers"].values())
+        assert all(len(v) == 1 and 1 <= v[0] <= 2 for v in result["per_task_steps"].values())
         # Two turns per episode, the second's answer is read with the first_char fallback when it names
         # no option: the invalid-action rate is reported beside success (at most one invalid step of two).
         assert 0.0 <= result["invalid_action_rate"] <= 0.5
