@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation import ROWS, paired, per_task_metric
+from benchmarks.ablation import ROWS, paired, per_task_metric, success_lengths
 from trainer.summary import interval
 
 LABELS = {"base": "base", "q": "+Q", "qn": "+Q&N", "qa": "+Q&A", "full": "full", "grpo": "GRPO (train split)"}
@@ -72,6 +72,8 @@ def summarize(directory: Path) -> dict[str, Any]:
     for row in [r for r in ROWS if r in runs]:
         seeds = sorted(runs[row])
         entry: dict[str, Any] = {"row": row, "label": LABELS[row], "seeds": seeds}
+        # Successful samples by episode length: on one-call lookups, length 1 answered without any call.
+        entry["success_lengths"] = {s: success_lengths(end_eval(runs, row, s)) for s in seeds}
         for metric in ("avg", "best"):
             entry[f"{metric}_end"] = interval(list(seed_mean(runs, row, seeds, metric).values()), (0.0, 1.0))
             if row != "base":
@@ -114,13 +116,15 @@ def markdown(report: dict[str, Any]) -> str:
              "Minutes: the training run's wall time over all its launcher invocations (evaluations not included).",
              "",
              f"| row | seeds | avg@{k} [95% CI] | change avg@{k} (paired) | best@{k} | change best@{k} (paired) "
-             "| steps to target (per seed) | minutes (per seed) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| steps to target (per seed) | minutes (per seed) | successes by episode length (per seed) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         reach = ", ".join("-" if v is None else str(v) for v in (r.get("steps_to_target") or {}).values()) or "-"
         minutes = ", ".join(str(v) for v in (r.get("minutes") or {}).values()) or "-"
+        lengths = "; ".join("not recorded" if v is None else (" ".join(f"{n} steps: {c}" for n, c in v.items()) or "none")
+                            for v in (r.get("success_lengths") or {}).values()) or "-"
         lines.append(f"| {r['label']} | {len(r['seeds'])} | {_cell(r['avg_end'])} | {_cell(r.get('avg_change'), True)} "
-                     f"| {_cell(r['best_end'])} | {_cell(r.get('best_change'), True)} | {reach} | {minutes} |")
+                     f"| {_cell(r['best_end'])} | {_cell(r.get('best_change'), True)} | {reach} | {minutes} | {lengths} |")
     lines += ["", f"Paper's ordering (avg@{k}, paired per task):", ""]
     for o in report["ordering"]:
         name = f"{LABELS[o['lower']]} < {LABELS[o['higher']]}"
