@@ -4,8 +4,9 @@ A batch mixes original and synthetic tasks by `synthetic_ratio` (the other pool 
 runs short). With the curriculum on, each task is weighted by its recent pass rate from trainer
 feedback: tasks inside the learnable band [low, high] weigh 1, tasks never tried weigh
 `unseen_weight`, and the rest (too easy or, for now, too hard) weigh `outside_weight` so they
-are still sampled now and then. With `by_kind`, a task without feedback yet takes its kind's pass rate. Sampling is weighted, without replacement inside a pool
-(Efraimidis-Spirakis keys), and repeats only when a pool is smaller than its share.
+are still sampled now and then; with `by_kind`, a task without feedback yet takes its kind's pass
+rate. Sampling is weighted, without replacement inside a pool (Efraimidis-Spirakis keys), and repeats
+only when a pool is smaller than its share.
 """
 
 from __future__ import annotations

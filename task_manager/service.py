@@ -184,8 +184,9 @@ class TaskManager:
 
     def training_tasks(self, env: str | None) -> list[Task]:
         """The synthetic tasks batches sample: all but the pool's share and the tasks it gives away."""
-        tasks = self.all_tasks(env, True)  # fills the pool-only set
-        return [t for t in tasks if t.task_id not in self._pool_only and t.task_id not in self._withheld]
+        self.synthetic_tasks()  # computes the pool's share and the withheld tasks with the cache
+        excluded = self._pool_only | self._withheld
+        return [t for t in self.all_tasks(env, True) if t.task_id not in excluded]
 
     # ------------------------------------------------------------ API operations
 
