@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.schemas import ChatMessage, Step, Task, Trajectory
+from task_manager.curriculum import task_kind
 from task_manager.envs import EnvAccess
 from task_manager.models import StoredTask
 from task_manager.replay import replay
@@ -177,7 +178,7 @@ def split_for_pool(stored: list[StoredTask], share: float) -> PoolSplit:
         return PoolSplit(set(), set(), {s.task.task_id for s in stored})
     kinds: dict[str, dict[str, list[StoredTask]]] = {}
     for item in stored:
-        kind = str(item.task.metadata.get("lookup") or item.task.metadata.get("kind") or "goal")
+        kind = task_kind(item.task) or "goal"
         kinds.setdefault(kind, {}).setdefault(giveaway(item), []).append(item)
     pool: list[StoredTask] = []
     for kind, groups in sorted(kinds.items()):
