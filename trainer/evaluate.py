@@ -131,8 +131,10 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
     invalid: dict[str, int] = {}
     answers: dict[str, str] = {}
     lengths: dict[str, list[int]] = {}
+    replies: dict[str, list[str]] = {}
     for task_id, outcome, n_steps, n_invalid, answer in results:
         answers.setdefault(task_id, answer)
+        replies.setdefault(task_id, []).append(answer)
         lengths.setdefault(task_id, []).append(n_steps)
         per_task.setdefault(task_id, []).append(outcome)
         steps[task_id] = steps.get(task_id, 0) + n_steps
@@ -141,7 +143,8 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
     n = max(len(success), 1)
     return EvalSummary(sum(sum(v) / len(v) for v in success.values()) / n, sum(max(v) for v in success.values()) / n,
                        sum(invalid.values()) / max(sum(steps.values()), 1), len(success), k, per_task,
-                       {t: invalid[t] / max(steps[t], 1) for t in per_task}, answers, per_task_steps=lengths)
+                       {t: invalid[t] / max(steps[t], 1) for t in per_task}, answers, per_task_steps=lengths,
+                       per_task_replies=replies)
 
 
 def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +155,7 @@ def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
             "invalid_action_rate": summary.invalid_action_rate, "tasks": summary.tasks, "k": summary.k,
             "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer,
             "prompts": summary.per_task_prompt, "experience_rollouts": summary.experience_rollouts,
-            "per_task_steps": summary.per_task_steps}
+            "per_task_steps": summary.per_task_steps, "replies": summary.per_task_replies}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

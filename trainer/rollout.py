@@ -256,6 +256,8 @@ class EvalSummary:
     # Environment steps of each sample: a one-call lookup solved in 1 step was answered without any call
     # (a guess or a memorised value), in 2 after one call.
     per_task_steps: dict[str, list[int]] = field(default_factory=dict)
+    # Every sample's last action text, in sample order: a stricter grader can be applied afterwards.
+    per_task_replies: dict[str, list[str]] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         return {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
@@ -277,6 +279,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     answers: dict[str, str] = {}
     prompts: dict[str, str] = {}
     lengths: dict[str, list[int]] = {}
+    replies: dict[str, list[str]] = {}
     with_experience = 0
     for g in groups:
         for r in g:
@@ -287,8 +290,10 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
             task_steps[task_id] = task_steps.get(task_id, 0) + len(r.trajectory.steps)
             lengths.setdefault(task_id, []).append(len(r.trajectory.steps))
             task_invalid[task_id] = task_invalid.get(task_id, 0) + r.invalid_steps
+            last = r.trajectory.steps[-1].action.text() if r.trajectory.steps else ""
+            replies.setdefault(task_id, []).append(last)
             if task_id not in answers and r.trajectory.steps:
-                answers[task_id] = r.trajectory.steps[-1].action.text()
+                answers[task_id] = last
     if not per_task:
         return EvalSummary(0.0, 0.0, 0.0, 0, k)
     success = {t: [float(s >= success_threshold) for s in v] for t, v in per_task.items()}
@@ -297,7 +302,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
     per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
     return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers, prompts,
-                       with_experience, lengths)
+                       with_experience, lengths, replies)
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:

@@ -55,6 +55,10 @@ def test_checkpoint_and_its_export_score_the_same(env_url, tmp_path, capsys):
     # Greedy decoding of the same weights: the same answers, task by task.
     assert from_checkpoint["per_task"] == from_export["per_task"]
     assert from_checkpoint["answers"] == from_export["answers"]
+    # Every sample's last reply, in sample order; the first sample's is the task's answer.
+    assert from_checkpoint["replies"] == from_export["replies"]
+    assert all(len(from_checkpoint["replies"][t]) == 2 and from_checkpoint["replies"][t][0] == a
+               for t, a in from_checkpoint["answers"].items())
     assert sorted(from_checkpoint["answers"]) == sorted(from_checkpoint["per_task"])
     for key in ("avg@2", "best@2", "invalid_action_rate"):
         assert 0.0 <= from_checkpoint[key] <= 1.0
@@ -78,6 +82,7 @@ def test_endpoint_with_token_ids_and_chat_only(env_url, tiny_server, tmp_path):
         assert result["tasks"] == TASKS and result["greedy"]
         assert len(result["answers"]) == TASKS and all(isinstance(a, str) for a in result["answers"].values())
         assert all(len(v) == 1 and 1 <= v[0] <= 2 for v in result["per_task_steps"].values())
+        assert {t: [a] for t, a in result["answers"].items()} == result["replies"]
         # Two turns per episode, the second's answer is read with the first_char fallback when it names
         # no option: the invalid-action rate is reported beside success (at most one invalid step of two).
         assert 0.0 <= result["invalid_action_rate"] <= 0.5
