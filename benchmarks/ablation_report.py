@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ablation import ROWS, paired, per_task_metric, success_lengths
+from common.answers import answer_alone
 from trainer.summary import interval
 
 LABELS = {"base": "base", "q": "+Q", "qn": "+Q&N", "qa": "+Q&A", "full": "full", "grpo": "GRPO (train split)"}
@@ -54,6 +55,33 @@ def row_difference(runs: dict[str, dict[int, dict[str, Any]]], low: str, high: s
     return {**interval([a[t] - b[t] for t in a if t in b], (-1.0, 1.0)), "seeds": seeds}
 
 
+def flights_answers(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, str] | None:
+    """Each evaluated flights task's expected answer, from the environment config the rows trained with."""
+    from env_service.environments.flights.env import FlightsEnvironment
+
+    configs = [d["config"]["env_service"]["environments"].get("flights") for r in runs.values() for d in r.values()
+               if "config" in d]
+    if not configs or configs[0] is None:
+        return None
+    env = FlightsEnvironment(configs[0])
+    evaluated = {t for r in runs for s in runs[r] for t in end_eval(runs, r, s)["per_task"]}
+    return {t: env.task(t).answer for t in evaluated if env.task(t).answer is not None}
+
+
+def single_value(result: dict[str, Any], answers: dict[str, str] | None) -> float | None:
+    """avg@k re-graded from the recorded replies: a success that states the expected value and no other value
+    of its sort (`common.answers.answer_alone`); None where replies were not recorded."""
+    replies = result.get("replies")
+    if not replies or answers is None:
+        return None
+    shares = []
+    for task, scores in result["per_task"].items():
+        ok = [score >= 1.0 and answer_alone(reply, answers[task])
+              for score, reply in zip(scores, replies[task], strict=True)]
+        shares.append(sum(ok) / len(ok))
+    return sum(shares) / len(shares)
+
+
 def steps_to_target(data: dict[str, Any], target_delta: float) -> int | None:
     curve = data["train"]["curve"]
     target = curve[0]["avg@1"] + target_delta
@@ -68,12 +96,14 @@ def summarize(directory: Path) -> dict[str, Any]:
     k = any_run["eval_protocol"]["k"]
     commits = sorted({d["git"].get("commit") or "?" for r in runs.values() for d in r.values()})
     protocols = sorted({d["protocol"]["sha256"] for r in runs.values() for d in r.values()})
+    answers = flights_answers(runs)
     rows = []
     for row in [r for r in ROWS if r in runs]:
         seeds = sorted(runs[row])
         entry: dict[str, Any] = {"row": row, "label": LABELS[row], "seeds": seeds}
         # Successful samples by episode length: on one-call lookups, length 1 answered without any call.
         entry["success_lengths"] = {s: success_lengths(end_eval(runs, row, s)) for s in seeds}
+        entry["single_value_avg"] = {s: single_value(end_eval(runs, row, s), answers) for s in seeds}
         for metric in ("avg", "best"):
             entry[f"{metric}_end"] = interval(list(seed_mean(runs, row, seeds, metric).values()), (0.0, 1.0))
             if row != "base":
@@ -113,18 +143,24 @@ def markdown(report: dict[str, Any]) -> str:
                  f"{', '.join(p[:12] for p in report['protocol_sha256'])}.",
              f"Means over {report['split']} tasks of the per-task mean over seeds, 95% CI over tasks; changes are "
              "paired per task against base (the start evaluation, computed once per seed and shared by every row). "
-             "Minutes: the training run's wall time over all its launcher invocations (evaluations not included).",
+             "Minutes: the training run's wall time over all its launcher invocations (evaluations not included). "
+             f"Single-value avg@{k}: the same samples re-graded so that a success must state the expected value "
+             "and no other value of its sort (the environment's grader only rejects other tasks' answers, so a "
+             "hedge listing several values can pass it); '-' where the evaluation predates recorded replies.",
              "",
              f"| row | seeds | avg@{k} [95% CI] | change avg@{k} (paired) | best@{k} | change best@{k} (paired) "
-             "| steps to target (per seed) | minutes (per seed) | successes by episode length (per seed) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| steps to target (per seed) | minutes (per seed) | successes by episode length (per seed) "
+             f"| single-value avg@{k} (per seed) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         reach = ", ".join("-" if v is None else str(v) for v in (r.get("steps_to_target") or {}).values()) or "-"
         minutes = ", ".join(str(v) for v in (r.get("minutes") or {}).values()) or "-"
         lengths = "; ".join("not recorded" if v is None else (" ".join(f"{n} steps: {c}" for n, c in v.items()) or "none")
                             for v in (r.get("success_lengths") or {}).values()) or "-"
+        single = ", ".join("-" if v is None else f"{v:.3f}" for v in (r.get("single_value_avg") or {}).values()) or "-"
         lines.append(f"| {r['label']} | {len(r['seeds'])} | {_cell(r['avg_end'])} | {_cell(r.get('avg_change'), True)} "
-                     f"| {_cell(r['best_end'])} | {_cell(r.get('best_change'), True)} | {reach} | {minutes} | {lengths} |")
+                     f"| {_cell(r['best_end'])} | {_cell(r.get('best_change'), True)} | {reach} | {minutes} | {lengths} "
+                     f"| {single} |")
     lines += ["", f"Paper's ordering (avg@{k}, paired per task):", ""]
     for o in report["ordering"]:
         name = f"{LABELS[o['lower']]} < {LABELS[o['higher']]}"

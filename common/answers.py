@@ -41,15 +41,27 @@ def identifiers(text: str) -> set[str]:
     return {m.upper() for m in _ID_TOKEN.findall(text or "")}
 
 
-def answer_correct(reply: str, expected: str, wrong: tuple[str, ...] | list[str] = ()) -> bool:
-    """True when `reply` states `expected` and none of `wrong` (values of the same sort).
+def _stated(reply: str, expected: str, wrong: tuple[str, ...] | list[str]) -> tuple[set[str], str, tuple[str, ...]]:
+    """The values of the expected value's sort that `reply` states, with `expected` and `wrong` normalized.
 
     The sort is the expected value's: a passenger id, an amount, or else another id (a flight id)."""
     if _PASSENGER_ID.fullmatch(expected):
-        stated = passenger_ids(reply)
-    elif amounts(expected):
-        stated = amounts(reply)
-    else:
-        stated, expected = identifiers(reply), expected.upper()
-        wrong = tuple(w.upper() for w in wrong)
+        return passenger_ids(reply), f"P{_PASSENGER_ID.fullmatch(expected).group(1)}", tuple(wrong)
+    if amounts(expected):
+        return amounts(reply), next(iter(amounts(expected))), tuple(wrong)
+    return identifiers(reply), expected.upper(), tuple(w.upper() for w in wrong)
+
+
+def answer_correct(reply: str, expected: str, wrong: tuple[str, ...] | list[str] = ()) -> bool:
+    """True when `reply` states `expected` and none of `wrong` (values of the same sort)."""
+    stated, expected, wrong = _stated(reply, expected, wrong)
     return expected in stated and not stated.intersection(wrong)
+
+
+def answer_alone(reply: str, expected: str) -> bool:
+    """Stricter than `answer_correct`: the reply states `expected` and no other value of its sort at all.
+
+    A hedge such as "Hiro has 2, that is 2, 2,500" passes `answer_correct` when no passenger has 2 USD of
+    credit; here it fails. Used to re-grade recorded replies (the ablation report's single-value column)."""
+    stated, expected, _ = _stated(reply, expected, ())
+    return stated == {expected}

@@ -10,7 +10,7 @@ import yaml
 
 from env_service.client import EnvClient
 from env_service.environments.flights import FlightsEnvironment
-from env_service.environments.flights.answers import amounts, answer_correct
+from env_service.environments.flights.answers import amounts, answer_alone, answer_correct
 from env_service.environments.flights.tasks import TIER_KINDS
 from tests.helpers import run_env_service
 
@@ -26,6 +26,16 @@ def test_answers_are_normalized_and_a_competing_value_fails():
     assert answer_correct("Alice's passenger id is p1003.", "P1003", ("P1004",))
     assert answer_correct("ID: P-1003", "P1003", ())
     assert not answer_correct("P1003 or P1004", "P1003", ("P1004",))
+
+
+def test_a_hedge_passes_the_environments_grader_but_not_the_single_value_one():
+    hedge = "Hiro Wang has 2, that is 2, 2,500, 2,500."  # an ablation reply; no passenger has 2 USD of credit
+    assert answer_correct(hedge, "2500", ("900", "1200"))
+    assert not answer_alone(hedge, "2500")
+    assert answer_alone("Hiro Wang has $2,500.00 of travel credit (June 3, 14:05).", "2500")
+    assert answer_alone("Alice's passenger id is p1003.", "P1003")
+    assert not answer_alone("P1003, not P1004", "P1003")
+    assert answer_alone("Take ua123-0603.", "UA123-0603") and not answer_alone("UA123-0603 or UA9-0603", "UA123-0603")
 
 
 def test_tier_counts_are_shared_out_and_ids_are_stable():

@@ -237,3 +237,29 @@ def test_successes_are_counted_by_episode_length():
               "per_task_steps": {"a": [1, 4, 2], "b": [3, 2, 2]}}
     assert success_lengths(result) == {"1": 1, "2": 3}  # a: lengths 1 and 2; b: 2 and 2
     assert success_lengths({"per_task": {"a": [1.0]}}) is None  # recorded before lengths existed
+
+
+def test_single_value_regrading_rejects_hedges_by_hand():
+    from benchmarks.ablation_report import single_value
+
+    answers = {"test-t1-0000": "2500", "test-t1-0001": "P1003"}
+    result = {"per_task": {"test-t1-0000": [1.0, 1.0, 0.0, 1.0], "test-t1-0001": [1.0, 0.0]},
+              "replies": {"test-t1-0000": ["Grace has 2,500 USD.", "Hiro has 2, that is 2, 2,500.", "2,500",
+                                           "$2500.00 of credit"],
+                          "test-t1-0001": ["It is P1003 or P1004.", "P1003"]}}
+    # Task 0: samples 1 and 4 state 2500 alone, sample 2 hedges, sample 3 failed in the environment: 2/4.
+    # Task 1: sample 1 hedges, sample 2 failed in the environment: 0/2. Mean over tasks (0.5 + 0) / 2.
+    assert single_value(result, answers) == 0.25
+    assert single_value({"per_task": result["per_task"]}, answers) is None  # recorded before replies existed
+
+
+def test_the_report_regrades_flights_replies_against_the_environments_answers(tmp_path):
+    from benchmarks.ablation_report import flights_answers
+    from env_service.environments.flights.env import FlightsEnvironment
+
+    env = FlightsEnvironment({"tiers": [1]})
+    ids = env.task_ids("test")[:3]
+    runs = {"q": {0: {"config": {"env_service": {"environments": {"flights": {"tiers": [1]}}}},
+                      "eval_end": {"per_task": {t: [1.0] for t in ids}}}}}
+    assert flights_answers(runs) == {t: env.task(t).answer for t in ids}
+    assert all(flights_answers(runs).values())
