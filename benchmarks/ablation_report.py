@@ -59,9 +59,10 @@ def flights_answers(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, str
     """Each evaluated flights task's expected answer, from the environment config the rows trained with."""
     from env_service.environments.flights.env import FlightsEnvironment
 
-    configs = [d["config"]["env_service"]["environments"].get("flights") for r in runs.values() for d in r.values()
-               if "config" in d]
-    if not configs or configs[0] is None:
+    configs = [((d.get("config") or {}).get("env_service") or {}).get("environments", {}).get("flights")
+               for r in runs.values() for d in r.values()]
+    configs = [c for c in configs if c is not None]
+    if not configs:
         return None
     env = FlightsEnvironment(configs[0])
     evaluated = {t for r in runs for s in runs[r] for t in end_eval(runs, r, s)["per_task"]}
@@ -72,8 +73,8 @@ def single_value(result: dict[str, Any], answers: dict[str, str] | None) -> floa
     """avg@k re-graded from the recorded replies: a success that states the expected value and no other value
     of its sort (`common.answers.answer_alone`); None where replies were not recorded."""
     replies = result.get("replies")
-    if not replies or answers is None:
-        return None
+    if not replies or answers is None or not set(result["per_task"]) <= set(answers):
+        return None  # no recorded replies, or tasks graded on state rather than a text answer
     shares = []
     for task, scores in result["per_task"].items():
         ok = [score >= 1.0 and answer_alone(reply, answers[task])

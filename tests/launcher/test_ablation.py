@@ -251,6 +251,7 @@ def test_single_value_regrading_rejects_hedges_by_hand():
     # Task 1: sample 1 hedges, sample 2 failed in the environment: 0/2. Mean over tasks (0.5 + 0) / 2.
     assert single_value(result, answers) == 0.25
     assert single_value({"per_task": result["per_task"]}, answers) is None  # recorded before replies existed
+    assert single_value({**result, "per_task": {**result["per_task"], "test-0000": [1.0]}}, answers) is None
 
 
 def test_the_report_regrades_flights_replies_against_the_environments_answers(tmp_path):
