@@ -65,8 +65,8 @@ def flights_answers(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, str
     if not configs:
         return None
     env = FlightsEnvironment(configs[0])
-    evaluated = {t for r in runs for s in runs[r] for t in end_eval(runs, r, s)["per_task"]}
-    return {t: env.task(t).answer for t in evaluated if env.task(t).answer is not None}
+    tasks = [env.task(t) for t in {t for r in runs for s in runs[r] for t in end_eval(runs, r, s)["per_task"]}]
+    return {task.task_id: task.answer for task in tasks if task.answer is not None}
 
 
 def single_value(result: dict[str, Any], answers: dict[str, str] | None) -> float | None:

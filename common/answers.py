@@ -42,13 +42,13 @@ def identifiers(text: str) -> set[str]:
 
 
 def _stated(reply: str, expected: str, wrong: tuple[str, ...] | list[str]) -> tuple[set[str], str, tuple[str, ...]]:
-    """The values of the expected value's sort that `reply` states, with `expected` and `wrong` normalized.
+    """The values of the expected value's sort that `reply` states, with `expected` and `wrong` as compared.
 
     The sort is the expected value's: a passenger id, an amount, or else another id (a flight id)."""
     if _PASSENGER_ID.fullmatch(expected):
-        return passenger_ids(reply), f"P{_PASSENGER_ID.fullmatch(expected).group(1)}", tuple(wrong)
+        return passenger_ids(reply), expected, tuple(wrong)
     if amounts(expected):
-        return amounts(reply), next(iter(amounts(expected))), tuple(wrong)
+        return amounts(reply), expected, tuple(wrong)
     return identifiers(reply), expected.upper(), tuple(w.upper() for w in wrong)
 
 
