@@ -77,6 +77,9 @@ class EvalConfig(StrictModel):
     tasks: int = Field(default=64, ge=1, description="held-out tasks (the first N of the split)")
     k: int = Field(default=1, ge=1)
     greedy: bool = True
+    max_batch: int | None = Field(default=None, ge=1, description=(
+        "in-process: rows generated together while evaluating, by an engine built for the evaluation and closed "
+        "after it (None: the rollout engine's policy.max_batch). Only the speed changes: each sample is seeded"))
 
 
 class CheckpointConfig(StrictModel):

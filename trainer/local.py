@@ -262,13 +262,32 @@ class LocalTrainer:
         cfg = self.config
         assert self.policy is not None and self.env is not None
         started = time.monotonic()
-        summary = await evaluate_policy(self.eval_tasks, self.env, self.policy.generate, self.tokenizer, cfg.rollout,
-                                        k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17)
+        policy, wide = self.policy, self._evaluation_engine()
+        try:
+            summary = await evaluate_policy(self.eval_tasks, self.env, (wide or policy).generate, self.tokenizer,
+                                            cfg.rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17)
+        finally:
+            if wide is not None:
+                await wide.aclose()
         if label:
             self.evaluations[label] = summary
         metrics = summary.metrics("eval")
         metrics["time/eval_s"] = time.monotonic() - started
         return metrics
+
+    def _evaluation_engine(self) -> InProcessPolicy | None:
+        """A wider engine for held-out evaluation (`eval.max_batch`), on a copy of the current weights.
+
+        Its own copy: the lean forward fuses the weights it serves in place, so a second engine over the rollout
+        engine's model would leave that engine reading stale tensors after the next update."""
+        cfg = self.config
+        assert self.policy is not None
+        if not (isinstance(self.policy, InProcessPolicy) and cfg.eval.max_batch
+                and cfg.eval.max_batch > self.policy.engine.max_batch):
+            return None
+        return InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=cfg.eval.max_batch,
+                               threads=cfg.policy.threads, policy_version=self.policy.policy_version,
+                               dtype=rollout_dtype(cfg.policy.dtype, self.device))
 
     async def _collect_step(self, step: int) -> CollectedStep:
         """Step `step`'s batch: its tasks, complete rollout groups and judge labels, with their metrics."""

@@ -120,3 +120,51 @@ def test_training_through_a_served_endpoint_pushes_each_update(env_url, tmp_path
     assert [r["policy/version"] for r in records] == [1.0, 2.0]
     # Every sample of a step came from the weights pushed after the previous step.
     assert all(r["rollout/version_lag_max"] == 0.0 for r in records)
+
+
+def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine_current(env_url, tmp_path):
+    """eval.max_batch evaluates on an engine of its own: the same greedy replies as the rollout engine's,
+    before and after an update, and the rollout engine still serves the updated weights afterwards."""
+    import asyncio
+
+    from trainer.config import TrainerConfig
+    from trainer.local import LocalTrainer
+
+    config = TrainerConfig.model_validate({
+        "model": "tiny", "seed": 0, "steps": 1, "tasks_per_step": 2, "output_dir": str(tmp_path / "run"),
+        "torch_threads": 1, "progress": False, "tensorboard": False, "plot": False,
+        "rollout": {"env": "signal", "n": 2, "max_turns": 2, "max_new_tokens": 3, "max_context": 256},
+        "policy": {"max_batch": 2, "threads": 1, "dtype": "float32"},
+        "optim": {"lr": 5e-2, "minibatches": 1}, "services": {"env_url": env_url},
+        "eval": {"split": "test", "tasks": TASKS, "k": 2, "greedy": True, "before": False, "after": False},
+        "ray": {"enabled": False}})
+    wide = config.model_copy(update={"eval": config.eval.model_copy(update={"max_batch": 16})})
+    trainer = LocalTrainer(config)
+
+    async def both(label: str) -> tuple[dict, dict]:
+        trainer.config = config
+        assert trainer._evaluation_engine() is None
+        await trainer.evaluate(f"{label}-rollout-engine")
+        trainer.config = wide
+        engine = trainer._evaluation_engine()
+        assert engine is not None and engine.engine.max_batch == 16
+        await engine.aclose()
+        await trainer.evaluate(f"{label}-wide")
+        return trainer.evaluations[f"{label}-rollout-engine"].per_task_replies, trainer.evaluations[f"{label}-wide"].per_task_replies
+
+    async def scenario() -> tuple[tuple[dict, dict], tuple[dict, dict], dict]:
+        await trainer.setup()
+        try:
+            start = await both("start")
+            trainer.config = config
+            metrics = await trainer.train_step()
+            return start, await both("updated"), metrics
+        finally:
+            await trainer.close()
+
+    (start_narrow, start_wide), (updated_narrow, updated_wide), metrics = asyncio.run(scenario())
+    assert metrics["update/samples"] > 0 and len(start_narrow) == TASKS
+    assert start_wide == start_narrow
+    assert updated_wide == updated_narrow
+    # lr 5e-2 on the tiny model changes its greedy replies: the second comparison is of new weights.
+    assert updated_narrow != start_narrow
