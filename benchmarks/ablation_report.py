@@ -162,7 +162,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {r['label']} | {len(r['seeds'])} | {_cell(r['avg_end'])} | {_cell(r.get('avg_change'), True)} "
                      f"| {_cell(r['best_end'])} | {_cell(r.get('best_change'), True)} | {reach} | {minutes} | {lengths} "
                      f"| {single} |")
-    lines += ["", f"Paper's ordering (avg@{k}, paired per task):", ""]
+    lines += ["", f"Paper's ordering (avg@{k}, paired per task, over the seeds both rows have):", ""]
     for o in report["ordering"]:
         name = f"{LABELS[o['lower']]} < {LABELS[o['higher']]}"
         if o["difference"] is None:
@@ -170,7 +170,9 @@ def markdown(report: dict[str, Any]) -> str:
         else:
             verdict = ("holds, CI excludes 0" if o["ci_excludes_0"] else "holds in the mean, CI includes 0"
                        if o["holds"] else "does NOT hold")
-            lines.append(f"- {name}: difference {_cell(o['difference'], True)}: {verdict}")
+            seeds = ", ".join(str(s) for s in o["difference"]["seeds"])
+            lines.append(f"- {name}: difference {_cell(o['difference'], True)} (seeds both rows have: {seeds}): "
+                         f"{verdict}")
     return "\n".join(lines) + "\n"
 
 

@@ -228,8 +228,28 @@ def test_report_pools_seeds_per_task_and_checks_the_ordering_by_hand(tmp_path):
     assert ordering[("q", "qn")]["difference"] is None  # not run
     write_report(tmp_path)
     text = (tmp_path / "REPORT.md").read_text()
-    assert "- +Q&A < full: difference +0.000 [+0.000, +0.000]: does NOT hold" in text
+    assert "- +Q&A < full: difference +0.000 [+0.000, +0.000] (seeds both rows have: 0, 1): does NOT hold" in text
     assert "- +Q < +Q&N: not run" in text and "| +Q | 2 | 0.625" in text
+
+
+def test_an_ordering_pairs_only_the_seeds_both_rows_have(tmp_path):
+    from benchmarks.ablation_report import summarize, write_report
+
+    curve = [0.0, 0.0]
+
+    _raw(tmp_path, "base", 0, {"a": [0.0, 0.0], "b": [0.0, 0.0]})
+    _raw(tmp_path, "base", 1, {"a": [0.0, 0.0], "b": [0.0, 0.0]})
+    _raw(tmp_path, "qa", 0, {"a": [1.0, 1.0], "b": [0.0, 1.0]}, curve)  # seed means with seed 1: a 0.5, b 0.25
+    _raw(tmp_path, "qa", 1, {"a": [0.0, 0.0], "b": [0.0, 0.0]}, curve)
+    _raw(tmp_path, "full", 0, {"a": [0.0, 0.0], "b": [0.0, 0.0]}, curve)  # full has seed 0 only
+    report = summarize(tmp_path)
+    ordering = {(o["lower"], o["higher"]): o for o in report["ordering"]}
+    # Against seed 0 of +Q&A alone (a 1.0, b 0.5), not its two-seed mean (a 0.5, b 0.25).
+    difference = ordering[("qa", "full")]["difference"]
+    assert difference["seeds"] == [0] and difference["mean"] == -0.75 and difference["n"] == 2
+    write_report(tmp_path)
+    assert "- +Q&A < full: difference -0.750" in (tmp_path / "REPORT.md").read_text()
+    assert "(seeds both rows have: 0): does NOT hold" in (tmp_path / "REPORT.md").read_text()
 
 
 def test_successes_are_counted_by_episode_length():
