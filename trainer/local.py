@@ -262,9 +262,9 @@ class LocalTrainer:
         cfg = self.config
         assert self.policy is not None and self.env is not None
         started = time.monotonic()
-        policy, wide = self.policy, self._evaluation_engine()
+        wide = self._evaluation_engine()
         try:
-            summary = await evaluate_policy(self.eval_tasks, self.env, (wide or policy).generate, self.tokenizer,
+            summary = await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate, self.tokenizer,
                                             cfg.rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17)
         finally:
             if wide is not None:
