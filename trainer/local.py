@@ -206,9 +206,7 @@ class LocalTrainer:
             if self.step > 0:  # the server may hold older weights than the checkpoint
                 await self.policy.load_weights(lora.serving_view(self.model))
         else:
-            self.policy = InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=cfg.policy.max_batch,
-                                          threads=cfg.policy.threads, policy_version=self.step,
-                                          dtype=rollout_dtype(cfg.policy.dtype, self.device))
+            self.policy = self._in_process_policy(cfg.policy.max_batch, policy_version=self.step)
             logger.info("rollout engine: {} weights, log-probs {}", next(self.policy.engine.model.parameters()).dtype,
                         "reusable as old ones" if self.policy.exact_logprobs else "recomputed by the update")
         load_outages(self.peer_clients(), self._saved_outages)
@@ -285,8 +283,13 @@ class LocalTrainer:
         if not (isinstance(self.policy, InProcessPolicy) and cfg.eval.max_batch
                 and cfg.eval.max_batch > self.policy.engine.max_batch):
             return None
-        return InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=cfg.eval.max_batch,
-                               threads=cfg.policy.threads, policy_version=self.policy.policy_version,
+        return self._in_process_policy(cfg.eval.max_batch, policy_version=self.policy.policy_version)
+
+    def _in_process_policy(self, max_batch: int, policy_version: int) -> InProcessPolicy:
+        """An engine over a plain copy of the current weights, in the rollout numerics (`policy.dtype`)."""
+        cfg = self.config
+        return InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=max_batch,
+                               threads=cfg.policy.threads, policy_version=policy_version,
                                dtype=rollout_dtype(cfg.policy.dtype, self.device))
 
     async def _collect_step(self, step: int) -> CollectedStep:

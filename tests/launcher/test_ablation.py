@@ -236,7 +236,6 @@ def test_an_ordering_pairs_only_the_seeds_both_rows_have(tmp_path):
     from benchmarks.ablation_report import summarize, write_report
 
     curve = [0.0, 0.0]
-
     _raw(tmp_path, "base", 0, {"a": [0.0, 0.0], "b": [0.0, 0.0]})
     _raw(tmp_path, "base", 1, {"a": [0.0, 0.0], "b": [0.0, 0.0]})
     _raw(tmp_path, "qa", 0, {"a": [1.0, 1.0], "b": [0.0, 1.0]}, curve)  # seed means with seed 1: a 0.5, b 0.25

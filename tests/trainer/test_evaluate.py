@@ -150,7 +150,8 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
         assert engine is not None and engine.engine.max_batch == 16
         await engine.aclose()
         await trainer.evaluate(f"{label}-wide")
-        return trainer.evaluations[f"{label}-rollout-engine"].per_task_replies, trainer.evaluations[f"{label}-wide"].per_task_replies
+        narrow, wider = trainer.evaluations[f"{label}-rollout-engine"], trainer.evaluations[f"{label}-wide"]
+        return narrow.per_task_replies, wider.per_task_replies
 
     async def scenario() -> tuple[tuple[dict, dict], tuple[dict, dict], dict]:
         await trainer.setup()
