@@ -13,6 +13,7 @@ import hmac
 import inspect
 import os
 import re
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -332,12 +333,35 @@ def create_app(
     return app
 
 
-def run_app(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
-    """Serve with uvicorn; uvloop and httptools when installed (uvicorn[standard])."""
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Bind the service's port now, before building an app that starts helper servers of its own.
+
+    ScienceWorld's Java gateway and Ray pick free ports while the app is built; without this,
+    one of them can take the port the service was asked to listen on.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # listening, so no SO_REUSEADDR socket elsewhere can bind the same port
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port") from exc
+    return sock
+
+
+def run_app(app: FastAPI, host: str, port: int, log_level: str = "info",
+            sock: socket.socket | None = None) -> None:
+    """Serve with uvicorn; uvloop and httptools when installed (uvicorn[standard]).
+
+    `sock` is a socket from `reserve_port`; without one, uvicorn binds host:port itself.
+    """
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
-                timeout_keep_alive=30, log_config=None)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                            timeout_keep_alive=30, log_config=None)
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
 
 
 def service_cli(

@@ -7,7 +7,7 @@ import sys
 from loguru import logger
 
 from common.config import ConfigError
-from common.service import run_app, service_cli
+from common.service import reserve_port, run_app, service_cli
 from env_service.settings import EnvServiceSettings
 
 
@@ -16,12 +16,13 @@ def main(argv: list[str] | None = None) -> None:
                               "Gym-style environments over HTTP (/v1 and AgentEvolver-compatible routes)", argv=argv)
     from env_service.app import build_app
 
+    listener = reserve_port(settings.host, settings.port)
     try:
         app = build_app(settings)  # type: ignore[arg-type]
     except ConfigError as exc:
         sys.exit(f"env_service: {exc}")
     logger.info("env_service: {} backend, environments: {}", settings.backend, ", ".join(settings.environments))
-    run_app(app, settings.host, settings.port, settings.log_level)
+    run_app(app, settings.host, settings.port, settings.log_level, sock=listener)
 
 
 if __name__ == "__main__":

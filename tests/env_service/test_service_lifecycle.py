@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -11,6 +14,7 @@ import pytest
 from common.config import ConfigError
 from env_service.registry import load_environments
 from tests.env_service.service_support import env_server
+from tests.helpers import REPO
 
 PLUGIN = {"slow": "tests.env_service.service_slow_env:SlowEnvironment"}
 
@@ -83,3 +87,17 @@ def test_only_allowlisted_environments_load():
         load_environments({"x": {}}, {"x": "os:system"})
     with pytest.raises(ConfigError, match="unknown flights config key"):
         load_environments({"flights": {"sed": 1}})
+
+
+def test_a_taken_port_stops_the_service_before_it_builds_anything():
+    # The port is bound before the environments load: a Java gateway or a Ray worker started
+    # while they load can then never take it, and a clash fails at once, naming the flag.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "env_service", "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+    assert "environments:" not in done.stderr + done.stdout
