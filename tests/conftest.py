@@ -38,3 +38,36 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePro
                     f"  weights_dir: {tmp_path_factory.getbasetemp()}\n")
     with run_service("llm_server", ["--conf", str(conf), "--model", "tiny"], timeout=120) as server:
         yield server
+
+
+# The test command runs two workers, one file each at a time (`-n 2 --dist loadfile`). Handing out the
+# longest files first (measured on 2 cores) keeps both workers busy until the end instead of leaving
+# one of them alone with a five-minute file. Files not listed follow in their usual order.
+LONGEST_FILES_FIRST = (
+    "tests/launcher/test_chaos.py",
+    "tests/launcher/test_ablation.py",
+    "tests/trainer/test_cli.py",
+    "tests/trainer/test_learning.py",
+    "tests/advantage/test_judge_llm_server.py",
+    "tests/task_manager/test_llm_pipeline.py",
+    "tests/launcher/test_kill9.py",
+    "tests/launcher/test_lifecycle.py",
+    "tests/fuzz/test_openapi_fuzz.py",
+    "tests/verl/test_plugin_loading.py",
+    "tests/trainer/test_resilience.py",
+    "tests/studio/test_browser.py",
+    "tests/env_service/test_suites_http.py",
+    "tests/experience_manager/test_crash.py",
+    "tests/trainer/test_mechanisms.py",
+    "tests/task_manager/test_hindsight_flights.py",
+    "tests/env_service/test_textgames.py",
+    "tests/trainer/test_evaluate.py",
+    "tests/verl/test_parity.py",
+    "tests/task_manager/test_leak_canary.py",
+    "tests/llm_server/test_structured_smollm2.py",
+)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: in-file order kept

@@ -49,7 +49,8 @@ def test_play_all_plays_each_task_in_order_and_respects_the_budget(tmp_path: Pat
     assert spent == []  # the budget was over before the first episode could start
     assert live == 0  # every instance was released
     logged = [json.loads(line) for line in log_path.read_text().splitlines()]
-    assert [r["task_id"] for r in logged[:2]] == ids[:2] and sorted(r["task_id"] for r in logged[2:]) == ids[2:]
+    # Episodes are logged as they finish, and concurrent ones finish in any order.
+    assert sorted(r["task_id"] for r in logged[:2]) == ids[:2] and sorted(r["task_id"] for r in logged[2:]) == ids[2:]
     assert [e["task_id"] for e in resumed] == ids and resumed[:2] == first  # 2 from the log, 3 played
     with pytest.raises(ValueError, match="episodes.jsonl:1 was played with"):
         EpisodeLog(log_path, {"max_turns": 20})
