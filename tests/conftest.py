@@ -68,6 +68,12 @@ LONGEST_FILES_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist otherwise reorders files by their number of tests, which undoes the order below.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(LONGEST_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: in-file order kept
