@@ -347,7 +347,8 @@ def reserve_port(host: str, port: int) -> socket.socket:
         sock.listen(2048)  # listening, so no SO_REUSEADDR socket elsewhere can bind the same port
     except OSError as exc:
         sock.close()
-        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port") from exc
+        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}; choose another port "
+                         "(--port, or `port:` in the service's YAML section)") from exc
     return sock
 
 
