@@ -262,8 +262,12 @@ class LocalTrainer:
         started = time.monotonic()
         wide = self._evaluation_engine()
         try:
+            episodes = len(self.eval_tasks) * cfg.eval.k
+            # The after-training evaluation can be most of a CPU run: say how far it is, about 8 times.
+            progress = _rollout_progress(episodes, started, what="evaluation episodes", every=max(1, episodes // 8))
             summary = await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate, self.tokenizer,
-                                            cfg.rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17)
+                                            cfg.rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17,
+                                            on_rollout=progress)
         finally:
             if wide is not None:
                 await wide.aclose()
@@ -504,13 +508,14 @@ def _short(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k}={metrics[k]:.3f}" for k in keys)
 
 
-def _rollout_progress(total: int, started: float) -> Callable[[Rollout], None]:
+def _rollout_progress(total: int, started: float, what: str = "rollouts", every: int = 1) -> Callable[[Rollout], None]:
     done, tokens = 0, 0
 
     def report(rollout: Rollout) -> None:
         nonlocal done, tokens
         done, tokens = done + 1, tokens + rollout.generated_tokens
-        logger.info("rollouts {}/{}: {:.1f} tokens/s", done, total, tokens / max(time.monotonic() - started, 1e-9))
+        if done % every == 0 or done == total:
+            logger.info("{} {}/{}: {:.1f} tokens/s", what, done, total, tokens / max(time.monotonic() - started, 1e-9))
 
     return report
 

@@ -266,13 +266,17 @@ class EvalSummary:
 
 async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
                           config: RolloutConfig, *, k: int = 1, greedy: bool = True, seed: int = 0,
-                          success_threshold: float = 1.0) -> EvalSummary:
+                          success_threshold: float = 1.0,
+                          on_rollout: Callable[[Rollout], None] | None = None) -> EvalSummary:
     """avg@k (mean success over k samples per task) and best@k (a task counts if any sample succeeds),
-    with the invalid-action rate beside them so format fixes are not mistaken for skill."""
+    with the invalid-action rate beside them so format fixes are not mistaken for skill.
+
+    `on_rollout` is called once per finished episode (progress)."""
     sampling = Sampling(max_tokens=config.max_new_tokens, temperature=0.0 if greedy else config.temperature,
                         top_p=config.top_p)
     eval_config = config.model_copy(update={"experience_ratio": 0.0})
-    groups = await collect_groups(tasks, env, generate, tokenizer, eval_config, seed=seed, sampling=sampling, n=k)
+    groups = await collect_groups(tasks, env, generate, tokenizer, eval_config, seed=seed, sampling=sampling, n=k,
+                                  on_rollout=on_rollout)
     per_task: dict[str, list[float]] = {}
     task_steps: dict[str, int] = {}
     task_invalid: dict[str, int] = {}

@@ -163,7 +163,17 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
         finally:
             await trainer.close()
 
-    (start_narrow, start_wide), (updated_narrow, updated_wide), metrics = asyncio.run(scenario())
+    from loguru import logger
+
+    progress: list[str] = []
+    sink = logger.add(lambda message: progress.append(message.record["message"]), level="INFO",
+                      filter=lambda record: record["message"].startswith("evaluation episodes"))
+    try:
+        (start_narrow, start_wide), (updated_narrow, updated_wide), metrics = asyncio.run(scenario())
+    finally:
+        logger.remove(sink)
+    # Each of the four evaluations says how far it is about 8 times: 16 episodes (8 tasks x k 2), every 2nd.
+    assert [line.split(":")[0] for line in progress] == [f"evaluation episodes {i}/16" for i in range(2, 17, 2)] * 4
     assert metrics["update/samples"] > 0 and len(start_narrow) == TASKS
     assert start_wide == start_narrow
     assert updated_wide == updated_narrow
