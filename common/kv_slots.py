@@ -191,7 +191,8 @@ class SlotCache:
 
     @property
     def capacity(self) -> tuple[int, int]:
-        return (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
+        keys = self.keys  # one read: another thread (a test, a stats reader) may see the list replaced mid-call
+        return (keys[0].shape[0], keys[0].shape[2]) if keys else (0, 0)
 
     def _reserve(self, rows: int, columns: int) -> None:
         have_rows, have_columns = self.capacity
@@ -206,8 +207,9 @@ class SlotCache:
         """New [rows, kv_heads, columns, head_dim] buffers holding the cached tokens, one layer at a time."""
         used = int(self.lengths[:self.rows].max()) if self.rows else 0
         shape = (rows, self.kv_heads, columns, self.head_dim)
-        if not self.keys:
-            self.keys, self.values = [torch.empty(0)] * self.layers, [torch.empty(0)] * self.layers
+        if not self.keys:  # empty 4-d placeholders: `capacity` stays readable while layers are replaced
+            empty = torch.empty(0, self.kv_heads, 0, self.head_dim, dtype=self.dtype)
+            self.keys, self.values = [empty] * self.layers, [empty] * self.layers
         held = self.nbytes
         for buffers in (self.keys, self.values):
             for layer in range(self.layers):

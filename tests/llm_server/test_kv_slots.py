@@ -111,3 +111,39 @@ def test_cache_holds_the_serving_dtype() -> None:
     assert all(t.dtype == torch.bfloat16 for t in cache.keys + cache.values)
     cache.end_prefill([2])
     assert cache.nbytes == 4 * 4 * 1 * 64 * 2 * 2  # 4 buffers of [4 rows, 1 head, 64 columns, 2] bf16
+
+
+def test_capacity_stays_readable_from_another_thread_while_the_cache_grows_and_frees() -> None:
+    # The engine's thread resizes the cache while stats readers (and the engine tests) read `capacity`:
+    # a growing cache's first layers were once 1-d placeholders, and CI caught the IndexError.
+    import sys
+    import threading
+
+    config = SimpleNamespace(num_hidden_layers=24, num_key_value_heads=1, num_attention_heads=2, head_dim=2,
+                             hidden_size=4)
+    cache = SlotCache(config, torch.float32, max_rows=8, max_columns=64)
+    stop, errors, seen = threading.Event(), [], set()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                seen.add(cache.capacity)
+            except Exception as error:  # noqa: BLE001 - any failure to read is the bug
+                errors.append(error)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, so the reader lands inside a resize
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(100):
+            cache.begin_prefill(4, 8)
+            cache.end_prefill([8] * 4)
+            cache.remove([0, 1, 2, 3])
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
+    assert seen <= {(0, 0), (4, 64)} and (4, 64) in seen
