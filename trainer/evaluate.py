@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,13 @@ from common.llm import LLMClient, LLMRoleConfig
 from common.models import ModelLoadError
 from common.schemas import ChatMessage, Task
 from trainer.peers import EnvPeer
-from trainer.rollout import EvalSummary, RolloutConfig, evaluate_policy, is_invalid_action
+from trainer.rollout import (
+    EvalSummary,
+    RolloutConfig,
+    evaluate_policy,
+    evaluation_progress,
+    is_invalid_action,
+)
 from trainer.summary import interval, per_task_values
 
 
@@ -200,7 +207,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 policy = InProcessPolicy(model, tokenizer, threads=args.threads)
                 meta["policy"] = {"model": args.model}
             summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=args.k,
-                                            greedy=not args.sample, seed=args.seed)
+                                            greedy=not args.sample, seed=args.seed,
+                                            on_rollout=evaluation_progress(len(tasks) * args.k, time.monotonic()))
         return result_json(summary, meta)
     finally:
         if policy is not None:

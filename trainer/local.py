@@ -16,7 +16,6 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,15 @@ from trainer.resilience import (
     load_outages,
     outage_table,
 )
-from trainer.rollout import EvalSummary, GroupStats, Rollout, collect_groups, evaluate_policy
+from trainer.rollout import (
+    EvalSummary,
+    GroupStats,
+    Rollout,
+    collect_groups,
+    evaluate_policy,
+    evaluation_progress,
+    rollout_progress,
+)
 from trainer.summary import mixed_outcome_groups, run_summary, write_summary
 from trainer.update import PolicyUpdater, TrainSample, UpdateProgress
 
@@ -263,8 +270,7 @@ class LocalTrainer:
         wide = self._evaluation_engine()
         try:
             episodes = len(self.eval_tasks) * cfg.eval.k
-            # The after-training evaluation can be most of a CPU run: say how far it is, about 8 times.
-            progress = _rollout_progress(episodes, started, what="evaluation episodes", every=max(1, episodes // 8))
+            progress = evaluation_progress(episodes, started)
             summary = await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate, self.tokenizer,
                                             cfg.rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17,
                                             on_rollout=progress)
@@ -388,7 +394,7 @@ class LocalTrainer:
                                           stats=self.group_stats, inject=self.mechanisms.experience_config.inject,
                                           demonstration_observation_tokens=(
                                               self.mechanisms.experience_config.demonstration_observation_tokens),
-                                          on_rollout=_rollout_progress(len(tasks) * cfg.rollout.n, started))
+                                          on_rollout=rollout_progress(len(tasks) * cfg.rollout.n, started))
             if groups:
                 return groups
             if attempt < cfg.empty_step_retries:
@@ -506,18 +512,6 @@ class LocalTrainer:
 def _short(metrics: dict[str, float]) -> str:
     keys = [k for k in metrics if k.startswith(("eval/", "rollout/reward_mean", "update/pg_loss"))]
     return ", ".join(f"{k}={metrics[k]:.3f}" for k in keys)
-
-
-def _rollout_progress(total: int, started: float, what: str = "rollouts", every: int = 1) -> Callable[[Rollout], None]:
-    done, tokens = 0, 0
-
-    def report(rollout: Rollout) -> None:
-        nonlocal done, tokens
-        done, tokens = done + 1, tokens + rollout.generated_tokens
-        if done % every == 0 or done == total:
-            logger.info("{} {}/{}: {:.1f} tokens/s", what, done, total, tokens / max(time.monotonic() - started, 1e-9))
-
-    return report
 
 
 def _update_progress(event: UpdateProgress) -> None:

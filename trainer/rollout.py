@@ -312,3 +312,21 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
 def prompt_digest(token_ids: Sequence[int]) -> str:
     """A short stable fingerprint of a prompt's token ids (equal digests: the same prompt)."""
     return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
+
+
+def rollout_progress(total: int, started: float, what: str = "rollouts", every: int = 1) -> Callable[[Rollout], None]:
+    """An `on_rollout` reporter: a log line every `every` finished rollouts and at the last, with tokens/s."""
+    done, tokens = 0, 0
+
+    def report(rollout: Rollout) -> None:
+        nonlocal done, tokens
+        done, tokens = done + 1, tokens + rollout.generated_tokens
+        if done % every == 0 or done == total:
+            logger.info("{} {}/{}: {:.1f} tokens/s", what, done, total, tokens / max(time.monotonic() - started, 1e-9))
+
+    return report
+
+
+def evaluation_progress(episodes: int, started: float) -> Callable[[Rollout], None]:
+    """A held-out evaluation can be most of a CPU run: say how far it is, about 8 times."""
+    return rollout_progress(episodes, started, what="evaluation episodes", every=max(1, episodes // 8))

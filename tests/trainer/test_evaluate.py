@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -78,6 +79,9 @@ def test_endpoint_with_token_ids_and_chat_only(env_url, tiny_server, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads(proc.stdout.strip().splitlines()[-1])["tasks"] == TASKS
         results[mode] = json.loads(out.read_text())
+        if mode == "tokens":  # the same progress lines as the trainer's evaluations, about 8 of them
+            progress = re.findall(r"evaluation episodes (\d+)/(\d+): [\d.]+ tokens/s", proc.stderr)
+            assert progress == [(str(i), str(TASKS)) for i in range(1, TASKS + 1)], proc.stderr[-3000:]
     for result in results.values():
         assert result["tasks"] == TASKS and result["greedy"]
         assert len(result["answers"]) == TASKS and all(isinstance(a, str) for a in result["answers"].values())
