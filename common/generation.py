@@ -89,6 +89,8 @@ class EngineStats:
     grammar_aborts: int = 0
     kv_peak_bytes: int = 0  # the most the KV slots held at once (a reallocation's overlap included)
     kv_reallocations: int = 0
+    prefill_seconds: float = 0.0  # forward passes over prompts (every other row waits for them)
+    decode_seconds: float = 0.0  # one-token steps of every running row, sampling included
 
     @property
     def forward_batches(self) -> int:
@@ -241,10 +243,14 @@ class Engine:
                     self._collect()
                     if self._updates and not self._rows:
                         self._apply_updates()
+                    began = time.perf_counter()
                     for group in _prefill_groups(self._admit(), self.prefill_token_budget):
                         self._prefill(group)
+                    prefilled = time.perf_counter()
+                    self.stats.prefill_seconds += prefilled - began
                     if self._rows:
                         self._decode_step()
+                        self.stats.decode_seconds += time.perf_counter() - prefilled
                     self.stats.kv_peak_bytes = self._cache.peak_bytes
                     self.stats.kv_reallocations = self._cache.reallocations
                 except Exception as exc:  # a failed batch fails its requests, never the server

@@ -128,6 +128,8 @@ def build_app(served: ServedModel) -> FastAPI:
             "generated_tokens": s.generated_tokens, "max_rows_in_batch": s.max_rows_in_batch,
             "weight_updates": s.weight_updates, "failed_batches": s.failed_batches,
             "kv_peak_bytes": s.kv_peak_bytes, "kv_reallocations": s.kv_reallocations,
+            "prefill_tokens": s.prefill_tokens, "shared_prefix_tokens": s.shared_prefix_tokens,
+            "prefill_seconds": round(s.prefill_seconds, 6), "decode_seconds": round(s.decode_seconds, 6),
             "structured_outputs": _structured_stats(served),
         }
 

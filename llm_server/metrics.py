@@ -30,6 +30,8 @@ class EngineCollector:
             ("llm_constrained_tokens", s.constrained_tokens, "tokens sampled under a grammar mask"),
             ("llm_mixed_decode_steps", s.mixed_decode_steps, "decode steps shared by constrained and free rows"),
             ("llm_grammar_mask_seconds", s.mask_seconds, "time spent computing and applying grammar masks"),
+            ("llm_prefill_seconds", s.prefill_seconds, "time in prompt forward passes (decoding waits for them)"),
+            ("llm_decode_seconds", s.decode_seconds, "time in decode steps, sampling included"),
         ):
             family = CounterMetricFamily(name, doc)
             family.add_metric([], value)

@@ -209,6 +209,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=args.k,
                                             greedy=not args.sample, seed=args.seed,
                                             on_rollout=evaluation_progress(len(tasks) * args.k, time.monotonic()))
+            if isinstance(policy, InProcessPolicy):  # where the time went: prompts or decoding
+                stats = policy.stats
+                meta["engine"] = {"prompt_tokens": stats.prompt_tokens, "prefill_tokens": stats.prefill_tokens,
+                                  "shared_prefix_tokens": stats.shared_prefix_tokens,
+                                  "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
+                                  "prefill_s": round(stats.prefill_seconds, 3),
+                                  "decode_s": round(stats.decode_seconds, 3)}
         return result_json(summary, meta)
     finally:
         if policy is not None:

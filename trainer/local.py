@@ -33,7 +33,7 @@ from trainer.config import TrainerConfig
 from trainer.mechanisms import Mechanisms, step_batch_seed
 from trainer.metrics import MetricsLog
 from trainer.peers import EnvPeer, ExperiencePeer, JudgePeer, OutagePolicy, TaskPeer, merged_counters
-from trainer.policy import EndpointPolicy, InProcessPolicy, Policy
+from trainer.policy import EndpointPolicy, InProcessPolicy, Policy, engine_seconds
 from trainer.records import RolloutRecords
 from trainer.resilience import (
     EmptyStepError,
@@ -268,6 +268,7 @@ class LocalTrainer:
         assert self.policy is not None and self.env is not None
         started = time.monotonic()
         wide = self._evaluation_engine()
+        engine_before = engine_seconds(wide or self.policy)
         try:
             episodes = len(self.eval_tasks) * cfg.eval.k
             progress = evaluation_progress(episodes, started)
@@ -281,6 +282,10 @@ class LocalTrainer:
             self.evaluations[label] = summary
         metrics = summary.metrics("eval")
         metrics["time/eval_s"] = time.monotonic() - started
+        engine_after = engine_seconds(wide or self.policy)
+        if engine_before is not None and engine_after is not None:
+            metrics["time/eval_prefill_s"] = engine_after[0] - engine_before[0]
+            metrics["time/eval_decode_s"] = engine_after[1] - engine_before[1]
         return metrics
 
     def _evaluation_engine(self) -> InProcessPolicy | None:

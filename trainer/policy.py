@@ -101,6 +101,13 @@ class InProcessPolicy:
         await asyncio.to_thread(self.engine.close)
 
 
+def engine_seconds(policy: Any) -> tuple[float, float] | None:
+    """(prefill, decode) seconds an in-process policy's engine has spent so far; None for an endpoint."""
+    if not isinstance(policy, InProcessPolicy):
+        return None
+    return policy.stats.prefill_seconds, policy.stats.decode_seconds
+
+
 class EndpointError(RuntimeError):
     pass
 

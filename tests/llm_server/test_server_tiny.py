@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -185,6 +186,11 @@ def test_metrics_and_stats_agree(tiny_server: ServiceProcess) -> None:
     assert f"llm_generated_tokens_total {float(stats['generated_tokens'])}" in metrics
     assert f"llm_decode_steps_total {float(stats['decode_steps'])}" in metrics
     assert stats["forward_batches"] == stats["prefill_batches"] + stats["decode_steps"]
+    for phase in ("prefill", "decode"):  # where the engine's time goes, in both views
+        scraped = re.search(rf"^llm_{phase}_seconds_total (\S+)$", metrics, re.MULTILINE)
+        assert scraped is not None and stats[f"{phase}_seconds"] > 0
+        assert abs(float(scraped.group(1)) - stats[f"{phase}_seconds"]) < 1e-5
+    assert 0 < stats["prefill_tokens"] + stats["shared_prefix_tokens"] <= stats["prompt_tokens"]
 
 
 def test_unknown_model_spec_fails_at_start() -> None:

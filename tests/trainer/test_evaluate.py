@@ -48,6 +48,11 @@ def test_checkpoint_and_its_export_score_the_same(env_url, tmp_path, capsys):
     from_export = json.loads((tmp_path / "export.json").read_text())
 
     assert printed["policy"] == {"checkpoint": str(tmp_path / "checkpoints"), "step": 7}
+    # Where the engine's time went: every prompt token was computed once or copied as a shared prefix.
+    engine = from_checkpoint["engine"]
+    assert engine["prefill_tokens"] + engine["shared_prefix_tokens"] <= engine["prompt_tokens"]
+    assert engine["prefill_tokens"] > 0 and engine["generated_tokens"] >= TASKS * 2
+    assert engine["prefill_s"] > 0 and engine["decode_s"] > 0 and engine["decode_steps"] > 0
     assert from_checkpoint["tasks"] == TASKS and from_checkpoint["k"] == 2
     assert all(len(v) == 2 for v in from_checkpoint["per_task"].values())
     # Each sample's episode length, beside its outcome (2 turns at most here).
@@ -148,12 +153,12 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
     async def both(label: str) -> tuple[dict, dict]:
         trainer.config = config
         assert trainer._evaluation_engine() is None
-        await trainer.evaluate(f"{label}-rollout-engine")
+        timings.append(await trainer.evaluate(f"{label}-rollout-engine"))
         trainer.config = wide
         engine = trainer._evaluation_engine()
         assert engine is not None and engine.engine.max_batch == 16
         await engine.aclose()
-        await trainer.evaluate(f"{label}-wide")
+        timings.append(await trainer.evaluate(f"{label}-wide"))
         narrow, wider = trainer.evaluations[f"{label}-rollout-engine"], trainer.evaluations[f"{label}-wide"]
         return narrow.per_task_replies, wider.per_task_replies
 
@@ -169,6 +174,7 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
 
     from loguru import logger
 
+    timings: list[dict] = []
     progress: list[str] = []
     sink = logger.add(lambda message: progress.append(message.record["message"]), level="INFO",
                       filter=lambda record: record["message"].startswith("evaluation episodes"))
@@ -179,6 +185,11 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
     # Each of the four evaluations says how far it is about 8 times: 16 episodes (8 tasks x k 2), every 2nd.
     assert [line.split(":")[0] for line in progress] == [f"evaluation episodes {i}/16" for i in range(2, 17, 2)] * 4
     assert metrics["update/samples"] > 0 and len(start_narrow) == TASKS
+    # Each evaluation's own engine time (the rollout engine's counters run on: its share is a difference).
+    assert len(timings) == 4
+    for evaluation in timings:
+        assert 0 < evaluation["time/eval_prefill_s"] and 0 < evaluation["time/eval_decode_s"]
+        assert evaluation["time/eval_prefill_s"] + evaluation["time/eval_decode_s"] < evaluation["time/eval_s"]
     assert start_wide == start_narrow
     assert updated_wide == updated_narrow
     # lr 5e-2 on the tiny model changes its greedy replies: the second comparison is of new weights.
