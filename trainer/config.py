@@ -79,7 +79,8 @@ class EvalConfig(StrictModel):
     greedy: bool = True
     max_batch: int | None = Field(default=None, ge=1, description=(
         "in-process: rows generated together while evaluating, by an engine built for the evaluation and closed "
-        "after it (None: the rollout engine's policy.max_batch). Only the speed changes: each sample is seeded"))
+        "after it (None: the rollout engine's policy.max_batch); as many episodes run at once (at least "
+        "rollout.concurrency). Only the speed changes: each sample is seeded"))
 
 
 class CheckpointConfig(StrictModel):

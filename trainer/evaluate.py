@@ -64,7 +64,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-context", type=int, default=2048)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=16, help="episodes in flight at once")
+    parser.add_argument("--max-batch", type=int, default=32,
+                        help="in-process policy: rows its engine generates together (give --concurrency as many)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the in-process policy")
     parser.add_argument("--out", default=None, help="write the JSON result (with per-task scores) here")
     args = parser.parse_args(argv)
@@ -200,11 +202,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 meta["policy"] = {"endpoint": args.endpoint, "chat": False}
             elif args.checkpoint:
                 model, tokenizer, step = load_checkpoint_model(args.checkpoint, args.model)
-                policy = InProcessPolicy(model, tokenizer, threads=args.threads)
+                policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads)
                 meta["policy"] = {"checkpoint": str(args.checkpoint), "step": step}
             else:
                 model, tokenizer = load_model(args.model)
-                policy = InProcessPolicy(model, tokenizer, threads=args.threads)
+                policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads)
                 meta["policy"] = {"model": args.model}
             summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=args.k,
                                             greedy=not args.sample, seed=args.seed,
@@ -215,7 +217,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                   "shared_prefix_tokens": stats.shared_prefix_tokens,
                                   "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
                                   "prefill_s": round(stats.prefill_seconds, 3),
-                                  "decode_s": round(stats.decode_seconds, 3)}
+                                  "decode_s": round(stats.decode_seconds, 3),
+                                  "max_rows_in_batch": stats.max_rows_in_batch}
         return result_json(summary, meta)
     finally:
         if policy is not None:

@@ -272,8 +272,13 @@ class LocalTrainer:
         try:
             episodes = len(self.eval_tasks) * cfg.eval.k
             progress = evaluation_progress(episodes, started)
+            # A wider engine fills only with as many episodes in flight as it has rows (rollout.concurrency
+            # alone kept a 128-row engine at 32 rows).
+            rollout = (cfg.rollout if wide is None else
+                       cfg.rollout.model_copy(update={"concurrency": max(cfg.rollout.concurrency,
+                                                                         wide.engine.max_batch)}))
             summary = await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate, self.tokenizer,
-                                            cfg.rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17,
+                                            rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17,
                                             on_rollout=progress)
         finally:
             if wide is not None:

@@ -131,7 +131,8 @@ def test_training_through_a_served_endpoint_pushes_each_update(env_url, tmp_path
     assert all(r["rollout/version_lag_max"] == 0.0 for r in records)
 
 
-def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine_current(env_url, tmp_path):
+def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine_current(env_url, tmp_path,
+                                                                                          monkeypatch):
     """eval.max_batch evaluates on an engine of its own: the same greedy replies as the rollout engine's,
     before and after an update, and the rollout engine still serves the updated weights afterwards."""
     import asyncio
@@ -142,7 +143,8 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
     config = TrainerConfig.model_validate({
         "model": "tiny", "seed": 0, "steps": 1, "tasks_per_step": 2, "output_dir": str(tmp_path / "run"),
         "torch_threads": 1, "progress": False, "tensorboard": False, "plot": False,
-        "rollout": {"env": "signal", "n": 2, "max_turns": 2, "max_new_tokens": 3, "max_context": 256},
+        "rollout": {"env": "signal", "n": 2, "max_turns": 2, "max_new_tokens": 3, "max_context": 256,
+                    "concurrency": 4},
         "policy": {"max_batch": 2, "threads": 1, "dtype": "float32"},
         "optim": {"lr": 5e-2, "minibatches": 1}, "services": {"env_url": env_url},
         "eval": {"split": "test", "tasks": TASKS, "k": 2, "greedy": True, "before": False, "after": False},
@@ -174,14 +176,25 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
 
     from loguru import logger
 
+    from trainer.local import evaluate_policy as real_evaluate
+
+    in_flight: list[int] = []  # episodes each evaluation runs at once (the real evaluate_policy still runs)
+
+    async def spy(*args, **kwargs):
+        in_flight.append(args[4].concurrency)
+        return await real_evaluate(*args, **kwargs)
+
     timings: list[dict] = []
     progress: list[str] = []
     sink = logger.add(lambda message: progress.append(message.record["message"]), level="INFO",
                       filter=lambda record: record["message"].startswith("evaluation episodes"))
+    monkeypatch.setattr("trainer.local.evaluate_policy", spy)
     try:
         (start_narrow, start_wide), (updated_narrow, updated_wide), metrics = asyncio.run(scenario())
     finally:
         logger.remove(sink)
+    # The 16-row engine gets 16 episodes at once, not rollout.concurrency's 4; the rollout engine keeps 4.
+    assert in_flight == [4, 16, 4, 16]
     # Each of the four evaluations says how far it is about 8 times: 16 episodes (8 tasks x k 2), every 2nd.
     assert [line.split(":")[0] for line in progress] == [f"evaluation episodes {i}/16" for i in range(2, 17, 2)] * 4
     assert metrics["update/samples"] > 0 and len(start_narrow) == TASKS

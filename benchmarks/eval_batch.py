@@ -1,0 +1,108 @@
+"""How fast is a held-out evaluation at each engine width, and where does its time go (prompts or decoding)?
+
+    .venv/bin/python benchmarks/eval_batch.py [--rows 32,128] [--tasks 32] [--k 4] [--split validation]
+        [--out benchmarks/results/eval-batch-smollm2.json]
+
+Starts `python -m env_service` with flights tier 1 (the quickstart's environment) and evaluates SmolLM2 through
+the trainer's own path (`trainer.rollout.evaluate_policy`, what the quickstart's before and after evaluations
+run) once per engine width, with as many episodes in flight as the engine has rows. The rollout sizes and the
+sampling temperature are the quickstart's (`examples/quickstart.yaml`). Each sample is seeded, so every width
+should give the same replies; the JSON says whether it did. Per width: wall time, the engine's prefill and
+decode seconds, prompt tokens (computed, and copied as shared prefixes), generated tokens, the most rows seen
+in one batch, avg@k. Prints one JSON line. Default split: validation (a timing run has no business on test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import yaml  # noqa: E402
+
+from common.models import load_model  # noqa: E402
+from common.schemas import Task  # noqa: E402
+from tests.helpers import REPO, run_service  # noqa: E402
+from trainer.peers import EnvPeer  # noqa: E402
+from trainer.policy import InProcessPolicy  # noqa: E402
+from trainer.rollout import evaluate_policy, evaluation_progress  # noqa: E402
+from trainer.settings import RolloutConfig  # noqa: E402
+
+
+def quickstart_rollout() -> RolloutConfig:
+    return RolloutConfig.model_validate(yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+                                        ["trainer"]["rollout"])
+
+
+async def evaluate_at(width: int, model: Any, tokenizer: Any, env: EnvPeer, tasks: list[Task], k: int,
+                      threads: int, seed: int) -> dict[str, Any]:
+    rollout = quickstart_rollout().model_copy(update={"concurrency": width})
+    policy = InProcessPolicy(model, tokenizer, max_batch=width, threads=threads)
+    started = time.monotonic()
+    try:
+        summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, rollout, k=k, greedy=False,
+                                        seed=seed, on_rollout=evaluation_progress(len(tasks) * k, started))
+    finally:
+        await policy.aclose()
+    wall = time.monotonic() - started
+    stats = policy.stats
+    return {"rows": width, "wall_s": round(wall, 1), "prefill_s": round(stats.prefill_seconds, 1),
+            "decode_s": round(stats.decode_seconds, 1), "prompt_tokens": stats.prompt_tokens,
+            "prefill_tokens": stats.prefill_tokens, "shared_prefix_tokens": stats.shared_prefix_tokens,
+            "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
+            "max_rows_in_batch": stats.max_rows_in_batch,
+            "decode_tokens_per_s": round(stats.generated_tokens / max(stats.decode_seconds, 1e-9), 1),
+            f"avg@{k}": round(summary.avg_at_k, 4), "invalid_action_rate": round(summary.invalid_action_rate, 4),
+            "replies": summary.per_task_replies}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    threads = args.threads
+    model, tokenizer = load_model("smollm2")
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "env.yaml"
+        conf.write_text(yaml.safe_dump({"env_service": {"environments": {"flights": {"tiers": [1]}}}}))
+        with run_service("env_service", ["--conf", str(conf), "--log-level", "WARNING"], timeout=300) as service:
+            env = EnvPeer(service.url)
+            try:
+                ids = (await env.task_ids("flights", args.split))[:args.tasks]
+                tasks = [Task(task_id=t, env_type="flights", split=args.split) for t in ids]
+                runs = [await evaluate_at(width, model, tokenizer, env, tasks, args.k, threads, args.seed)
+                        for width in args.rows]
+            finally:
+                await env.aclose()
+    replies = [run.pop("replies") for run in runs]
+    return {"benchmark": "eval_batch", "model": "smollm2", "env": "flights tier 1", "split": args.split,
+            "tasks": len(tasks), "k": args.k, "temperature": quickstart_rollout().temperature,
+            "threads": threads, "load_average": os.getloadavg(), "runs": runs,
+            "same_replies_at_every_width": all(r == replies[0] for r in replies[1:])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="32,128", help="engine widths, comma-separated")
+    parser.add_argument("--tasks", type=int, default=32)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--split", default="validation", choices=["validation", "test"])
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (the quickstart's trainer has 2)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    args.rows = [int(r) for r in args.rows.split(",")]
+    result = asyncio.run(main_async(args))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
