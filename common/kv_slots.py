@@ -142,6 +142,22 @@ class SlotCache:
         self._copy_row(src, dst)
         return dst
 
+    def export_row(self, slot: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of slot `slot`'s cached keys and values, per layer [kv_heads, length, head_dim]."""
+        length = int(self.lengths[slot])
+        return ([k[slot, :, :length].clone() for k in self.keys], [v[slot, :, :length].clone() for v in self.values])
+
+    def load_row(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
+        """A new row holding exported keys and values (`export_row`); returns its slot."""
+        dst, length = self.rows, keys[0].shape[1]
+        self._reserve(dst + 1, length)
+        for layer in range(self.layers):
+            self.keys[layer][dst, :, :length] = keys[layer]
+            self.values[layer][dst, :, :length] = values[layer]
+        self.lengths = torch.cat([self.lengths[:dst], torch.tensor([length], dtype=torch.long)])
+        self.rows += 1
+        return dst
+
     def _copy_row(self, src: int, dst: int) -> None:
         length = int(self.lengths[src])
         for keys, values in zip(self.keys, self.values, strict=True):

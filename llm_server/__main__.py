@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         model, tokenizer = load_from_directory(model_dir, dtype=_torch_dtype(settings.dtype))
         engine = Engine(model, tokenizer, max_batch=settings.max_batch,
-                        batch_window_s=settings.batch_window_ms / 1000, threads=threads)
+                        batch_window_s=settings.batch_window_ms / 1000, threads=threads,
+                        prefix_cache_bytes=settings.prefix_cache_mb << 20)
     except (ModelLoadError, ValueError) as exc:
         sys.exit(f"llm_server: {exc}")
     name = settings.served_model_name or settings.model

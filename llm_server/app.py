@@ -130,6 +130,7 @@ def build_app(served: ServedModel) -> FastAPI:
             "kv_peak_bytes": s.kv_peak_bytes, "kv_reallocations": s.kv_reallocations,
             "prefill_tokens": s.prefill_tokens, "shared_prefix_tokens": s.shared_prefix_tokens,
             "prefill_seconds": round(s.prefill_seconds, 6), "decode_seconds": round(s.decode_seconds, 6),
+            "resumed_rows": s.resumed_rows, "reused_prefix_tokens": s.reused_prefix_tokens,
             "structured_outputs": _structured_stats(served),
         }
 

@@ -32,6 +32,8 @@ class EngineCollector:
             ("llm_grammar_mask_seconds", s.mask_seconds, "time spent computing and applying grammar masks"),
             ("llm_prefill_seconds", s.prefill_seconds, "time in prompt forward passes (decoding waits for them)"),
             ("llm_decode_seconds", s.decode_seconds, "time in decode steps, sampling included"),
+            ("llm_resumed_rows", s.resumed_rows, "requests resumed from a finished request's kept cache"),
+            ("llm_reused_prefix_tokens", s.reused_prefix_tokens, "prompt tokens taken from kept caches"),
         ):
             family = CounterMetricFamily(name, doc)
             family.add_metric([], value)

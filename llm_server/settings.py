@@ -20,6 +20,9 @@ class LLMServerSettings(ServiceSettings):
     max_batch: int = Field(default=32, ge=1, description=(
         "rows (sequences) decoded together at most: a GRPO batch of 8 tasks x 4 rollouts decodes as one"))
     batch_window_ms: float = Field(default=10.0, ge=0, description="how long an idle server waits for company")
+    prefix_cache_mb: int = Field(default=256, ge=0, description=(
+        "MiB of finished requests' caches kept: a request that repeats one's prompt and reply and appends "
+        "to them (an agent's next turn) prefills only what it appended; 0: off"))
     threads: int | None = Field(default=None, ge=1, description="torch threads (default: all cores)")
     default_max_tokens: int = Field(default=512, ge=1, description="max_tokens of a chat request that gives none")
     max_request_tokens: int = Field(default=32768, ge=1, description="limit on n * max_tokens of one request")

@@ -18,6 +18,9 @@ class PolicyConfig(StrictModel):
     api_key_env: str | None = Field(default=None, description="environment variable holding the endpoint's key")
     max_batch: int = Field(default=32, ge=1, description="in-process: rows generated together")
     threads: int | None = Field(default=None, ge=1, description="in-process: torch threads of the engine")
+    prefix_cache_mb: int = Field(default=1024, ge=0, description=(
+        "in-process: MiB of finished rows' caches kept for the episode's next turn, which then prefills only "
+        "its new tokens (an observation) instead of the whole conversation; 0: off"))
     dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description=(
         "in-process: the engine's weights; auto: bfloat16 on a CPU that computes it natively (avx512_bf16 or "
         "AMX), else the training dtype. bf16 rollout log-probs are not the update's numerics, so the update "

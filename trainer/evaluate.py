@@ -67,6 +67,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16, help="episodes in flight at once")
     parser.add_argument("--max-batch", type=int, default=32,
                         help="in-process policy: rows its engine generates together (give --concurrency as many)")
+    parser.add_argument("--prefix-cache-mb", type=int, default=1024,
+                        help="in-process policy: MiB of caches kept for an episode's next turn (0: off)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the in-process policy")
     parser.add_argument("--out", default=None, help="write the JSON result (with per-task scores) here")
     args = parser.parse_args(argv)
@@ -202,11 +204,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 meta["policy"] = {"endpoint": args.endpoint, "chat": False}
             elif args.checkpoint:
                 model, tokenizer, step = load_checkpoint_model(args.checkpoint, args.model)
-                policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads)
+                policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads,
+                                         prefix_cache_mb=args.prefix_cache_mb)
                 meta["policy"] = {"checkpoint": str(args.checkpoint), "step": step}
             else:
                 model, tokenizer = load_model(args.model)
-                policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads)
+                policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads,
+                                         prefix_cache_mb=args.prefix_cache_mb)
                 meta["policy"] = {"model": args.model}
             summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=args.k,
                                             greedy=not args.sample, seed=args.seed,
@@ -218,6 +222,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                   "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
                                   "prefill_s": round(stats.prefill_seconds, 3),
                                   "decode_s": round(stats.decode_seconds, 3),
+                                  "resumed_rows": stats.resumed_rows,
+                                  "reused_prefix_tokens": stats.reused_prefix_tokens,
                                   "max_rows_in_batch": stats.max_rows_in_batch}
         return result_json(summary, meta)
     finally:

@@ -310,6 +310,7 @@ class LocalTrainer:
         cfg = self.config
         return InProcessPolicy(lora.merged_copy(self.model), self.tokenizer, max_batch=max_batch,
                                threads=cfg.policy.threads, policy_version=policy_version,
+                               prefix_cache_mb=cfg.policy.prefix_cache_mb,
                                dtype=rollout_dtype(cfg.policy.dtype, self.device))
 
     async def _collect_step(self, step: int) -> CollectedStep:

@@ -63,7 +63,7 @@ class InProcessPolicy:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch: int = 32, threads: int | None = None,
-                 policy_version: int = 0, dtype: torch.dtype | None = None) -> None:
+                 policy_version: int = 0, dtype: torch.dtype | None = None, prefix_cache_mb: int = 0) -> None:
         import copy
 
         serving = copy.deepcopy(model).eval()
@@ -75,7 +75,8 @@ class InProcessPolicy:
         # The rollout's log-probs can stand for the update's old log-probs only under the training numerics:
         # bf16 weights shift them by ~1e-2 (the update's fp32 recompute matches to 1e-3).
         self.exact_logprobs = next(serving.parameters()).dtype == train_dtype
-        self.engine = Engine(serving, tokenizer, max_batch=max_batch, threads=threads, policy_version=policy_version)
+        self.engine = Engine(serving, tokenizer, max_batch=max_batch, threads=threads, policy_version=policy_version,
+                             prefix_cache_bytes=prefix_cache_mb << 20)
 
     @property
     def policy_version(self) -> int:

@@ -147,3 +147,14 @@ def test_capacity_stays_readable_from_another_thread_while_the_cache_grows_and_f
         sys.setswitchinterval(interval)
     assert not errors, errors[0]
     assert seen <= {(0, 0), (4, 64)} and (4, 64) in seen
+
+
+def test_an_exported_row_loads_back_as_a_new_row_with_its_tokens() -> None:
+    cache = _filled([2, 4])
+    keys, values = cache.export_row(1)
+    assert [k.shape for k in keys] == [torch.Size([1, 4, 2])] * CONFIG.num_hidden_layers  # its 4 tokens only
+    cache.remove([0, 1])  # the batch empties and its buffers are freed; the export is a copy
+    assert cache.capacity == (0, 0) and keys[0][0, :, 0].tolist() == [2, 2, 2, 2]
+    slot = cache.load_row(keys, values)
+    assert slot == 0 and cache.rows == 1 and cache.lengths.tolist() == [4]
+    assert cache.keys[1][0, 0, :5, 0].tolist() == [2, 2, 2, 2, 0] and cache.values[0][0, 0, :4, 1].tolist() == [2] * 4
