@@ -231,3 +231,24 @@ def test_settings_come_from_the_yaml_section(tiny_server: ServiceProcess, tmp_pa
     done = subprocess.run([sys.executable, "-m", "llm_server", "--port", "1", "--conf", str(conf)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "llm_server.modle" in done.stderr
+
+
+def test_a_token_id_conversation_resumes_its_next_turn_over_http(tiny_server: ServiceProcess) -> None:
+    tok = load_model("tiny")[1]
+    prompt = tok.apply_chat_template(
+        [{"role": "system", "content": "You are an agent in a house. Call one tool per turn, then answer."},
+         {"role": "user", "content": "open the red box in the attic"}],
+        add_generation_prompt=True, tokenize=True, return_dict=False)
+    body = {"model": "tiny", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    before = httpx.get(f"{tiny_server.url}/v1/stats").json()
+    first = _post(tiny_server, "/v1/completions", {**body, "prompt_token_ids": prompt}).json()
+    reply = first["choices"][0]["token_ids"]
+    observation = tok.encode("<|im_end|>\n<|im_start|>user\nthe box is locked<|im_end|>\n<|im_start|>assistant\n")
+    second = _post(tiny_server, "/v1/completions", {**body, "prompt_token_ids": prompt + reply + observation})
+    assert second.status_code == 200, second.text
+    after = httpx.get(f"{tiny_server.url}/v1/stats").json()
+    assert after["resumed_rows"] - before["resumed_rows"] == 1
+    # The kept cache held the first prompt and the reply but its last token (sampled, never fed).
+    assert after["reused_prefix_tokens"] - before["reused_prefix_tokens"] == len(prompt) + len(reply) - 1
+    metrics = httpx.get(f"{tiny_server.url}/metrics").text
+    assert f"llm_resumed_rows_total {float(after['resumed_rows'])}" in metrics
