@@ -36,7 +36,7 @@ from common.models import load_model  # noqa: E402
 from common.schemas import Task  # noqa: E402
 from tests.helpers import REPO, run_service  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
-from trainer.policy import InProcessPolicy  # noqa: E402
+from trainer.policy import InProcessPolicy, engine_usage  # noqa: E402
 from trainer.rollout import evaluate_policy, evaluation_progress  # noqa: E402
 from trainer.settings import RolloutConfig  # noqa: E402
 
@@ -58,12 +58,7 @@ async def evaluate_at(width: int, prefix_cache_mb: int, model: Any, tokenizer: A
         await policy.aclose()
     wall = time.monotonic() - started
     stats = policy.stats
-    return {"rows": width, "prefix_cache_mb": prefix_cache_mb, "wall_s": round(wall, 1), "prefill_s": round(stats.prefill_seconds, 1),
-            "decode_s": round(stats.decode_seconds, 1), "prompt_tokens": stats.prompt_tokens,
-            "prefill_tokens": stats.prefill_tokens, "shared_prefix_tokens": stats.shared_prefix_tokens,
-            "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
-            "max_rows_in_batch": stats.max_rows_in_batch, "resumed_rows": stats.resumed_rows,
-            "reused_prefix_tokens": stats.reused_prefix_tokens,
+    return {"rows": width, "prefix_cache_mb": prefix_cache_mb, "wall_s": round(wall, 1), **engine_usage(stats),
             "turns_per_episode": round(sum(sum(v) for v in summary.per_task_steps.values()) / (len(tasks) * k), 3),
             "decode_tokens_per_s": round(stats.generated_tokens / max(stats.decode_seconds, 1e-9), 1),
             f"avg@{k}": round(summary.avg_at_k, 4), "invalid_action_rate": round(summary.invalid_action_rate, 4),
@@ -71,7 +66,6 @@ async def evaluate_at(width: int, prefix_cache_mb: int, model: Any, tokenizer: A
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    threads = args.threads
     if args.checkpoint:
         from trainer.evaluate import load_checkpoint_model
 
@@ -86,14 +80,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 ids = (await env.task_ids("flights", args.split))[:args.tasks]
                 tasks = [Task(task_id=t, env_type="flights", split=args.split) for t in ids]
-                runs = [await evaluate_at(width, budget, model, tokenizer, env, tasks, args.k, threads, args.seed)
+                runs = [await evaluate_at(width, budget, model, tokenizer, env, tasks, args.k, args.threads, args.seed)
                         for width in args.rows for budget in args.prefix_cache_mb]
             finally:
                 await env.aclose()
     replies = [run.pop("replies") for run in runs]
     return {"benchmark": "eval_batch", "model": args.checkpoint or "smollm2", "env": "flights tier 1", "split": args.split,
             "tasks": len(tasks), "k": args.k, "temperature": quickstart_rollout().temperature,
-            "threads": threads, "load_average": os.getloadavg(), "runs": runs,
+            "threads": args.threads, "load_average": os.getloadavg(), "runs": runs,
             "same_replies_in_every_run": all(r == replies[0] for r in replies[1:]),
             "samples_that_differ_from_the_first_run": [
                 sum(a != b for t in replies[0] for a, b in zip(replies[0][t], other[t], strict=True))

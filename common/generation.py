@@ -272,12 +272,15 @@ class Engine:
                     if self._updates and not self._rows:
                         self._apply_updates()
                     began = time.perf_counter()
-                    admitted = self._admit()
-                    resumed = [(job, kept) for job in admitted if (kept := self._take_kept(job)) is not None]
+                    resumed, fresh = [], []
+                    for job in self._admit():
+                        kept = self._take_kept(job)
+                        if kept is None:
+                            fresh.append(job)
+                        else:
+                            resumed.append((job, kept))
                     if resumed:
                         self._resume(resumed)
-                    taken = {id(job) for job, _ in resumed}
-                    fresh = [job for job in admitted if id(job) not in taken]
                     for group in _prefill_groups(fresh, self.prefill_token_budget):
                         self._prefill(group)
                     prefilled = time.perf_counter()
@@ -596,13 +599,8 @@ class Engine:
         if not self._kept or job.params.n != 1:
             return None
         prompt = tuple(job.prompt_ids)
-
-        def begins(tokens: tuple[int, ...]) -> bool:
-            # Conversations share their system prompt: compare where they part first (their last 16 tokens).
-            end = len(tokens)
-            return end < len(prompt) and prompt[end - 16:end] == tokens[-16:] and prompt[:end] == tokens
-
-        best = max((serial for serial, kept in self._kept.items() if begins(kept.tokens)),
+        best = max((serial for serial, kept in self._kept.items()
+                    if len(kept.tokens) < len(prompt) and prompt[:len(kept.tokens)] == kept.tokens),
                    key=lambda serial: len(self._kept[serial].tokens), default=None)
         return self._forget(best) if best is not None else None
 

@@ -195,7 +195,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             meta["policy"] = {"endpoint": args.endpoint, "chat": True}
         else:
             from common.models import load_model
-            from trainer.policy import EndpointPolicy, InProcessPolicy
+            from trainer.policy import EndpointPolicy, InProcessPolicy, engine_usage
 
             if args.endpoint:
                 _, tokenizer = load_model(args.tokenizer or args.model or "smollm2")
@@ -215,16 +215,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=args.k,
                                             greedy=not args.sample, seed=args.seed,
                                             on_rollout=evaluation_progress(len(tasks) * args.k, time.monotonic()))
-            if isinstance(policy, InProcessPolicy):  # where the time went: prompts or decoding
-                stats = policy.stats
-                meta["engine"] = {"prompt_tokens": stats.prompt_tokens, "prefill_tokens": stats.prefill_tokens,
-                                  "shared_prefix_tokens": stats.shared_prefix_tokens,
-                                  "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
-                                  "prefill_s": round(stats.prefill_seconds, 3),
-                                  "decode_s": round(stats.decode_seconds, 3),
-                                  "resumed_rows": stats.resumed_rows,
-                                  "reused_prefix_tokens": stats.reused_prefix_tokens,
-                                  "max_rows_in_batch": stats.max_rows_in_batch}
+            if isinstance(policy, InProcessPolicy):
+                meta["engine"] = engine_usage(policy.stats)
         return result_json(summary, meta)
     finally:
         if policy is not None:

@@ -102,6 +102,16 @@ class InProcessPolicy:
         await asyncio.to_thread(self.engine.close)
 
 
+def engine_usage(stats: Any) -> dict[str, Any]:
+    """Where an engine's work went (`EngineStats`): prompt tokens computed, copied or resumed, and the time
+    spent on prompts against decoding."""
+    return {"prompt_tokens": stats.prompt_tokens, "prefill_tokens": stats.prefill_tokens,
+            "shared_prefix_tokens": stats.shared_prefix_tokens, "resumed_rows": stats.resumed_rows,
+            "reused_prefix_tokens": stats.reused_prefix_tokens, "generated_tokens": stats.generated_tokens,
+            "decode_steps": stats.decode_steps, "max_rows_in_batch": stats.max_rows_in_batch,
+            "prefill_s": round(stats.prefill_seconds, 3), "decode_s": round(stats.decode_seconds, 3)}
+
+
 def engine_seconds(policy: Any) -> tuple[float, float] | None:
     """(prefill, decode) seconds an in-process policy's engine has spent so far; None for an endpoint."""
     if not isinstance(policy, InProcessPolicy):
