@@ -1,7 +1,7 @@
 """A validation probe of the self-evolving loop's setting (issue 14): does it give the trainer an outcome signal,
 and does a short run move validation success without experience?
 
-    .venv/bin/python benchmarks/loop_probe.py --name NAME [--tiers 1:3,2:1] [--seed-per-kind 4]
+    .venv/bin/python benchmarks/loop_probe.py --name NAME [--version 1|2] [--tiers 1:3,2:1] [--seed-per-kind 4]
         [--demo-format python|tool_call] [--start-tasks 14 --start-n 4] [--steps 8 --tasks-per-step 4 --n 4
         --eta 0.5 --lr 1e-5 --temperature 1.0] [--eval-tasks 40] [--out benchmarks/results/ablation/flights/explore/probes]
 
@@ -227,7 +227,9 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
     steps = {r["step"]: r for r in records if r.get("step", 0) > 0}
     keys = ("rollout/reward_mean", "train/grad_norm", "time/step_s")
     nav = (summary.get("mechanisms") or {}).get("self_navigating") or {}
+    flights = FlightsEnvironment(env_config(args))
     return {"exit": code, "seconds": round(seconds, 1), "config": conf["trainer"], "eval": summary.get("eval"),
+            "by_kind": by_kind(flights, (summary.get("eval") or {}).get("per_task") or {}),
             "training": summary.get("training"),
             "per_step": {s: {k: round(r[k], 4) for k in keys if k in r} for s, r in sorted(steps.items())},
             "self_navigating": {k: nav.get(k) for k in ("retrievals", "hits", "injected_rollouts", "turns_injected",
@@ -235,15 +237,71 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
                                                          "demonstrations_dropped")}}
 
 
+async def demonstrations_shown(em_url: str, workspace: str, flights: FlightsEnvironment,
+                               run_dir: Path) -> dict[str, Any]:
+    """Which demonstration kind every training rollout given experience was shown (from the run's rollout index
+    and the pool's provenance): counts per (task kind, shown kind) and the same-kind share."""
+    from experience_manager.client import ExperienceClient
+
+    async with ExperienceClient(em_url) as pool:
+        experiences = await pool.list_experiences(workspace, limit=1000)
+    kinds_of = {e.experience_id: sorted({flights.task(t).kind for t in e.provenance.task_ids}) for e in experiences}
+    index = run_dir / "rollouts" / "index.jsonl"
+    pairs: dict[str, int] = {}
+    shown = same = 0
+    for line in index.read_text().splitlines() if index.is_file() else []:
+        entry = json.loads(line)
+        if not entry["experience_flag"]:
+            continue
+        kind = flights.task(entry["task_id"]).kind
+        demo = [k for e in entry["experience_ids"] for k in kinds_of.get(e, ["unknown"])]
+        shown += 1
+        same += int(demo == [kind])
+        key = f"{kind} <- {'+'.join(demo) or 'none'}"
+        pairs[key] = pairs.get(key, 0) + 1
+    return {"rollouts_shown": shown, "same_kind": same, "same_kind_share": same / shown if shown else None,
+            "pairs": dict(sorted(pairs.items()))}
+
+
+def env_config(args: argparse.Namespace) -> dict[str, Any]:
+    config: dict[str, Any] = {"tiers": tier_weights(args.tiers)}
+    if args.version != 1:
+        config["version"] = args.version
+    return config
+
+
+def by_kind(flights: FlightsEnvironment, per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Before and after per task kind: tasks solved (avg@k summed), episodes with a tool call, and the paired
+    change with its 95% interval."""
+    from trainer.summary import interval
+
+    kinds: dict[str, dict[str, Any]] = {}
+    before, after = (per_task.get(n, {}).get("outcomes", {}) for n in ("before", "after"))
+    for task_id in sorted(set(before) | set(after)):
+        row = kinds.setdefault(flights.task(task_id).kind, {"tasks": 0, "before": 0.0, "after": 0.0, "deltas": [],
+                                                            "called_before": 0, "called_after": 0, "episodes": 0})
+        row["tasks"] += 1
+        rates = {n: sum(o >= 1.0 for o in v[task_id]) / len(v[task_id]) for n, v in (("before", before),
+                                                                                    ("after", after)) if task_id in v}
+        for name, rate in rates.items():
+            row[name] += rate
+            row[f"called_{name}"] += sum(per_task[name]["called"].get(task_id, []))
+        row["episodes"] += len(after.get(task_id, before.get(task_id, [])))
+        if len(rates) == 2:
+            row["deltas"].append(rates["after"] - rates["before"])
+    for row in kinds.values():
+        row["delta"] = interval(row.pop("deltas"), (-1.0, 1.0))
+    return kinds
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    env_config = {"tiers": tier_weights(args.tiers)}
-    flights = FlightsEnvironment(env_config)
+    flights = FlightsEnvironment(env_config(args))
     result: dict[str, Any] = {"benchmark": "loop_probe", "name": args.name, "split": "validation",
-                              "env_config": {"tiers": args.tiers}, "args": vars(args),
+                              "env_config": {"tiers": args.tiers, "version": args.version}, "args": vars(args),
                               "load_avg_start": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config}}}))
+        (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config(args)}}}))
         (tmp / "em.yaml").write_text(yaml.safe_dump({"experience_manager": {"summary": {"mode": "heuristic"}}}))
         with run_service("env_service", ["--conf", str(tmp / "env.yaml"), "--log-level", "WARNING"],
                          timeout=300) as env_service, \
@@ -263,6 +321,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await env.aclose()
             if args.steps:
                 result["train"] = await asyncio.to_thread(train_phase, env_service.url, em.url, "probe", args)
+                result["demonstrations_shown"] = await demonstrations_shown(em.url, "probe", flights,
+                                                                            REPO / "runs" / "probes" / args.name)
     result["load_avg_end"] = os.getloadavg()
     return result
 
@@ -270,6 +330,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True)
+    parser.add_argument("--version", type=int, default=1, choices=[1, 2], help="flights version (2: a world per task)")
     parser.add_argument("--tiers", default="1", help="flights tiers and shares, e.g. 1:3,2:1")
     parser.add_argument("--seed-per-kind", type=int, default=4, help="train references per task kind in the pool")
     parser.add_argument("--demo-format", choices=("python", "tool_call"), default="python")

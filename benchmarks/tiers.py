@@ -1,9 +1,9 @@
 """Where can SmolLM2 learn on flights? Its starting success per tier, zero-shot and with one demonstration.
 
-    .venv/bin/python benchmarks/tiers.py [--tiers 1,2,3] [--tasks 0] [--max-turns 4] [--max-new-tokens 64]
+    .venv/bin/python benchmarks/tiers.py [--version 1|2] [--tiers 1,2,3] [--tasks 0] [--max-turns 4] [--max-new-tokens 64]
         [--conditions zero_shot,one_case,one_demo] [--k 1 --temperature 0] [--out benchmarks/results/tiers-smollm2.json]
 
-Starts `python -m env_service` with `flights: {tiers: [...]}` and evaluates SmolLM2-135M-Instruct on the
+Starts `python -m env_service` with `flights: {version: ..., tiers: [...]}` and evaluates SmolLM2-135M-Instruct on the
 validation split (the first `--tasks` ids, 0: all) through the trainer's own path (`trainer.rollout`:
 context template, prompts, env create/step/evaluate over HTTP), without grammar. Conditions:
 - `zero_shot`: `evaluate_policy`, no experience (what the trainer's evaluation does); greedy, or avg@k and
@@ -15,7 +15,8 @@ context template, prompts, env create/step/evaluate over HTTP), without grammar.
   manager's retrieve route returns for its query: the top hit's demonstration as earlier chat turns (text
   when no hit has one, counted), eta = 1. Reported with it: which synthetic kind and form each validation
   task was shown, and how many successes had a demonstration stating the validation task's own answer (the
-  train and held-out tasks share one world, so a demonstration about the same passenger or route can carry it);
+  train and held-out tasks share one world in v1, so a demonstration about the same passenger or route can
+  carry it; in v2 every task has its own world);
 - `one_case` / `one_demo` (greedy): the same episodes with one experience injected the way training injects
   it (`collect_groups`, eta = 1), made from a solved *train-split* task of the same kind, its reference
   calls replayed against the environment over HTTP so the observations are real (never a validation or
@@ -141,7 +142,8 @@ class Demonstrations:
         return (text, ["demo"]) if text is not None else None
 
 
-def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers: dict[str, str]) -> dict[str, Any]:
+def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers: dict[str, str],
+          per_task_called: dict[str, list[bool]] | None = None) -> dict[str, Any]:
     by_tier: dict[str, list[float]] = {}
     by_kind: dict[str, list[float]] = {}
     called: dict[str, list[float]] = {}
@@ -157,8 +159,19 @@ def table(flights: FlightsEnvironment, per_task: dict[str, list[float]], answers
     def rate(values: dict[str, list[float]]) -> dict[str, Any]:
         return {k: {"success": round(sum(v) / len(v), 3), "solved": round(sum(v), 2), "tasks": len(v)}
                 for k, v in sorted(values.items())}
-    return {"by_tier": rate(by_tier), "by_kind": rate(by_kind),
-            "last_action_is_call_by_tier": {k: round(sum(v) / len(v), 3) for k, v in sorted(called.items())}}
+    out = {"by_tier": rate(by_tier), "by_kind": rate(by_kind),
+           "last_action_is_call_by_tier": {k: round(sum(v) / len(v), 3) for k, v in sorted(called.items())}}
+    if per_task_called:  # episodes that made a valid tool call, and successes that did
+        episodes: dict[str, list[bool]] = {}
+        successes: dict[str, list[bool]] = {}
+        for task_id, flags in per_task_called.items():
+            kind = flights.task(task_id).kind
+            episodes.setdefault(kind, []).extend(flags)
+            successes.setdefault(kind, []).extend(f for f, o in zip(flags, per_task[task_id], strict=False) if o >= 1.0)
+        out["episodes_with_tool_call_by_kind"] = {k: round(sum(v) / len(v), 3) for k, v in sorted(episodes.items())}
+        out["successes_with_tool_call_by_kind"] = {k: round(sum(v) / len(v), 3) if v else None
+                                                   for k, v in sorted(successes.items())}
+    return out
 
 
 async def with_experience(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any, config: RolloutConfig,
@@ -307,6 +320,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     tiers = [int(t) for t in args.tiers.split(",")]
     env_config: dict[str, Any] = {"tiers": tiers}
+    if args.version != 1:
+        env_config["version"] = args.version
     if args.prompt_example:
         env_config["prompt_example"] = True
     flights = FlightsEnvironment(env_config)
@@ -346,7 +361,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["zero_shot"] = {"success": round(zero.avg_at_k, 3), "k": args.k,
                                            "temperature": args.temperature, f"avg@{args.k}": round(zero.avg_at_k, 3),
                                            f"best@{args.k}": round(zero.best_at_k, 3),
-                                           **table(flights, zero.per_task, zero.per_task_answer),
+                                           **table(flights, zero.per_task, zero.per_task_answer,
+                                                   zero.per_task_called),
                                            "examples": {t: zero.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
                     result["zero_shot_seconds"] = round(time.monotonic() - started, 1)
                     checkpoint(args.out, result)
@@ -363,7 +379,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     turns_env = DemoTurnsEnv(env, flights, {kind: d[2] for kind, d in demos.items()})
                     shown = await evaluate_policy(tasks, turns_env, policy.generate, tokenizer, config, k=1, greedy=True)
                     result["demo_turns"] = {"success": round(shown.avg_at_k, 3),
-                                            **table(flights, shown.per_task, shown.per_task_answer),
+                                            **table(flights, shown.per_task, shown.per_task_answer,
+                                                    shown.per_task_called),
                                             "examples": {t: shown.per_task_answer.get(t, "")[:200] for t in ids[:6]}}
                     result["demo_turns_seconds"] = round(time.monotonic() - started, 1)
                     checkpoint(args.out, result)
@@ -384,6 +401,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", type=int, default=1, choices=[1, 2], help="flights version (2: a world per task)")
     parser.add_argument("--tiers", default="1,2,3")
     parser.add_argument("--tasks", type=int, default=0, help="first N validation ids (0: all)")
     parser.add_argument("--max-turns", type=int, default=4)

@@ -2,7 +2,7 @@
 state the right value, and no competing one?
 
 Robust to the ways a small model writes a value: "$412", "412 USD", "412.00", "1,200", "p1003",
-"P 1003", "ua123-0603". Dates ("2025-06-03", "June 3") and clock times ("14:05") are not read as amounts, so
+"P 1003", "ua123-0603". Dates ("2025-06-03", "June 3", "Aug. 4, 2025") and clock times ("14:05") are not read as amounts, so
 restating the question does not count against the answer. A reply that also states a competing value
 (another fare of the route, another passenger's id) is wrong: pasting a whole search result is not an
 answer.
@@ -15,7 +15,9 @@ import re
 _PASSENGER_ID = re.compile(r"(?<![A-Za-z0-9])P\s*-?\s*(\d{4})(?!\d)", re.IGNORECASE)
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _TIME = re.compile(r"\d{1,2}:\d{2}")
-_MONTH_DAY = re.compile(r"\b(?:June|Jun)\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,\s*\d{4})?", re.IGNORECASE)
+_MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|December"
+           "|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec")
+_MONTH_DAY = re.compile(rf"\b(?:{_MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,\s*\d{{4}})?", re.IGNORECASE)
 _ID_TOKEN = re.compile(r"\b[A-Za-z]+\d[\w-]*")  # flight ids (UA123-0603), passenger ids, order ids
 _NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])\d+(?:\.\d+)?")
 

@@ -12,8 +12,8 @@ A proposal's reference is the read call the question needs (rebuilt from the rec
 question looks a passenger up by name even where the exploration used the id) and a closing reply
 stating the answer. Verification replays both in a fresh instance of the seed task: the call must
 return a record that gives the same answer, the state must stay unchanged, and the closing reply
-must pass `common.answers.answer_correct`, the grader the environment uses for its own lookups. A
-rollout on a synthetic lookup is then graded by that same function (`grade_answer`).
+must pass `common.answers.answer_alone`, the strict grader (the expected value and no other value of its
+sort). A rollout on a synthetic lookup is then graded by that same function (`grade_answer`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import re
 from typing import Any
 
-from common.answers import answer_correct
+from common.answers import answer_alone
 from common.schemas import Trajectory
 from task_manager.envs import EnvAccess
 from task_manager.grading import Grade, GradingError
@@ -225,7 +225,7 @@ async def verify_lookup(access: EnvAccess, proposal: Proposal) -> tuple[Referenc
         end_state = access.comparable(result.end_state)
         if end_state != access.comparable(result.initial_state):
             return None, "state_changed"  # a lookup reads; it must change nothing
-    if not answer_correct(proposal.actions[-1], target.answer, target.wrong_answers):
+    if not answer_alone(proposal.actions[-1], target.answer):
         return None, "grader_disagrees"  # the grader would not accept the reference's own reply
     reference = Reference(actions=result.executed, calls=proposal.calls, observations=result.observations,
                           initial_state=result.initial_state, end_state=end_state,
@@ -246,7 +246,8 @@ def final_reply(trajectory: Trajectory) -> str | None:
 
 
 def grade_answer(stored: StoredTask, trajectory: Trajectory | None, state: Any, comparable: Any) -> Grade:
-    """1.0 when the episode ended with a reply stating the answer (and no competing value) and, where a state
+    """1.0 when the episode ended with a reply stating the answer and no other value of its sort (a hedge scores
+    0) and, where a state
     was sent, the state is unchanged; `comparable` maps a snapshot to its comparable view."""
     reference = stored.reference
     assert reference is not None and reference.answer is not None
@@ -254,7 +255,7 @@ def grade_answer(stored: StoredTask, trajectory: Trajectory | None, state: Any, 
         raise GradingError(f"task {stored.task.task_id!r} is a lookup, answered in text: send `trajectory` (and "
                            "`state`, the final state snapshot)")
     reply = final_reply(trajectory)
-    correct = reply is not None and answer_correct(reply, reference.answer, reference.wrong_answers)
+    correct = reply is not None and answer_alone(reply, reference.answer)
     if correct and state is not None and reference.end_state is not None:
         if isinstance(state, dict) and "state" in state and "instance_id" in state:
             state = state["state"]  # a whole env-service state response was sent

@@ -105,8 +105,8 @@ class Reference(BaseModel):
     initial_state: Any = None  # full snapshot at the start of the verifying replay (for id mapping)
     end_state: Any = None  # comparable state after the replay (None: env has no state)
     end_state_hash: str | None = None
-    # A lookup's answer: the task is solved by a closing text reply that states it (and none of `wrong_answers`),
-    # graded by `common.answers.answer_correct` as the environment grades its own lookups.
+    # A lookup's answer: the task is solved by a closing text reply that states it and no other value of its sort
+    # (`common.answers.answer_alone`); `wrong_answers` are the competing values the exploration saw.
     answer: str | None = None
     wrong_answers: list[str] = Field(default_factory=list)
 

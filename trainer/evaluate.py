@@ -29,7 +29,7 @@ from loguru import logger
 
 from common.llm import LLMClient, LLMRoleConfig
 from common.models import ModelLoadError
-from common.schemas import ChatMessage, Task
+from common.schemas import ChatMessage, Step, Task
 from trainer.peers import EnvPeer
 from trainer.rollout import (
     EvalSummary,
@@ -37,6 +37,7 @@ from trainer.rollout import (
     evaluate_policy,
     evaluation_progress,
     is_invalid_action,
+    made_tool_call,
 )
 from trainer.summary import interval, per_task_values
 
@@ -103,14 +104,16 @@ def load_checkpoint_model(path: str | Path, model_spec: str | None = None) -> tu
 
 
 async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: RolloutConfig, *, temperature: float,
-                        seed: int) -> tuple[float, int, int, str]:
-    """One episode over chat messages (no token ids): (outcome, steps, invalid steps, last action)."""
+                        seed: int) -> tuple[float, int, int, str, bool]:
+    """One episode over chat messages (no token ids): (outcome, steps, invalid steps, last action, whether it
+    called a tool)."""
     created = await env.create(config.env, task)
     try:
         messages = [{"role": m.role, "content": m.text()} for m in
                     (ChatMessage.model_validate(m) if not isinstance(m, ChatMessage) else m for m in created.messages)]
         steps = invalid = 0
         action = ""
+        called = False
         for turn in range(config.max_turns):
             reply = await llm.chat(messages, max_tokens=config.max_new_tokens, temperature=temperature,
                                    seed=seed * 1000 + turn)
@@ -118,12 +121,14 @@ async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: Rollou
             result = await env.step(created.instance_id, action)
             steps += 1
             invalid += int(is_invalid_action(result.info))
+            called = called or made_tool_call([Step(index=turn, action=ChatMessage(role="assistant", content=action),
+                                                    observation=result.observation, info=result.info)])
             messages += [{"role": "assistant", "content": action},
                          {"role": "user", "content": result.observation.text()}]
             if result.done:
                 break
         outcome = float((await env.evaluate(created.instance_id, config.evaluate_params)).score)
-        return outcome, steps, invalid, action
+        return outcome, steps, invalid, action, called
     finally:
         await env.release(created.instance_id)
 
@@ -132,7 +137,7 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
                         temperature: float, seed: int) -> EvalSummary:
     limit = asyncio.Semaphore(config.concurrency)
 
-    async def one(task: Task, i: int) -> tuple[str, float, int, int, str]:
+    async def one(task: Task, i: int) -> tuple[str, float, int, int, str, bool]:
         async with limit:
             return task.task_id, *await _chat_episode(task, env, llm, config, temperature=temperature, seed=seed + i)
 
@@ -143,7 +148,9 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
     answers: dict[str, str] = {}
     lengths: dict[str, list[int]] = {}
     replies: dict[str, list[str]] = {}
-    for task_id, outcome, n_steps, n_invalid, answer in results:
+    called: dict[str, list[bool]] = {}
+    for task_id, outcome, n_steps, n_invalid, answer, tool_call in results:
+        called.setdefault(task_id, []).append(tool_call)
         answers.setdefault(task_id, answer)
         replies.setdefault(task_id, []).append(answer)
         lengths.setdefault(task_id, []).append(n_steps)
@@ -155,7 +162,7 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
     return EvalSummary(sum(sum(v) / len(v) for v in success.values()) / n, sum(max(v) for v in success.values()) / n,
                        sum(invalid.values()) / max(sum(steps.values()), 1), len(success), k, per_task,
                        {t: invalid[t] / max(steps[t], 1) for t in per_task}, answers, per_task_steps=lengths,
-                       per_task_replies=replies)
+                       per_task_replies=replies, per_task_called=called)
 
 
 def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +173,8 @@ def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
             "invalid_action_rate": summary.invalid_action_rate, "tasks": summary.tasks, "k": summary.k,
             "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer,
             "prompts": summary.per_task_prompt, "experience_rollouts": summary.experience_rollouts,
-            "per_task_steps": summary.per_task_steps, "replies": summary.per_task_replies}
+            "per_task_steps": summary.per_task_steps, "replies": summary.per_task_replies,
+            "per_task_called": summary.per_task_called, "successes_with_tool_call": summary.successes_with_tool_call()}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -71,6 +71,13 @@ def is_invalid_action(info: dict[str, Any]) -> bool:
     return info.get("valid") is False or bool(info.get("invalid")) or "error" in info
 
 
+def made_tool_call(steps: Sequence[Any]) -> bool:
+    """Whether an episode called a tool: a valid step the environment answered as a tool. A success without one
+    was a guess or a memorised value, not the skill a tool-use task asks for."""
+    return any(s.observation is not None and s.observation.role == "tool" and not is_invalid_action(s.info)
+               for s in steps)
+
+
 def _align_logprobs(segments: Sequence[Segment], generated_logprobs: list[float]) -> list[float]:
     """Per response token of the concatenated segments: the generating log-prob on policy tokens, else 0.
 
@@ -258,10 +265,24 @@ class EvalSummary:
     per_task_steps: dict[str, list[int]] = field(default_factory=dict)
     # Every sample's last action text, in sample order: a stricter grader can be applied afterwards.
     per_task_replies: dict[str, list[str]] = field(default_factory=dict)
+    # Whether each sample's episode made at least one valid tool call, in sample order.
+    per_task_called: dict[str, list[bool]] = field(default_factory=dict)
+    success_threshold: float = 1.0
+
+    def successes_with_tool_call(self) -> float | None:
+        """The share of successful samples whose episode called a tool (None: no success, or not recorded)."""
+        pairs = [(score >= self.success_threshold, called) for task_id, scores in self.per_task.items()
+                 for score, called in zip(scores, self.per_task_called.get(task_id, []), strict=False)]
+        called = [c for ok, c in pairs if ok]
+        return sum(called) / len(called) if called else None
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        return {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
-                f"{prefix}/invalid_action_rate": self.invalid_action_rate, f"{prefix}/tasks": float(self.tasks)}
+        out = {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
+               f"{prefix}/invalid_action_rate": self.invalid_action_rate, f"{prefix}/tasks": float(self.tasks)}
+        share = self.successes_with_tool_call()
+        if share is not None:
+            out[f"{prefix}/successes_with_tool_call"] = share
+        return out
 
 
 async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
@@ -284,6 +305,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     prompts: dict[str, str] = {}
     lengths: dict[str, list[int]] = {}
     replies: dict[str, list[str]] = {}
+    called: dict[str, list[bool]] = {}
     with_experience = 0
     for g in groups:
         for r in g:
@@ -296,6 +318,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
             task_invalid[task_id] = task_invalid.get(task_id, 0) + r.invalid_steps
             last = r.trajectory.steps[-1].action.text() if r.trajectory.steps else ""
             replies.setdefault(task_id, []).append(last)
+            called.setdefault(task_id, []).append(made_tool_call(r.trajectory.steps))
             if task_id not in answers and r.trajectory.steps:
                 answers[task_id] = last
     if not per_task:
@@ -306,7 +329,7 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
     per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
     return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers, prompts,
-                       with_experience, lengths, replies)
+                       with_experience, lengths, replies, called, success_threshold)
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:

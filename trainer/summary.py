@@ -65,7 +65,13 @@ def eval_table(before: EvalSummary | None, after: EvalSummary | None, split: str
             row["delta"] = interval([runs["after"][t][metric] - runs["before"][t][metric] for t in paired],
                                     (-1.0, 1.0))
         rows.append(row)
-    return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k, "split": split}
+    # A success without a tool call is a guess on a tool-use task: the share says how much of avg@k is skill.
+    called = {name: s.successes_with_tool_call() for name, s in (("before", before), ("after", after)) if s is not None}
+    # Each task's sample outcomes and tool calls, so that a report can break results down (by kind, by task).
+    per_task = {name: {"outcomes": s.per_task, "called": s.per_task_called}
+                for name, s in (("before", before), ("after", after)) if s is not None}
+    return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k, "split": split,
+            "successes_with_tool_call": called, "per_task": per_task}
 
 
 def mixed_outcome_groups(groups: Sequence[Sequence[Rollout]]) -> int:
@@ -229,6 +235,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         for row in ev["rows"]:
             table.add_row(row["metric"], _cell(row.get("before")), _cell(row.get("after")),
                           _cell(row.get("delta"), signed=True))
+        called = ev.get("successes_with_tool_call") or {}
+        if any(v is not None for v in called.values()):
+            table.add_row("successes with a tool call", *(f"{called[n]:.3f}" if called.get(n) is not None else "-"
+                                                          for n in ("before", "after")), "")
         console.print(table)
     for name, values in (summary.get("mechanisms") or {}).items():
         table = Table(title=name)

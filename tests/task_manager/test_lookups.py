@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from common.answers import answer_correct
+from common.answers import answer_alone, answer_correct
 from common.http import ServiceCallError
 from common.schemas import ChatMessage, Step, Task, Trajectory
 from env_service.client import EnvClient
@@ -230,12 +230,14 @@ def test_lookups_over_http_are_verified_graded_like_the_env_and_seed_the_pool(fl
                     if wrong:
                         replies[f"The answer is {wrong[0]}."] = 0.0
                         replies[f"Either {answer} or {wrong[0]}."] = 0.0  # pasting competing values is no answer
+                    if answer.isdigit():  # a hedge states the answer beside another value of its sort: strict, so 0
+                        replies[f"It is {answer}, not {int(answer) + 100}."] = 0.0
                     for reply, expected in replies.items():
                         trajectory, state = await _episode(env, task.seed_task_id, task.query, [call, reply])
                         detail = await tasks.grade_detail(task.task_id, state=state,
                                                           trajectory=trajectory.model_copy(update={"task_id": task.task_id}))
                         assert (detail.reward, detail.method) == (expected, "answer_match"), (task.query, reply)
-                        assert expected == float(answer_correct(reply, answer, tuple(wrong)))
+                        assert expected == float(answer_alone(reply, answer))
                     # An episode that never replied in text (it ended on the call) has not answered.
                     unanswered, state = await _episode(env, task.seed_task_id, task.query, [call])
                     assert await tasks.grade(task.task_id, state=state, trajectory=unanswered) == 0.0

@@ -61,6 +61,8 @@ def test_checkpoint_and_its_export_score_the_same(env_url, tmp_path, capsys):
     # Each sample's episode length, beside its outcome (2 turns at most here).
     assert sorted(from_checkpoint["per_task_steps"]) == sorted(from_checkpoint["per_task"])
     assert all(len(v) == 2 and all(1 <= n <= 2 for n in v) for v in from_checkpoint["per_task_steps"].values())
+    # Whether each sample called a tool: signal answers in text, never as a tool, so no sample did.
+    assert from_checkpoint["per_task_called"] == {t: [False, False] for t in from_checkpoint["per_task"]}
     # Greedy decoding of the same weights: the same answers, task by task.
     assert from_checkpoint["per_task"] == from_export["per_task"]
     assert from_checkpoint["answers"] == from_export["answers"]

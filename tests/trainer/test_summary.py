@@ -136,3 +136,27 @@ def test_loop_checks_meet_every_bar_of_a_run_that_learned_and_print_them(capsys,
     for check in checks:
         assert check in out, check
     assert "NO" not in out
+
+
+def test_successes_with_a_tool_call_counts_successful_samples_only():
+    from common.schemas import ChatMessage, Step
+    from trainer.rollout import EvalSummary, made_tool_call
+    from trainer.summary import eval_table
+
+    def step(role: str, info: dict | None = None) -> Step:
+        return Step(index=0, action=ChatMessage(role="assistant", content="x"),
+                    observation=ChatMessage(role=role, content="{}"), info=info or {})
+
+    assert made_tool_call([step("user"), step("tool")])
+    assert not made_tool_call([step("tool", {"error": "parse_error"}), step("user")])  # an invalid call is none
+    assert not made_tool_call([])
+    # Successes: a's first (called) and third (did not); b's first (called) and second (did not).
+    summary = EvalSummary(2 / 3, 1.0, 0.0, 2, 3, per_task={"a": [1.0, 0.0, 1.0], "b": [1.0, 1.0, 0.0]},
+                          per_task_called={"a": [True, True, False], "b": [True, False, True]})
+    assert summary.successes_with_tool_call() == 2 / 4
+    assert summary.metrics()["eval/successes_with_tool_call"] == 0.5
+    none = EvalSummary(0.0, 0.0, 0.0, 1, 3, per_task={"a": [0.0, 0.0, 0.0]}, per_task_called={"a": [True] * 3})
+    assert none.successes_with_tool_call() is None and "eval/successes_with_tool_call" not in none.metrics()
+    table = eval_table(none, summary)
+    assert table["successes_with_tool_call"] == {"before": None, "after": 0.5}
+    assert table["per_task"]["after"] == {"outcomes": summary.per_task, "called": summary.per_task_called}

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from env_service.environments.flights.world import AIRPORTS, DATES, World
+from env_service.environments.flights.world import AIRPORTS, World
 
 
 class ToolError(Exception):
@@ -107,9 +107,10 @@ class FlightDesk:
         for code in (origin, destination):
             if code not in AIRPORTS:
                 raise ToolError(f"unknown airport {code!r}; airports: {', '.join(AIRPORTS)}")
-        if date is not None and date not in DATES:
-            raise ToolError(f"no schedule for {date!r}; flights are sold for {DATES[0]} to {DATES[-1]}")
-        dates = [date] if date else list(DATES)
+        dates = self.world.dates
+        if date is not None and date not in dates:
+            raise ToolError(f"no schedule for {date!r}; flights are sold for {dates[0]} to {dates[-1]}")
+        dates = (date,) if date else dates
         found = []
         for day in dates:
             self.quoted.add((origin, destination, day))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from dataclasses import replace
 from typing import Any
 
-from common.answers import answer_correct
+from common.answers import answer_alone, answer_correct
 from common.schemas import ChatMessage, Split
 from env_service.actions import ActionParseError, ParsedCall, parse_actions
 from env_service.environments.base import SPLITS, EnvInstance, Environment, EvalResult, StepResult
@@ -20,7 +21,14 @@ from env_service.environments.flights.tasks import (
     TaskGenerator,
     questions,
 )
-from env_service.environments.flights.world import AIRPORTS, DATES, generate_world
+from env_service.environments.flights.world import (
+    AIRPORTS,
+    DATES,
+    World,
+    generate_task_world,
+    generate_world,
+    split_dates,
+)
 
 
 def _parameters(name: str) -> tuple[str, ...] | None:
@@ -39,7 +47,7 @@ EXCLUDED_SPLITS: dict[str, tuple[str, ...]] = {"validation": (), "test": ("valid
 SYSTEM_PROMPT = """You are a travel agent at an airline booking desk. Help the user by calling tools.
 Tools: {signatures}.
 Airports: {airports}. Flights are sold for {first} to {last}.
-Call tools as Python, e.g. search_flight(origin='SFO', destination='JFK', date='2025-06-03'), several per
+Call tools as Python, e.g. search_flight(origin='SFO', destination='JFK', date='{example_date}'), several per
 message if you like, or as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call> blocks.
 When the request is done (or cannot be done), reply in plain text without a tool call; that ends the conversation."""
 
@@ -91,10 +99,19 @@ class FlightsEnvironment(Environment):
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        known = {"seed", "routes", "splits", "max_steps", "tiers", "prompt_example"}
+        known = {"version", "grading", "seed", "routes", "splits", "max_steps", "tiers", "prompt_example"}
         unknown = sorted(set(self.config) - known)
         if unknown:
             raise ValueError(f"unknown flights config key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        self.version = self.config.get("version", 1)
+        if self.version not in (1, 2):
+            raise ValueError(f"flights version must be 1 (one world shared by every task) or 2 (a world per task, "
+                             f"disjoint names and dates per split), got {self.version!r}")
+        # v1 keeps the grader its recorded results were measured with; v2 grades strictly.
+        self.grading = self.config.get("grading", "strict" if self.version == 2 else "lenient")
+        if self.grading not in ("strict", "lenient"):
+            raise ValueError(f"flights grading must be 'strict' (the reply states the expected value and no other "
+                             f"value of its sort) or 'lenient' (no value the task names as wrong), got {self.grading!r}")
         self.seed = int(self.config.get("seed", 7))
         self.max_steps = int(self.config.get("max_steps", 30))
         sizes = {**DEFAULT_SPLITS, **self.config.get("splits", {})}
@@ -106,21 +123,40 @@ class FlightsEnvironment(Environment):
         self.tier_weights = _tier_weights(self.config["tiers"]) if "tiers" in self.config else None
         self.tier_counts = ({s: _tier_counts(n, self.tier_weights) for s, n in self.split_sizes.items()}
                             if self.tier_weights else None)
-        self.world = generate_world(self.seed, int(self.config.get("routes", 36)))
-        self.generator = TaskGenerator(self.world, self.seed)
+        self.routes = int(self.config.get("routes", 36 if self.version == 1 else 12))
+        # v1: the one world every task shares; v2: None, each task carries its own (`FlightTask.world`).
+        self.world: World | None = generate_world(self.seed, self.routes) if self.version == 1 else None
+        self.generator = TaskGenerator(self.world, self.seed) if self.world is not None else None
         self._tasks: dict[str, FlightTask] = {}
         self._asked: dict[str, frozenset[Question]] = {}  # per split: the questions its tasks ask
         self._expected: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self.system_prompt = SYSTEM_PROMPT.format(
-            signatures=", ".join(_signature(n) for n in TOOL_SPECS), airports=", ".join(AIRPORTS),
-            first=DATES[0], last=DATES[-1])
-        if self.config.get("prompt_example", False):
-            self.system_prompt += PROMPT_EXAMPLE
+        self._prompts: dict[tuple[str, ...], str] = {}
+        # v1's prompt; in v2 the train split's (a task's own is `system_prompt_for`: its split's dates).
+        self.system_prompt = self._prompt(DATES if self.version == 1 else split_dates("train"))
         # A train kind whose every question is held out fails here, as a config error, not at its first task.
         for tier, count in (self.tier_counts or {}).get("train", {}).items():
             for index in range(min(count, len(TIER_KINDS[tier]))):
                 self.task(f"train-t{tier}-{index:04d}")
+
+    def _prompt(self, dates: tuple[str, ...]) -> str:
+        prompt = self._prompts.get(dates)
+        if prompt is None:
+            prompt = SYSTEM_PROMPT.format(signatures=", ".join(_signature(n) for n in TOOL_SPECS),
+                                          airports=", ".join(AIRPORTS), first=dates[0], last=dates[-1],
+                                          example_date=dates[1])
+            if self.config.get("prompt_example", False):
+                prompt += PROMPT_EXAMPLE
+            self._prompts[dates] = prompt
+        return prompt
+
+    def world_of(self, task: FlightTask) -> World:
+        world = task.world or self.world
+        assert world is not None
+        return world
+
+    def system_prompt_for(self, task: FlightTask) -> str:
+        return self._prompt(self.world_of(task).dates)
 
     # ------------------------------------------------------------ tasks
 
@@ -137,7 +173,12 @@ class FlightsEnvironment(Environment):
         if task is not None:
             return task
         split, tier, index = self._parse_id(task_id)
-        task = self.generator.generate(split, index, tier, self._excluded(split))
+        if self.generator is not None:
+            task = self.generator.generate(split, index, tier, self._excluded(split))
+        else:
+            # Seeded by the task id: the same task is the same world wherever and whenever it is created.
+            world = generate_task_world(f"{self.seed}:{task_id}", split, self.routes)
+            task = replace(TaskGenerator(world, self.seed).generate(split, index, tier), world=world)
         with self._lock:
             self._tasks[task_id] = task
         return task
@@ -200,7 +241,7 @@ class FlightsEnvironment(Environment):
         return expected
 
     def fresh_desk(self, task: FlightTask) -> FlightDesk:
-        desk = FlightDesk(self.world)
+        desk = FlightDesk(self.world_of(task))
         for passenger_id, flight_id in task.preload:
             desk.preload_order(passenger_id, flight_id)
         return desk
@@ -247,8 +288,10 @@ class FlightsEnvironment(Environment):
         }
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "tools": list(TOOL_SPECS), "seed": self.seed, "flights": len(self.world.flights),
-                "passengers": len(self.world.passengers),
+        world = {"flights": len(self.world.flights), "passengers": len(self.world.passengers)} if self.world else \
+            {"world": "one per task", "routes_per_world": self.routes}
+        return {**super().info(), "tools": list(TOOL_SPECS), "version": self.version, "grading": self.grading,
+                "seed": self.seed, **world,
                 "tiers": {s: {str(t): n for t, n in c.items()} for s, c in self.tier_counts.items()}
                 if self.tier_counts else None}
 
@@ -278,7 +321,8 @@ class FlightsInstance(EnvInstance):
     def reset(self) -> list[ChatMessage]:
         self.desk = self.env.fresh_desk(self.task)
         self.steps, self.done, self.reply = 0, False, None
-        return [ChatMessage(role="system", content=self.env.system_prompt), ChatMessage(role="user", content=self.query)]
+        return [ChatMessage(role="system", content=self.env.system_prompt_for(self.task)),
+                ChatMessage(role="user", content=self.query)]
 
     def step(self, action: ChatMessage) -> StepResult:
         if self.done:
@@ -329,8 +373,11 @@ class FlightsInstance(EnvInstance):
             info["note"] = "the query was replaced; this grades the original task"
         answered = True
         if self.task.answer is not None:
-            answered = self.reply is not None and answer_correct(self.reply, self.task.answer,
-                                                                 self.task.wrong_answers)
+            if self.env.grading == "strict":
+                answered = self.reply is not None and answer_alone(self.reply, self.task.answer)
+            else:
+                answered = self.reply is not None and answer_correct(self.reply, self.task.answer,
+                                                                     self.task.wrong_answers)
             info["answer_correct"] = answered
             if self.reply is None:
                 info["note"] = "no closing text reply: this task is answered in text"

@@ -11,19 +11,21 @@ Tasks come in three tiers of difficulty (kinds cycled by index so every split ha
   has to look them up.
 The reference solution is what a careful agent would call.
 
-All splits share one world, so two splits can ask the same question (every credit lookup names one of 40
-passengers). `generate(..., exclude=...)` redraws a task that asks one of the excluded questions
-(`questions`): the environment passes the held-out splits' questions when it generates train tasks.
+In v1 all splits share one world, so two splits can ask the same question (every credit lookup names one of
+40 passengers). `generate(..., exclude=...)` redraws a task that asks one of the excluded questions
+(`questions`): the environment passes the held-out splits' questions when it generates train tasks. In v2
+every task has its own world (`world.generate_task_world`), and splits cannot share a question.
 """
 
 from __future__ import annotations
 
+import calendar
 import random
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from env_service.environments.flights.world import AIRLINES, AIRPORTS, DATES, Flight, Passenger, World
+from env_service.environments.flights.world import AIRLINES, AIRPORTS, Flight, Passenger, World
 
 KINDS = ("book_cheapest", "book_constrained", "cancel", "rebook")  # tier 3
 TIER_KINDS: dict[int, tuple[str, ...]] = {
@@ -48,6 +50,8 @@ class FlightTask:
     # fares, the other credit amounts, other ids), so that pasting a whole search result does not pass.
     answer: str | None = None
     wrong_answers: tuple[str, ...] = ()
+    # v2: the task's own world (None in v1, where every task shares the environment's).
+    world: World | None = field(default=None, compare=False, repr=False)
 
 
 Question = tuple[str, ...]
@@ -89,7 +93,7 @@ def _where(code: str) -> str:
 
 
 def _day(date: str) -> str:
-    return f"June {int(date[8:])}, {date[:4]}"
+    return f"{calendar.month_name[int(date[5:7])]} {int(date[8:])}, {date[:4]}"
 
 
 class TaskGenerator:
@@ -204,7 +208,7 @@ class TaskGenerator:
     def _rebook(self, rng: random.Random, task_id: str) -> FlightTask | None:
         passenger, (origin, destination, date) = self._draw(rng)
         held = [f for f in self.world.route_flights(origin, destination, date) if f.seats > 0]
-        new_date = rng.choice([d for d in DATES if d != date])
+        new_date = rng.choice([d for d in self.world.dates if d != date])
         target = _cheapest(self.world.route_flights(origin, destination, new_date), lambda f: f.seats)
         if not held or target is None:
             return None
