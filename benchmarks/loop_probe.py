@@ -46,7 +46,7 @@ import yaml  # noqa: E402
 from benchmarks.tiers import demonstration  # noqa: E402
 from common.schemas import Task, Trajectory  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
-from tests.helpers import run_service  # noqa: E402
+from tests.helpers import free_port, run_service  # noqa: E402
 from trainer.peers import EnvPeer, ExperiencePeer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,6 +89,32 @@ async def seed_pool(env: EnvPeer, flights: FlightsEnvironment, em_url: str, work
     return {"sent": len(trajectories), "kinds": {k: len(v) for k, v in chosen.items()},
             "experiences_created": len(result.created), "experiences_updated": len(result.updated),
             "errors": list(result.errors)[:5], "pool_active": stats.get("active")}
+
+
+async def seed_pool_from_self_questioning(env_url: str, em_url: str, tmp: Path, workspace: str,
+                                          flights: FlightsEnvironment, args: argparse.Namespace) -> dict[str, Any]:
+    """The pool seeded as the product seeds it: a task manager explores the train split (`--pool-episodes`),
+    synthesizes verified tasks, and sends their replayed references to the experience manager."""
+    from collections import Counter
+
+    from task_manager.client import TaskClient
+
+    (tmp / "tm.yaml").write_text(yaml.safe_dump({"task_manager": {
+        "env_url": env_url, "store_dir": str(tmp / "tm"), "environments": ["flights"], "experience_url": em_url,
+        "synthesis": {"query_forms": args.query_forms.split(","), "kinds": ["lookup"]}}}))
+    with run_service("task_manager", ["--conf", str(tmp / "tm.yaml"), "--log-level", "WARNING"], timeout=300) as tm:
+        async with TaskClient(tm.url) as client:
+            job = await client.submit_job("flights", episodes=args.pool_episodes, seed=args.seed)
+            job = await client.wait_job(job.job_id, timeout=1200)
+            seeding = await client.seed_experience("flights", workspace, limit=args.pool_limit)
+            synthetic = (await client.list_tasks(env="flights", synthetic=True, limit=10_000)).tasks
+    assert all(t.seed_task_id.startswith("train-") for t in synthetic)  # never a held-out task
+    seeded = set(seeding.task_ids)
+    task_kinds = {t.task_id: str(t.metadata.get("lookup") or t.metadata.get("kind")) for t in synthetic}
+    kinds = Counter(task_kinds[t] for t in seeded if t in task_kinds)
+    return {"source": "self-questioning", "synthesis": job.model_dump(mode="json", include={"status", "progress"}),
+            "sent": seeding.sent, "kinds": dict(kinds), "seeding": seeding.model_dump(mode="json"),
+            "task_kinds": task_kinds}
 
 
 async def fit_report(env: EnvPeer, flights: FlightsEnvironment, args: argparse.Namespace) -> dict[str, Any]:
@@ -237,15 +263,18 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
                                                          "demonstrations_dropped")}}
 
 
-async def demonstrations_shown(em_url: str, workspace: str, flights: FlightsEnvironment,
-                               run_dir: Path) -> dict[str, Any]:
+async def demonstrations_shown(em_url: str, workspace: str, flights: FlightsEnvironment, run_dir: Path,
+                               synthetic_kinds: dict[str, str]) -> dict[str, Any]:
     """Which demonstration kind every training rollout given experience was shown (from the run's rollout index
     and the pool's provenance): counts per (task kind, shown kind) and the same-kind share."""
     from experience_manager.client import ExperienceClient
 
     async with ExperienceClient(em_url) as pool:
         experiences = await pool.list_experiences(workspace, limit=1000)
-    kinds_of = {e.experience_id: sorted({flights.task(t).kind for t in e.provenance.task_ids}) for e in experiences}
+
+    def kind(task_id: str) -> str:  # a seeded synthetic task's kind is its lookup's (fare_lookup, ...)
+        return synthetic_kinds[task_id] if task_id in synthetic_kinds else flights.task(task_id).kind
+    kinds_of = {e.experience_id: sorted({kind(t) for t in e.provenance.task_ids}) for e in experiences}
     index = run_dir / "rollouts" / "index.jsonl"
     pairs: dict[str, int] = {}
     shown = same = 0
@@ -303,14 +332,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = Path(tmp_name)
         (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config(args)}}}))
         (tmp / "em.yaml").write_text(yaml.safe_dump({"experience_manager": {"summary": {"mode": "heuristic"}}}))
+        em_port = free_port()  # fixed first: the task manager seeds only the experience manager its config names
         with run_service("env_service", ["--conf", str(tmp / "env.yaml"), "--log-level", "WARNING"],
                          timeout=300) as env_service, \
                 run_service("experience_manager", ["--store", str(tmp / "em"), "--conf", str(tmp / "em.yaml"),
-                                                   "--log-level", "WARNING"], timeout=300) as em:
+                                                   "--log-level", "WARNING"], port=em_port, timeout=300) as em:
             env = EnvPeer(env_service.url)
             try:
-                result["seeding"] = await seed_pool(env, flights, em.url, "probe", args.seed_per_kind,
-                                                    args.demo_format, args.obs_chars)
+                if args.pool == "synthetic":
+                    result["seeding"] = await seed_pool_from_self_questioning(env_service.url, em.url, tmp, "probe",
+                                                                              flights, args)
+                else:
+                    result["seeding"] = await seed_pool(env, flights, em.url, "probe", args.seed_per_kind,
+                                                        args.demo_format, args.obs_chars)
                 if args.fit_report:
                     result["fit"] = await fit_report(env, flights, args)
                 if args.start_tasks:
@@ -321,8 +355,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await env.aclose()
             if args.steps:
                 result["train"] = await asyncio.to_thread(train_phase, env_service.url, em.url, "probe", args)
-                result["demonstrations_shown"] = await demonstrations_shown(em.url, "probe", flights,
-                                                                            REPO / "runs" / "probes" / args.name)
+                result["demonstrations_shown"] = await demonstrations_shown(
+                    em.url, "probe", flights, REPO / "runs" / "probes" / args.name,
+                    result["seeding"].get("task_kinds") or {})
     result["load_avg_end"] = os.getloadavg()
     return result
 
@@ -332,6 +367,11 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--version", type=int, default=1, choices=[1, 2], help="flights version (2: a world per task)")
     parser.add_argument("--tiers", default="1", help="flights tiers and shares, e.g. 1:3,2:1")
+    parser.add_argument("--pool", choices=("train", "synthetic"), default="train",
+                        help="seed the pool from train-split references, or from self-questioning's verified tasks")
+    parser.add_argument("--pool-episodes", type=int, default=32, help="--pool synthetic: exploration episodes")
+    parser.add_argument("--pool-limit", type=int, default=64, help="--pool synthetic: tasks seeded at most")
+    parser.add_argument("--query-forms", default="names", help="--pool synthetic: the task manager's query forms")
     parser.add_argument("--seed-per-kind", type=int, default=4, help="train references per task kind in the pool")
     parser.add_argument("--demo-format", choices=("python", "tool_call"), default="python")
     parser.add_argument("--obs-chars", type=int, default=4000, help="characters of each replayed observation kept")
