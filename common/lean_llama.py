@@ -15,9 +15,8 @@ arithmetic. This forward does the same math with fewer, larger operations:
 - decode attention is `kv_slots.slot_attention`'s folded grouped-query matmuls; prefill is causal SDPA
   with grouped-query support, as the model's SDPA path.
 - bf16 projections run on weights prepacked for oneDNN (`mkldnn._reorder_linear_weight`), where the CPU
-  has bf16 support: a plain bf16 `linear` repacks (or reads unblocked) its weight on every call, which at
-  one row made it half as fast as the packed kernel (2.0x at 1 row, 1.5x at 8, 1.2-1.35x at 32, ~1.05x
-  at prefill sizes; same results to the bit; measured one thread, CPU time). The packed copies are extra
+  has bf16 support: a plain bf16 `linear` repacks (or reads unblocked) its weight on every call, so the
+  packed kernel is faster, with the same results to the bit (docs/performance.md). The packed copies are extra
   memory (the bf16 weights once more, 270 MB for SmolLM2) and go stale when weights change: the engine
   calls `repack()` after every weight update.
 

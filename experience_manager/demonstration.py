@@ -1,8 +1,7 @@
 """A bounded demonstration kept with an experience: the solved trajectory's own chat turns.
 
 A 135M policy cannot use distilled advice (it copies the `<EXP>` block back), but it can copy a solved
-task shown as earlier chat turns (issue 14: SmolLM2 on flights tier 1, 0/14 with a text case, 8/14 with
-demonstration turns). So summarization keeps, next to the advice, the source trajectory's messages: the
+task shown as earlier chat turns (docs/results/learning.md, success per tier). So summarization keeps, next to the advice, the source trajectory's messages: the
 task query, the assistant turns exactly as written and the observations. Only successful trajectories
 give one, and only when it fits the caps whole: a demonstration cut short shows an unfinished episode.
 """

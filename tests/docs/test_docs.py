@@ -62,3 +62,14 @@ def test_the_site_builds_in_strict_mode(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "own-environment" / "index.html").exists()
+
+
+def test_example_headers_are_at_most_15_lines():
+    frozen = REPO / "examples" / "ablation" / "flights.yaml"  # its sha256 is recorded in every v1 result
+    long_headers = {}
+    for path in sorted((REPO / "examples").rglob("*.yaml")):
+        lines = path.read_text().splitlines()
+        header = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+        if header > 15 and path != frozen:
+            long_headers[str(path.relative_to(REPO))] = header
+    assert long_headers == {}, "YAML headers say what the config does, how to run it and what to expect"
