@@ -295,6 +295,80 @@ def chaos() -> list[str]:
                "wall time it cost"], rows))
 
 
+def kept_caches() -> list[str]:
+    names = ["eval-batch-kept-cache-full-seed0-validation.json",
+             "eval-batch-no-kept-cache-repeat-full-seed0-validation.json"]
+    rows = []
+    for name in names:
+        data = load(name)
+        differ = data["samples_that_differ_from_the_first_run"]
+        for run, changed in zip(data["runs"], differ, strict=True):
+            rows.append([link(name), run["rows"], run["prefix_cache_mb"], f"{run['wall_s']:.1f}",
+                         f"{run['prefill_s']:.1f}", f"{run['decode_s']:.1f}", f"{run['prefill_tokens']:,}",
+                         run["resumed_rows"], f"{run['avg@4']:.3f}", f"{run['invalid_action_rate']:.3f}",
+                         f"{changed} of {data['tasks'] * data['k']}"])
+    data = load(names[0])
+    return section(
+        "Kept caches: an agent's next turn resumes from its last turn",
+        f"One held-out evaluation ({data['env']}, {data['split']}, {data['tasks']} tasks x {data['k']} at "
+        f"temperature {data['temperature']}) of a trained policy that makes calls (the ablation's full row, "
+        "seed 0), run with and without kept caches (`policy.prefix_cache_mb`; 0 is off) in one process; the "
+        "second file runs the configuration without them twice, to show how many sampled replies differ from run "
+        "to run anyway. Raw: " + ", ".join(link(name) for name in names) + ".",
+        ["python benchmarks/eval_batch.py --checkpoint <run>/trainer/checkpoints --rows 128 --prefix-cache-mb 0,1024",
+         "python benchmarks/eval_batch.py --checkpoint <run>/trainer/checkpoints --rows 128 --prefix-cache-mb 0,0"],
+        table(["raw", "rows", "kept-cache MiB", "wall s", "prefill s", "decode s", "prompt tokens computed",
+               "turns resumed", "avg@4", "invalid-action rate", "samples whose last reply differs from the first run"],
+              rows))
+
+
+def structured_outputs() -> list[str]:
+    server_name, engines_name = "llm_server-structured-smollm2-quiet.json", "grammar-engines-smollm2.json"
+    server, engines = load(server_name), load(engines_name)
+    structured = server["structured"]
+    rounds = [[kind, f"{structured[kind]['tokens']:,}", f"{structured[kind]['seconds']:.1f}",
+               f"{structured[kind]['tokens_per_s']:.1f}"] for kind in ("free", "constrained")]
+    engine_rows = []
+    for engine in ("llguidance", "xgrammar"):
+        result = engines[engine]
+        for schema, values in result["schemas"].items():
+            engine_rows.append([f"{engine} {result['version']}", schema, f"{values['compile_ms_median']:,.1f}",
+                                f"{values['mask_us_per_token_median']:.1f} ({values['mask_us_per_token_p95']:.0f})",
+                                f"{result['tokenizer_setup_ms'] / 1000:.1f}"])
+    body = [f"llm_server, {structured['rows']} concurrent rows of {server['max_tokens']} tokens, free and "
+            f"`json_schema`-constrained rounds alternated ({structured['rounds_each']} each), {server['dtype']}, "
+            f"load {server['load_1m_start']}-{server['load_1m_end']}; the mask costs "
+            f"{structured['mask_us_per_token']:.0f} µs per constrained token, "
+            f"{structured['mask_share_of_constrained_time_pct']:.2f}% of the constrained rounds' time "
+            f"({link(server_name)}):", "",
+            *table(["round", "tokens", "seconds", "tokens/s"], rounds), "",
+            f"Grammar engines on SmolLM2's {engines['vocab']:,}-token vocabulary, one thread, median of "
+            f"{engines['repeats']} (load {engines['load_1m']}; {link(engines_name)}):", "",
+            *table(["engine", "schema", "compile ms (median)", "mask µs per token, median (p95)",
+                    "tokenizer set-up s"], engine_rows)]
+    return section(
+        "Structured outputs: llm_server throughput and grammar engines",
+        "What constrained decoding costs: llm_server's throughput with and without a JSON schema, and the two "
+        "grammar engines' compile and mask times (llguidance is the one used).",
+        ["python benchmarks/llm_server.py", "python benchmarks/grammar_engines.py"],
+        body)
+
+
+def studio() -> list[str]:
+    name = "studio.json"
+    data = load(name)
+    rows = [[data["turns"], f"{data['token_spans']:,}", data["experiences"], data["rollouts_in_index"],
+             data["requests"], f"{data['p50_ms']:.0f}", f"{data['p95_ms']:.0f}", f"{data['p99_ms']:.0f}",
+             data["goal_p95_ms"]]]
+    return section(
+        "Studio: trajectory page render time",
+        "The studio's heaviest page, one rollout turn by turn with every token coloured by its loss mask, over "
+        f"HTTP one request at a time on {data['cpu_count']} shared cores. Raw: {link(name)}.",
+        ["python benchmarks/studio.py"],
+        table(["turns", "token spans", "experiences in the pool", "rollouts in the index", "requests",
+               "p50 ms", "p95 ms", "p99 ms", "goal: p95 under ms"], rows))
+
+
 QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3steps-32tasks-evalbatch32.json",
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
@@ -332,17 +406,17 @@ def quickstart() -> list[str]:
 
 
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, environments, judge,
-                                           speed_vs_trl, rollout_engine, chaos]
+                                           speed_vs_trl, rollout_engine, kept_caches, structured_outputs, chaos,
+                                           studio]
 
 REMAINING = """## Not yet in this report
 
 These benchmarks have raw files under [`results/`](results/) and are discussed in the docs, but their tables
 are not generated here yet: flights tiers and pool seeding (`tiers-*.json`), the loop probes
-(`ablation/flights/explore/`), llm_server structured outputs (`llm_server-structured-*.json`), grammar engines
-(`grammar-engines-smollm2.json`), decode step and lean forward (`decode-step-*`, `forward-*`), memory
+(`ablation/flights/explore/`), decode step and lean forward (`decode-step-*`, `forward-*`), memory
 (`memory-*`), overlap (`overlap-*`, `trainer-overlap-*`), the update's levers and full steps
-(`trainer-levers-*`, `trainer-smollm2-*`), kept caches (`eval-batch-*`), the task manager
-(`task-manager-*`), the studio's render time (`studio.json`) and docker runs (`docker-*.log`).
+(`trainer-levers-*`, `trainer-smollm2-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
+manager (`task-manager-*`) and docker runs (`docker-*.log`).
 """
 
 
