@@ -6,9 +6,11 @@ them run as one bash script, so `cd` and variables carry over, with EVOLVER poin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -51,10 +53,16 @@ def test_the_tutorial_runs_from_an_empty_folder_to_a_two_step_training_run(tmp_p
     script.write_text(tutorial_script(TUTORIAL.read_text()))
     env = {**os.environ, "EVOLVER": str(REPO), "PORT": str(free_port())}
     env.pop("PYTHONPATH", None)
-    result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    # Its own process group: whatever a failing block leaves running (the env_service it started) is killed.
+    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, output[-4000:]
     assert "1.0 True 1.0" in output, "the hand-played episode"
     assert "checks passed: CONFORMS" in output
     summary = json.loads((tmp_path / "echo-tutorial" / "runs" / "echo" / "trainer" / "summary.json").read_text())
