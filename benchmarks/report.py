@@ -369,6 +369,47 @@ def studio() -> list[str]:
                "p50 ms", "p95 ms", "p99 ms", "goal: p95 under ms"], rows))
 
 
+TIER_CONDITIONS = [
+    ("zero-shot (the evaluation path)", "tiers-smollm2.json", "zero_shot"),
+    ("zero-shot, sampled at T 1 (20 tier-1 tasks)", "tiers-smollm2-tier1-sampled.json", "zero_shot"),
+    ("zero-shot, one worked exchange in the system prompt (`prompt_example: true`)",
+     "tiers-smollm2-prompt-example.json", "zero_shot"),
+    ("one experience injected as training injects it: the experience manager's case", "tiers-smollm2-case.json",
+     "one_case"),
+    ("one experience injected as training injects it: the whole solved trajectory as text", "tiers-smollm2.json",
+     "one_demo"),
+    ("the solved trajectory as earlier chat turns (not the training path)", "tiers-smollm2-demo-turns.json",
+     "demo_turns"),
+    ("through the pool, seeded by hindsight goals (`tiers: [1]`, 40 tier-1 tasks)", "tiers-smollm2-pool-turns.json",
+     "pool_turns"),
+    ("through the pool, seeded by `names` lookups", "tiers-smollm2-lookup-names.json", "pool_turns"),
+    ("through the pool, seeded by `ids` lookups", "tiers-smollm2-lookup-ids.json", "pool_turns"),
+    ("through the pool, seeded by goals and lookups, both forms", "tiers-smollm2-lookup-goal-both.json", "pool_turns"),
+    ("reference: a same-kind *train* task as chat turns", "tiers-smollm2-tier1-demo-turns.json", "demo_turns"),
+]
+
+
+def tiers() -> list[str]:
+    rows = []
+    for label, name, condition in TIER_CONDITIONS:
+        by_tier = load(name)[condition]["by_tier"]
+        cells = [f"{by_tier[t]['solved']:.0f}/{by_tier[t]['tasks']}" if t in by_tier else "" for t in ("1", "2", "3")]
+        rows.append([label, *cells, f"{link(name)} (`{condition}`)"])
+    data = load("tiers-smollm2.json")
+    rollout = data["rollout"]
+    return section(
+        "flights: where SmolLM2 starts, per tier and with experience",
+        f"SmolLM2 on the {data['split']} tasks of `flights` v1 with `tiers: [1, 2, 3]` (tier 1: one call answered in "
+        "text; tier 2: two calls with ids given; tier 3: the original 3-5-call tasks), through the trainer's own "
+        f"rollout path ({rollout['template']} template, {rollout['max_turns']} turns, {rollout['max_new_tokens']} new "
+        f"tokens, {rollout['max_context']} tokens of context), greedy unless noted; experience and demonstrations "
+        "come from solved *train* tasks, replayed over HTTP, or from a pool seeded by the task manager. These runs "
+        "predate the disjoint splits, so the reference row is not comparable to a rerun.",
+        ["python benchmarks/tiers.py                       # zero-shot and one experience",
+         "python benchmarks/tiers.py --conditions pool_turns --tiers 1 --synthesis-kinds lookup"],
+        table(["condition", "tier 1 solved", "tier 2", "tier 3", "raw (condition)"], rows))
+
+
 QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3steps-32tasks-evalbatch32.json",
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
@@ -405,14 +446,14 @@ def quickstart() -> list[str]:
                "held-out avg@4 (paired change, 95% CI)", "invalid-action rate", "checks met", "what"], rows))
 
 
-SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, environments, judge,
+SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, environments, judge,
                                            speed_vs_trl, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
 
 REMAINING = """## Not yet in this report
 
 These benchmarks have raw files under [`results/`](results/) and are discussed in the docs, but their tables
-are not generated here yet: flights tiers and pool seeding (`tiers-*.json`), the loop probes
+are not generated here yet: the loop probes
 (`ablation/flights/explore/`), decode step and lean forward (`decode-step-*`, `forward-*`), memory
 (`memory-*`), overlap (`overlap-*`, `trainer-overlap-*`), the update's levers and full steps
 (`trainer-levers-*`, `trainer-smollm2-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
