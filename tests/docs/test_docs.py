@@ -32,6 +32,13 @@ def test_every_relative_link_in_the_readme_resolves():
     assert missing == [], f"README.md links to missing files: {missing}"
 
 
+def test_every_relative_link_in_the_benchmarks_report_and_changelog_resolves():
+    for page in (REPO / "benchmarks" / "README.md", REPO / "CHANGELOG.md"):
+        missing = [link for link in relative_links(page.read_text())
+                   if not (page.parent / link.split("#", 1)[0]).exists()]
+        assert missing == [], f"{page.relative_to(REPO)} links to missing files: {missing}"
+
+
 def test_readme_is_short_and_keeps_the_two_commands():
     text = README.read_text()
     assert len(text.splitlines()) <= 300
