@@ -410,6 +410,51 @@ def tiers() -> list[str]:
         table(["condition", "tier 1 solved", "tier 2", "tier 3", "raw (condition)"], rows))
 
 
+PROBE_DIR = "ablation/flights/explore/probes"
+PROBES = ["p2-train-t1-T0.7-lr3e-5.json", "p3-train-t1-T0.7-lr1e-4.json", "p4-train-t1-T0.7-lr1e-4-disjoint.json"]
+
+
+def probe_command(args: dict[str, Any]) -> str:
+    """The loop_probe.py command line that a probe's recorded arguments come from."""
+    keys = ["name", "tiers", "start_tasks", "steps", "tasks_per_step", "n", "eta", "lr", "temperature", "eval_tasks"]
+    return "python benchmarks/loop_probe.py " + " ".join(f"--{key.replace('_', '-')} {args[key]}" for key in keys)
+
+
+def solved(value: dict[str, float] | None) -> str:
+    """`solved/tasks` of a greedy avg@1 interval; '-' where the run did not measure it."""
+    return "-" if value is None else f"{value['mean'] * value['n']:.0f}/{value['n']}"
+
+
+def loop_probes() -> list[str]:
+    rows = []
+    for name in PROBES:
+        data = load(f"{PROBE_DIR}/{name}")
+        train, args = data["train"], data["args"]
+        avg = next(row for row in train["eval"]["rows"] if row["metric"] == "avg@1")
+        training = train["training"]
+        rows.append([link(f"{PROBE_DIR}/{name}"), args["steps"], f"{args['tasks_per_step']} x {args['n']}",
+                     args["eta"], f"{args['lr']:g}", args["temperature"],
+                     f"{training['mixed_outcome_groups']} of {training['groups']}",
+                     f"{training['steps_with_nonzero_grad']} of {training['steps']}",
+                     f"{solved(avg.get('before'))} -> {solved(avg['after'])}", ci(avg.get("delta"), True),
+                     f"{train['seconds'] / 60:.1f}"])
+    final = load(f"{PROBE_DIR}/p3-eval-validation40.json")
+    return section(
+        "Loop probes: a setting where the loop learns (validation)",
+        "GRPO on flights' tier-1 train split with the experience pool seeded from *train-split* references (human "
+        "data, not self-questioning), half of each group given the top hit's demonstration as earlier chat turns; "
+        "validation success greedy and without experience, on the first tier-1 validation tasks; one seed. Probes "
+        "2-3 ran before the splits were made disjoint by question, probe 4 after; probe 2 did not evaluate its start "
+        "(the base model solves 0 of these 14 zero-shot: the tiers table above). Probe 3's final checkpoint on all "
+        f"40 tier-1 validation tasks: {final['avg@1'] * final['tasks']:.0f}/{final['tasks']} "
+        f"({link(f'{PROBE_DIR}/p3-eval-validation40.json')}). Every probe's setting and what the rollouts show: "
+        "`results/ablation/flights/explore/NOTES.md`.",
+        [probe_command(load(f"{PROBE_DIR}/{PROBES[-1]}")["args"])],
+        table(["raw", "steps", "tasks x rollouts", "eta", "lr", "temperature", "groups mixed",
+               "steps with a gradient", "validation solved before -> after", "paired change (95% CI)",
+               "training min"], rows))
+
+
 QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3steps-32tasks-evalbatch32.json",
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
@@ -446,15 +491,16 @@ def quickstart() -> list[str]:
                "held-out avg@4 (paired change, 95% CI)", "invalid-action rate", "checks met", "what"], rows))
 
 
-SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, environments, judge,
+SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
+                                           environments, judge,
                                            speed_vs_trl, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
 
 REMAINING = """## Not yet in this report
 
 These benchmarks have raw files under [`results/`](results/) and are discussed in the docs, but their tables
-are not generated here yet: the loop probes
-(`ablation/flights/explore/`), decode step and lean forward (`decode-step-*`, `forward-*`), memory
+are not generated here yet: the zero-human-data exploration runs e1-e8
+(`ablation/flights/explore/e*`), decode step and lean forward (`decode-step-*`, `forward-*`), memory
 (`memory-*`), overlap (`overlap-*`, `trainer-overlap-*`), the update's levers and full steps
 (`trainer-levers-*`, `trainer-smollm2-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
 manager (`task-manager-*`) and docker runs (`docker-*.log`).
