@@ -455,6 +455,37 @@ def loop_probes() -> list[str]:
                "training min"], rows))
 
 
+EXPLORE_RUNS = [
+    ("e1", "pool seeded from the lookups it then trained on", "e1-samepool/full-seed0.json"),
+    ("e4", "`task_manager.mixture.pool_share` 0.3: the pool's lookups are never trained on", "e4-poolshare/full-seed0.json"),
+    ("e5", "e4 + `curriculum.by_kind`", "e5-bykind/full-seed0.json"),
+    ("e6", "e5 without the judge (`qn`); the protocol was frozen on this setting", "e6-qn/qn-seed0.json"),
+]
+
+
+def zero_human_data() -> list[str]:
+    rows = []
+    for run, change, name in EXPLORE_RUNS:
+        data = load(f"ablation/flights/explore/{name}")
+        signal, end = data["train"]["signal"], data["eval_end"]
+        metric = f"avg@{end['k']}"
+        rows.append([run, change, f"{signal['mixed_outcome_groups']} of {signal['groups']}",
+                     f"{signal['steps_with_nonzero_grad']} of {signal['steps']}", f"{end[metric]:.3f}",
+                     ci(data["paired_vs_start"]["avg"], True), f"{end['invalid_action_rate']:.2f}",
+                     link(f"ablation/flights/explore/{name}")])
+    return section(
+        "Zero-human-data loop on validation (before the protocol was frozen)",
+        "The loop probes' recipe with the pool seeded by self-questioning (the task manager's lookup synthesis) "
+        "instead of human train references, through the launcher as the protocol's `full` row (and `qn`, without "
+        "the judge), seed 0, on all 40 tier-1 validation tasks, k 4 at temperature 0.7, no experience, before "
+        "and after 8 steps; every run started from 0. Two more runs (e7: e6 to step 11; e8: names-form lookups "
+        "only) were stopped with a flat curve and left no raw file. Readings of the rollouts: "
+        "`results/ablation/flights/explore/NOTES.md` section 4.",
+        [".venv/bin/python benchmarks/ablation.py --protocol examples/ablation/flights.yaml --explore"],
+        table(["run", "what changed", "groups mixed", "steps with a gradient", "validation avg@4 after",
+               "paired change (95% CI)", "invalid-action rate after", "raw"], rows))
+
+
 QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3steps-32tasks-evalbatch32.json",
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
@@ -492,6 +523,7 @@ def quickstart() -> list[str]:
 
 
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
+                                           zero_human_data,
                                            environments, judge,
                                            speed_vs_trl, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
@@ -499,8 +531,7 @@ SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, a
 REMAINING = """## Not yet in this report
 
 These benchmarks have raw files under [`results/`](results/) and are discussed in the docs, but their tables
-are not generated here yet: the zero-human-data exploration runs e1-e8
-(`ablation/flights/explore/e*`), decode step and lean forward (`decode-step-*`, `forward-*`), memory
+are not generated here yet: decode step and lean forward (`decode-step-*`, `forward-*`), memory
 (`memory-*`), overlap (`overlap-*`, `trainer-overlap-*`), the update's levers and full steps
 (`trainer-levers-*`, `trainer-smollm2-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
 manager (`task-manager-*`) and docker runs (`docker-*.log`).
