@@ -486,6 +486,47 @@ def zero_human_data() -> list[str]:
                "paired change (95% CI)", "invalid-action rate after", "raw"], rows))
 
 
+LEVER_LABELS = {"share_prompts": "shared prompts, fp32 engine, old log-probs reused",
+                "pack": "+ packing", "pack_recompute": "packing, bf16 engine (old log-probs recomputed)",
+                "pack_recompute_fused": "+ fused old log-probs (the defaults)",
+                "pack_fused_bf16_autocast": "+ bf16 autocast (option)",
+                "lora_r16": "LoRA r=16, packing, fp32 engine with reuse (option)"}
+
+
+def update_speed() -> list[str]:
+    levers_name = "trainer-levers-smollm2-lookup-quiet.json"
+    levers = load(levers_name)["update_levers"]
+    lever_rows = [[LEVER_LABELS.get(key, key), f"{value['update_s_min']:.2f}", f"{value['ms_per_training_token_min']:.1f}",
+                   f"{value['speedup_vs_baseline_min']:.2f}"]
+                  for key, value in levers.items() if isinstance(value, dict) and "update_s_min" in value]
+    steps_name, after_name = "trainer-smollm2-quiet.json", "trainer-smollm2-quiet2-after.json"
+    steps, after = load(steps_name), load(after_name)
+    step_rows = []
+    for label, run, name in (("levers off", steps["before"], steps_name), ("levers on (defaults then)", steps["after"], steps_name),
+                             ("defaults now: bf16 engine, packing, fused", after["after"], after_name)):
+        share = run["time_share"]
+        step_rows.append([label, f"{run['seconds_per_step']:.1f}", f"{run['rollout_s_per_step']:.1f}",
+                          f"{run['update_s_per_step']:.1f}", f"{run['update_ms_per_training_token']:.1f}",
+                          f"{share['rollout']:.2f} / {share['update']:.2f}", link(name)])
+    body = [f"One update of the same {levers['samples']} samples per setting (signal lookup, one turn, mean "
+            f"{levers['mean_prompt_tokens']:.0f} prompt + {levers['mean_response_tokens']:.0f} response tokens; minimum of "
+            f"{levers['repeats']} interleaved repeats; {link(levers_name)}):", "",
+            *table(["update setting", "seconds", "ms per trained token", f"vs. {levers['speedups_against']}"],
+                   lever_rows), "",
+            f"Full GRPO steps (signal, two turns, {steps['tasks_per_step']} tasks x {steps['n']} rollouts, "
+            f"{steps['max_new_tokens']} new tokens, 2 steps each, quiet machine):", "",
+            *table(["", "s/step", "rollout s/step", "update s/step", "update ms per trained token",
+                    "time share rollout / update", "raw"], step_rows)]
+    return section(
+        "Update speed: the levers and full steps",
+        "What each of the GRPO update's levers (`trainer.optim`) buys, measured on one update, and what a whole "
+        "step costs with them off and on. Older runs under load: `trainer-levers-smollm2*.json`, "
+        "`trainer-smollm2-run*.json`.",
+        ["python benchmarks/trainer.py --lookup --no-steps --levers --lever-tasks 4 --repeats 2",
+         "python benchmarks/trainer.py --steps 2"],
+        body)
+
+
 QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3steps-32tasks-evalbatch32.json",
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
@@ -525,15 +566,14 @@ def quickstart() -> list[str]:
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
                                            zero_human_data,
                                            environments, judge,
-                                           speed_vs_trl, rollout_engine, kept_caches, structured_outputs, chaos,
+                                           speed_vs_trl, update_speed, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
 
 REMAINING = """## Not yet in this report
 
 These benchmarks have raw files under [`results/`](results/) and are discussed in the docs, but their tables
 are not generated here yet: decode step and lean forward (`decode-step-*`, `forward-*`), memory
-(`memory-*`), overlap (`overlap-*`, `trainer-overlap-*`), the update's levers and full steps
-(`trainer-levers-*`, `trainer-smollm2-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
+(`memory-*`), overlap (`overlap-*`, `trainer-overlap-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
 manager (`task-manager-*`) and docker runs (`docker-*.log`).
 """
 
