@@ -527,6 +527,36 @@ def update_speed() -> list[str]:
         body)
 
 
+OVERLAP_FILES = ["overlap-smollm2.json", "overlap-tiny.json"]
+
+
+def overlap() -> list[str]:
+    rows = []
+    for name in OVERLAP_FILES:
+        data = load(name)
+        runs = data["runs"]
+        off_s = sum(run["off"]["train_s"] for run in runs.values()) / len(runs) / data["steps"]
+        on_s = sum(run["on"]["equal_steps"]["train_s"] for run in runs.values()) / len(runs) / data["steps"]
+        per_seed = ", ".join(f"{run['off']['held_out_success']:.3f} -> {run['on']['equal_steps']['held_out_success']:.3f}"
+                             for run in runs.values())
+        rows.append([link(name), data["model"], f"{data['steps']} steps of {data['tasks']} tasks x {data['n']}",
+                     ", ".join(str(seed) for seed in data["seeds"]), f"{off_s:.1f} -> {on_s:.1f}",
+                     f"{data['step_time_ratio_off_over_on']:.2f}", per_seed,
+                     f"{data['delta_equal_steps']:+.3f} / {data['delta_equal_wall']:+.3f}",
+                     f"{data['loadavg_start'][0]:.0f}"])
+    return section(
+        "Overlap: rollouts of the next step during this step's update",
+        "`trainer.overlap` on and off with the same seeds (the same task batches and rollout seeds), at equal steps "
+        "and at equal training time; held-out success greedy on the first test tasks. On 2 shared cores the "
+        "measured gain is the scheduler's, not a saving (a quiet-machine run, `trainer-overlap-smollm2-quiet.json`, "
+        "gained nothing), so `overlap` stays off by default.",
+        [f"python benchmarks/overlap.py --model {d['model']} --seeds {' '.join(str(x) for x in d['seeds'])} "
+         f"--steps {d['steps']} --tasks {d['tasks']} --n {d['n']} --eval-tasks {d['eval_tasks']}"
+         for d in map(load, OVERLAP_FILES)],
+        table(["raw", "model", "run", "seeds", "s/step off -> on", "off / on", "held-out success off -> on, per seed",
+               "mean change (equal steps / equal time)", "load at start"], rows))
+
+
 QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3steps-32tasks-evalbatch32.json",
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
@@ -566,14 +596,14 @@ def quickstart() -> list[str]:
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
                                            zero_human_data,
                                            environments, judge,
-                                           speed_vs_trl, update_speed, rollout_engine, kept_caches, structured_outputs, chaos,
+                                           speed_vs_trl, update_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
 
 REMAINING = """## Not yet in this report
 
 These benchmarks have raw files under [`results/`](results/) and are discussed in the docs, but their tables
 are not generated here yet: decode step and lean forward (`decode-step-*`, `forward-*`), memory
-(`memory-*`), overlap (`overlap-*`, `trainer-overlap-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
+(`memory-*`), the evaluation engine's width (`eval-batch-smollm2-*`), the task
 manager (`task-manager-*`) and docker runs (`docker-*.log`).
 """
 
