@@ -10,12 +10,13 @@ section says what the benchmark measures and the command that produced its raw f
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from common import generated_page
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -617,16 +618,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="write benchmarks/README.md")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        REPORT.write_text(text)
-        print(f"wrote {REPORT}")
-    else:
-        print(text, end="")
-    return 0
+    return generated_page.main(render, REPORT, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

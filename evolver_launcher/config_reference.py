@@ -10,7 +10,6 @@ the line that declares it in the settings class.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import inspect
 import json
@@ -24,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from common import generated_page
 from evolver_launcher.settings import RunConfig
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration-reference.md"
@@ -144,16 +144,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(PAGE.parents[1])}")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        PAGE.write_text(text)
-        print(f"wrote {PAGE}")
-    else:
-        print(text, end="")
-    return 0
+    return generated_page.main(render, PAGE, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
