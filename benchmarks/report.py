@@ -110,6 +110,23 @@ def example_runs() -> list[str]:
         table(["example", "metric", "before", "after", "change (paired)"], rows))
 
 
+def ablation_seed_rows(report: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    for row in report["rows"]:
+        for seed in row["seeds"]:
+            name = f"ablation/flights/{row['row']}-seed{seed}.json"
+            data = load(name)
+            if "eval_end" not in data:  # base: the start evaluation only
+                continue
+            end, signal, k = data["eval_end"], data["train"]["signal"], report["k"]
+            rows.append([row["label"], seed, f"{end[f'avg@{k}']:.3f}", ci(data["paired_vs_start"]["avg"], True),
+                         f"{end[f'best@{k}']:.3f}", f"{end['invalid_action_rate']:.2f}",
+                         f"{signal['mixed_outcome_groups']} of {signal['groups']}",
+                         f"{signal.get('skipped_updates', 0)} of {signal['steps']}",
+                         f"{data['train']['wall_s'] / 60:.1f}", link(name)])
+    return rows
+
+
 def ablation() -> list[str]:
     name = "ablation/flights/report.json"
     data = load(name)
@@ -132,6 +149,10 @@ def ablation() -> list[str]:
         verdict = ("holds, CI excludes 0" if check["ci_excludes_0"] else "holds") if check["holds"] else "does NOT hold"
         body.append(f"- {labels[check['lower']]} < {labels[check['higher']]}: difference "
                     f"{ci(check['difference'], True)}: {verdict}")
+    body += ["", "Per seed (each trained row's end evaluation, paired against its seed's start):", "",
+             *table(["row", "seed", f"avg@{data['k']} after", "paired change (95% CI)", f"best@{data['k']}",
+                     "invalid-action rate", "groups mixed", "updates skipped", "training min", "raw"],
+                    ablation_seed_rows(data))]
     return section(
         "Ablation v1 (flights, frozen protocol; history)",
         "AgentEvolver's ablation table on one frozen protocol file, `examples/ablation/flights.yaml` (its sha256 "
