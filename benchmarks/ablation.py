@@ -13,7 +13,9 @@ row: the derivation only switches mechanisms off (see `derive`), so the rows dif
 
 Each (row, seed) run is `python launcher.py` as a child process, with a checkpoint every step and
 `launcher.resume: true`: rerunning the same command after an interruption continues from the last
-checkpoint (a finished run is not trained again). Its training curve is the trainer's greedy evaluation
+checkpoint (a finished run is not trained again). A run whose trainer stopped it as collapsed (exit 4, its
+summary.json names the signal) is never resumed: it is recorded as failed (`failed` in its raw JSON, no
+evaluation) and listed under the report's table. Its training curve is the trainer's greedy evaluation
 on a small validation subset after every step. Then its final checkpoint is evaluated on the test split
 (k samples per task at a fixed temperature) by `python -m trainer.evaluate` as a child process, against an
 env service of its own: the in-process policy alone, no experience manager, no grammar, the same prompts
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.config import ConfigError, StrictModel, compose  # noqa: E402
 from evolver_launcher.manifest import git_state  # noqa: E402
+from evolver_launcher.supervisor import COLLAPSED_EXIT  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 Row = Literal["base", "q", "qn", "qa", "full", "grpo"]
@@ -258,7 +261,8 @@ class Harness:
             raise SystemExit(f"ablation: {run_dir} was started under another protocol file; delete it (and "
                              f"{marker}) to start this run again")
         spent = run_dir.parent / f"{run_dir.name}.seconds"
-        if _finished(out, cfg["trainer"]["steps"]):
+        # A collapsed run is not resumed: training on would only go further from a degenerate policy.
+        if _finished(out, cfg["trainer"]["steps"]) or collapse_of(out) is not None:
             return out, float(spent.read_text()) if spent.is_file() else 0.0
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(self.protocol_sha)
@@ -271,6 +275,8 @@ class Harness:
         # Wall time over every launcher invocation of this run (an interrupted run is continued later).
         total = float(spent.read_text()) if spent.is_file() else 0.0
         spent.write_text(str(total + time.monotonic() - started))
+        if code == COLLAPSED_EXIT and collapse_of(out) is not None:
+            return out, float(spent.read_text())
         if code != 0 or not _finished(out, cfg["trainer"]["steps"]):
             tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
             raise SystemExit(f"ablation: {row} seed {seed}: the launcher ended with {code} before the last step; "
@@ -281,11 +287,20 @@ class Harness:
         path = self.result_path(row, seed)
         if path.is_file():
             return json.loads(path.read_text())
-        base = self.base(seed)
         out, wall = self.train(row, seed)
+        summary = json.loads((out / "summary.json").read_text())
+        collapse = collapse_of(out)
+        if collapse is not None:
+            payload = {**self.meta(row, seed), "config": derive(self.protocol.run, row, seed, self.settings, self.runs_dir),
+                       "failed": {"reason": "collapsed", "signal": collapse["signal"], "step": collapse["step"],
+                                  "message": collapse["message"]},
+                       "train": {"steps": summary["steps"], "wall_s": round(wall, 1), "collapse": collapse,
+                                 "signal": summary.get("training"), "mechanisms": summary.get("mechanisms")}}
+            self.write(row, seed, payload)
+            return payload
+        base = self.base(seed)
         from trainer.summary import interval
 
-        summary = json.loads((out / "summary.json").read_text())
         records = _step_records(out / "metrics.jsonl")
         end = self.evaluate(["--checkpoint", str(out / "checkpoints")], split=self.eval.split,
                             tasks=self.eval.tasks, k=self.eval.k, sample=True, seed=seed)
@@ -342,6 +357,13 @@ def paired(before: dict[str, Any], after: dict[str, Any], metric: str) -> list[f
     if differing:
         raise ValueError(f"the prompts of {len(differing)} tasks differ between the evaluations (e.g. {differing[0]})")
     return [a[t] - b[t] for t in sorted(a) if t in b]
+
+
+def collapse_of(out: Path) -> dict[str, Any] | None:
+    """The trainer's collapse record when its summary.json says the run collapsed, else None."""
+    path = out / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    return summary.get("collapse") if summary.get("status") == "collapsed" else None
 
 
 def _finished(out: Path, steps: int) -> bool:
@@ -453,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
             for row in rows:
                 payload = harness.base(seed) if row == "base" else harness.row(row, seed)
                 done.append(str(harness.result_path(row, seed)))
-                if row != "base":
+                if "failed" in payload:
+                    print(f"[ablation] {row} seed {seed}: FAILED, recorded as such and not resumed: "
+                          f"{payload['failed']['message']}", file=sys.stderr, flush=True)
+                elif row != "base":
                     delta = payload["paired_vs_start"]["avg"]
                     print(f"[ablation] {row} seed {seed}: avg@{settings.eval.k} change {delta['mean']:+.3f} "
                           f"[{delta['lo']:+.3f}, {delta['hi']:+.3f}]", file=sys.stderr, flush=True)

@@ -23,12 +23,23 @@ ORDERING = (("base", "q"), ("q", "qn"), ("q", "qa"), ("qn", "full"), ("qa", "ful
 
 
 def load_results(directory: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """The completed runs, by row and seed (runs recorded as failed: `failed_runs`)."""
     runs: dict[str, dict[int, dict[str, Any]]] = {}
-    for path in sorted(Path(directory).glob("*-seed*.json")):
-        data = json.loads(path.read_text())
-        if data.get("benchmark") == "ablation":
+    for data in _ablation_files(directory):
+        if "failed" not in data:
             runs.setdefault(data["row"], {})[int(data["seed"])] = data
     return runs
+
+
+def failed_runs(directory: Path) -> list[dict[str, Any]]:
+    """Runs recorded as failed (a collapse): row, seed and why; they have no evaluation, so no table cell."""
+    return [{"row": d["row"], "seed": int(d["seed"]), **d["failed"]} for d in _ablation_files(directory)
+            if "failed" in d]
+
+
+def _ablation_files(directory: Path) -> list[dict[str, Any]]:
+    found = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*-seed*.json"))]
+    return [d for d in found if d.get("benchmark") == "ablation"]
 
 
 def end_eval(runs: dict[str, dict[int, dict[str, Any]]], row: str, seed: int) -> dict[str, Any]:
@@ -124,7 +135,7 @@ def summarize(directory: Path) -> dict[str, Any]:
     return {"k": k, "tasks": any_run["eval_start"]["tasks"], "split": any_run["eval_protocol"]["split"],
             "temperature": any_run["eval_protocol"]["temperature"], "commits": commits,
             "protocol_sha256": protocols, "explore": any_run.get("explore", False), "rows": rows,
-            "ordering": ordering, "curves": {row: {s: d["train"]["curve"] for s, d in runs[row].items()}
+            "ordering": ordering, "failed": failed_runs(directory), "curves": {row: {s: d["train"]["curve"] for s, d in runs[row].items()}
                                               for row in runs if row != "base"}}
 
 
@@ -162,6 +173,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {r['label']} | {len(r['seeds'])} | {_cell(r['avg_end'])} | {_cell(r.get('avg_change'), True)} "
                      f"| {_cell(r['best_end'])} | {_cell(r.get('best_change'), True)} | {reach} | {minutes} | {lengths} "
                      f"| {single} |")
+    if report.get("failed"):
+        lines += ["", "Runs recorded as failed (not in the table; never resumed, never evaluated):", ""]
+        lines += [f"- {LABELS[f['row']]} seed {f['seed']}: {f['reason']} ({f.get('signal')} at step {f.get('step')})"
+                  for f in report["failed"]]
     lines += ["", f"Paper's ordering (avg@{k}, paired per task, over the seeds both rows have):", ""]
     for o in report["ordering"]:
         name = f"{LABELS[o['lower']]} < {LABELS[o['higher']]}"

@@ -36,7 +36,10 @@ POLL_S = 0.2
 HEALTH_EVERY_S = 0.5
 CONFIG_ERROR_EXIT = 2  # argparse/config errors: restarting cannot help
 GAVE_UP_EXIT = 3  # the trainer waited out its outage budget for a peer (or its steps stayed empty): it said why
-NO_RESTART_EXITS = {CONFIG_ERROR_EXIT: " (a configuration error)", GAVE_UP_EXIT: " (it gave up on a peer or on empty steps)"}
+COLLAPSED_EXIT = 4  # the trainer stopped a collapsed run (trainer.collapse): the launcher exits with it too
+NO_RESTART_EXITS = {CONFIG_ERROR_EXIT: " (a configuration error)", GAVE_UP_EXIT: " (it gave up on a peer or on empty steps)",
+                    COLLAPSED_EXIT: " (the run collapsed: its summary.json names the signal)"}
+PASSED_ON_EXITS = {COLLAPSED_EXIT}  # a foreground child's exit code the launcher exits with (others: 1)
 
 
 def _die_with_parent() -> None:
@@ -100,9 +103,10 @@ class Child:
 
 
 class RunFailed(Exception):
-    def __init__(self, child: str, reason: str, log_path: Path, log_tail: str) -> None:
+    def __init__(self, child: str, reason: str, log_path: Path, log_tail: str, exit_code: int = 1) -> None:
         super().__init__(f"{child}: {reason}")
         self.child, self.reason, self.log_path, self.log_tail = child, reason, log_path, log_tail
+        self.exit_code = exit_code  # the launcher's
 
 
 class Supervisor:
@@ -148,7 +152,7 @@ class Supervisor:
             self.say(f"{failure.child} failed: {failure.reason}")
             self.say(f"last lines of {failure.log_path}:")
             print(failure.log_tail, file=self.out, flush=True)
-            return 1
+            return failure.exit_code
         finally:
             self.stop_all()
             self._http.close()
@@ -278,9 +282,10 @@ class Supervisor:
             self.say(f"{child.name} finished")
             return
         self._crashed(child, f"exited with code {code}" + NO_RESTART_EXITS.get(code, ""),
-                      retry=code not in NO_RESTART_EXITS)
+                      retry=code not in NO_RESTART_EXITS,
+                      exit_code=code if child.spec.foreground and code in PASSED_ON_EXITS else 1)
 
-    def _crashed(self, child: Child, reason: str, retry: bool = True) -> None:
+    def _crashed(self, child: Child, reason: str, retry: bool = True, exit_code: int = 1) -> None:
         if child.spec.foreground:
             self._echo(child)
         if retry and child.spec.restartable and child.restarts < self.restart.max_restarts:
@@ -291,7 +296,8 @@ class Supervisor:
             return
         child.state = FAILED
         gave_up = f" after {child.restarts} restart(s)" if child.restarts else ""
-        raise RunFailed(child.name, reason + gave_up, child.spec.log_path, tail(child.spec.log_path, self.tail_lines))
+        raise RunFailed(child.name, reason + gave_up, child.spec.log_path, tail(child.spec.log_path, self.tail_lines),
+                        exit_code=exit_code)
 
     def _echo(self, child: Child) -> None:
         """Copy what the foreground child wrote since last time to our stdout."""

@@ -65,7 +65,10 @@ def curve_keys(records: list[dict[str, Any]]) -> dict[str, list[str]]:
             "policy loss": ["update/pg_loss"],
             "clip fraction, flagged vs unflagged": ["update/clip_frac_flagged", "update/clip_frac_unflagged"],
             "held-out avg@k / best@k": evals,
-            "experience share and hit rate": ["rollout/experience_frac", "experience/hit_rate"]}
+            "experience share and hit rate": ["rollout/experience_frac", "experience/hit_rate"],
+            "KL to the reference (k3)": ["update/kl"],
+            "collapse detectors (rollouts without experience)": [
+                "collapse/empty_reply_share", "collapse/invalid_action_rate", "collapse/reply_length_ratio"]}
 
 
 def build_app(settings: StudioSettings, token: str | None = None) -> FastAPI:
@@ -253,7 +256,8 @@ def _live_context(run: Run, lines: JsonLines) -> dict[str, Any]:
     summary = run.summary or {}
     return {"status": run.status, "charts": charts, "counters": sorted(counters.items()),
             "steps": max((int(r.get("step", 0)) for r in records), default=0), "records": len(records),
-            "eval": summary.get("eval") or {}, "mechanisms": summary.get("mechanisms") or {}}
+            "eval": summary.get("eval") or {}, "mechanisms": summary.get("mechanisms") or {},
+            "collapse": summary.get("collapse")}
 
 
 def _logs(run: Run) -> list[str]:

@@ -147,7 +147,9 @@ class Run:
 
     @property
     def status(self) -> str:
-        """live, finished or crashed."""
+        """live, finished, crashed, or collapsed (the trainer's collapse detectors stopped it)."""
+        if (self.summary or {}).get("status") == "collapsed":
+            return "collapsed"
         manifest = self.manifest
         if manifest is not None:
             result = manifest.get("result")

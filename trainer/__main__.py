@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: {exc}", file=sys.stderr)
         return 2
     from common.http import PeerUnavailable
+    from trainer.collapse import COLLAPSED_EXIT, RunCollapsed
     from trainer.resilience import EmptyStepError
 
     try:
@@ -47,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         # A restart cannot bring a peer back: exit 3 tells the launcher not to restart the trainer.
         print(f"trainer: {_cause(exc)}", file=sys.stderr)
         return 3
+    except RunCollapsed as exc:
+        # The policy degenerated: training on would only go further; summary.json names the signal.
+        print(f"trainer: {_cause(exc)}; summary in {Path(config.output_dir) / 'summary.json'}", file=sys.stderr)
+        return COLLAPSED_EXIT
     from trainer.summary import print_summary
 
     print_summary(result)

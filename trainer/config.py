@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel
-from trainer.settings import LoraSettings, OptimConfig, PolicyLossConfig, RolloutConfig
+from trainer.settings import CollapseSettings, LoraSettings, OptimConfig, PolicyLossConfig, RolloutConfig
 
 
 class PolicyConfig(StrictModel):
@@ -132,6 +132,8 @@ class TrainerConfig(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    collapse: CollapseSettings = Field(default_factory=CollapseSettings, description=(
+        "collapse detectors on the rollouts without injected experience: a collapsed run stops with exit 4"))
 
     @model_validator(mode="after")
     def _peers_for_mechanisms(self) -> TrainerConfig:

@@ -81,3 +81,28 @@ class PolicyLossConfig(StrictModel):
     importance_cap: float = Field(default=2.0, gt=0, description=(
         "off-policy samples (trainer.overlap): truncation of the importance weight pi_prox / mu of the "
         "policy the update starts from against the one that generated the token"))
+
+
+class CollapseSettings(StrictModel):
+    """When a run has collapsed: each step's rollouts without injected experience against the first judged step's.
+
+    A signal breaches when it reaches its threshold; `consecutive` judged steps in a row breaching the same
+    signal stop the run (the trainer exits 4, and the launcher does not restart it).
+    """
+
+    enabled: bool = Field(default=True, description="judge every step and stop a collapsed run")
+    min_rollouts: int = Field(default=4, ge=1, description=(
+        "rollouts without injected experience a step needs to be judged; the first step with that many is the "
+        "baseline. A step with fewer is not judged and leaves the counts of consecutive breaches as they were"))
+    consecutive: int = Field(default=2, ge=1, description="judged steps in a row breaching one signal that stop the run")
+    empty_reply_rise: float = Field(default=0.3, gt=0, le=1, description=(
+        "empty_replies breaches when the share of blank replies is at least this much above the baseline's"))
+    invalid_action_rise: float = Field(default=0.2, gt=0, le=1, description=(
+        "invalid_actions breaches when the share of steps the environment called invalid is at least this much "
+        "above the baseline's"))
+    reply_length_shrink: float = Field(default=0.3, gt=0, le=1, description=(
+        "short_replies breaches when the median reply (policy tokens of one turn) is at most this share of the "
+        "baseline's median"))
+    reply_length_bloat: float = Field(default=3.0, ge=1, description=(
+        "long_replies breaches when the median reply is at least this multiple of the baseline's median "
+        "(replies are capped at rollout.max_new_tokens: a baseline near the cap cannot bloat that far)"))

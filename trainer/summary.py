@@ -153,6 +153,11 @@ def loop_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows.append(_counter_check("experience hits (of retrievals)", experience, "hits", of="retrievals"))
     rows.append(_counter_check("synthetic tasks sampled (of tasks)", mechanisms.get("self_questioning"),
                                "synthetic_sampled", of="tasks_sampled"))
+    collapse = summary.get("collapse")
+    if collapse is not None and collapse.get("enabled"):
+        value = (f"{collapse['signal']} at step {collapse['step']}" if collapse.get("collapsed")
+                 else f"none in {collapse.get('judged_steps', 0)} judged steps")
+        rows.append(_check("collapse", value, "none", not collapse.get("collapsed")))
     return rows
 
 
@@ -192,6 +197,8 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
                                           "service": await _service_stats(trainer.judge, "judge")}
     stats = trainer.group_stats
     summary = {
+        # collapsed: the collapse detectors stopped the run (`collapse` names the signal)
+        "status": "collapsed" if trainer.collapse.collapsed else "finished",
         "steps": trainer.step, "output_dir": str(trainer.out), "run_id": trainer.run_id,
         "dropped_groups": stats.dropped_groups, "failed_attempts": stats.failed_attempts, "rollouts": stats.rollouts,
         "plot": str(plot) if plot else None,
@@ -200,6 +207,7 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
         "training": training_signal(trainer.metrics.records()),
         "mechanisms": mechanisms,
         "resilience": trainer.resilience_summary(),
+        "collapse": trainer.collapse.summary(),
     }
     summary["checks"] = loop_checks(summary)
     return summary
@@ -269,5 +277,8 @@ def print_summary(summary: dict[str, Any]) -> None:
                       f"{resilience.get('empty_step_retries')}, resumes from a checkpoint {resilience.get('resumes')}")
     for line in resilience.get("degradations") or []:
         console.print(f"degraded: {line}")
+    collapse = summary.get("collapse") or {}
+    if collapse.get("collapsed"):
+        console.print(f"COLLAPSED: {collapse['message']}", style="bold red", markup=False)
     console.print(f"steps {summary.get('steps')}, dropped groups {summary.get('dropped_groups')}, "
                   f"curves {summary.get('plot')}, summary {Path(summary.get('output_dir', '.')) / 'summary.json'}")
