@@ -265,6 +265,64 @@ def test_updater_runs_minibatches_and_moves_the_policy(tiny):
     assert after > before  # the positive-advantage answer became more likely
 
 
+
+def test_the_kl_term_is_taken_on_the_experience_stripped_context(env_url, tiny):
+    """Real episodes with injected experience; the update's KL to a frozen reference (`loss.kl_coef`, k3) equals
+    the one computed by hand from both models on the stripped training tokens, not the one on the context the
+    policy generated from (which held the experience)."""
+    import copy
+
+    from trainer.loss import low_var_kl
+
+    model, tok = tiny
+    policy = RecordingPolicy(model, tok)
+
+    async def go(env):
+        tasks = [Task(task_id="signal-train-0001", env_type="signal")]
+        return await collect_groups(tasks, env, policy.generate, tok, config(n=2, max_turns=1, experience_ratio=1.0),
+                                    experience=FixedExperience("Remember the last word you are shown."), seed=4)
+
+    rollouts = [r for g in asyncio.run(_with_env(env_url, go)) for r in g]
+    asyncio.run(policy.inner.aclose())
+    exp_ids = tok.encode(EXP_OPEN, add_special_tokens=False)
+    assert len(rollouts) == 2 and all(r.trajectory.experience_flag for r in rollouts)
+    assert len(policy.contexts) == 2 and all(_contains(c, exp_ids) for c in policy.contexts)
+    samples = [TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask, [1.0] * len(seg.response_ids),
+                           experience_flag=True) for r in rollouts for seg in r.segments]
+    assert not any(_contains(s.prompt_ids + s.response_ids, exp_ids) for s in samples)
+    reference = copy.deepcopy(model)  # frozen, and moved off the policy so that the KL is not 0
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(torch.randn(p.shape, generator=noise) * 0.05)
+    updater = PolicyUpdater(copy.deepcopy(model), OptimConfig(lr=1e-3, minibatches=1, micro_batch_size=8),
+                            PolicyLossConfig(kl_coef=0.1), pad_id=0, total_updates=1, ref_model=reference)
+    # The reference log-probs the update takes (its own scoring call), then the update and its reported KL
+    # (one micro-batch: the token mean over both samples).
+    used = updater.score(updater.ref_model, samples)
+    reported = updater.update(samples)["update/kl"]
+
+    def by_hand(rows):
+        """Per mask-1 token of (context, response, mask) rows: the policy's and the reference's log-probs."""
+        logps, ref_logps = [], []
+        for context, response, mask in rows:
+            batch = collate([TrainSample(context, response, mask, [0.0] * len(response))], 0, torch.device("cpu"))
+            keep = torch.tensor(mask, dtype=torch.bool)
+            with torch.no_grad():
+                logps.append(response_logprobs(model, batch)[0][0][keep])
+                ref_logps.append(response_logprobs(reference, batch)[0][0][keep])
+        return torch.cat(logps), torch.cat(ref_logps)
+
+    logp, ref_logp = by_hand([(s.prompt_ids, s.response_ids, s.loss_mask) for s in samples])
+    seen_logp, seen_ref_logp = by_hand([(c, o, [1] * len(o))
+                                        for c, o in zip(policy.contexts, policy.outputs, strict=True)])
+    used_tokens = torch.cat([used[i][torch.tensor(s.loss_mask, dtype=torch.bool)] for i, s in enumerate(samples)])
+    assert torch.allclose(used_tokens, ref_logp, atol=1e-5)
+    assert (seen_ref_logp - ref_logp).abs().max() > 1e-3  # the experience in the context moves them
+    assert reported == pytest.approx(float(low_var_kl(logp, ref_logp).mean()), rel=1e-4)
+    assert reported != pytest.approx(float(low_var_kl(seen_logp, seen_ref_logp).mean()), rel=1e-4)
+
+
 # ---------------------------------------------------------------- inject: turns (issue 14)
 
 DEMO_ANSWER = "zebra quartz demonstration"
