@@ -251,6 +251,21 @@ def test_an_ordering_pairs_only_the_seeds_both_rows_have(tmp_path):
     assert "(seeds both rows have: 0): does NOT hold" in (tmp_path / "REPORT.md").read_text()
 
 
+def test_a_run_recorded_as_failed_is_listed_and_kept_out_of_the_numbers(tmp_path):
+    from benchmarks.ablation_report import summarize, write_report
+
+    _raw(tmp_path, "base", 0, {"a": [0.0, 0.0], "b": [0.0, 0.0]})
+    _raw(tmp_path, "full", 0, {"a": [1.0, 0.0], "b": [0.0, 0.0]}, [0.0, 0.0])
+    failed = {"benchmark": "ablation", "row": "full", "seed": 1,
+              "failed": {"reason": "collapsed", "signal": "short_replies", "step": 7, "message": "collapsed: ..."}}
+    (tmp_path / "full-seed1.json").write_text(json.dumps(failed))
+    report = summarize(tmp_path)
+    assert next(r for r in report["rows"] if r["row"] == "full")["seeds"] == [0]
+    assert report["failed"] == [{"row": "full", "seed": 1, **failed["failed"]}]
+    write_report(tmp_path)
+    assert "- full seed 1: collapsed (short_replies at step 7)" in (tmp_path / "REPORT.md").read_text()
+
+
 def test_successes_are_counted_by_episode_length():
     result = {"per_task": {"a": [1.0, 0.0, 1.0], "b": [0.0, 1.0, 1.0]},
               "per_task_steps": {"a": [1, 4, 2], "b": [3, 2, 2]}}

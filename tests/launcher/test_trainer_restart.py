@@ -1,5 +1,6 @@
 """The supervisor's restart rule for the trainer: a crash (or SIGKILL) restarts it with the resume
-override, up to `max_restarts`; exit 2 (configuration) and exit 3 (gave up on a peer) do not."""
+override, up to `max_restarts`; exit 2 (configuration), exit 3 (gave up on a peer) and exit 4 (the run collapsed)
+do not."""
 
 from __future__ import annotations
 
@@ -81,3 +82,13 @@ def test_a_restarted_trainer_stops_the_actor_its_killed_driver_left_behind(tmp_p
         assert _stop_leftover_actor(ray, ACTOR_NAME) is False  # nothing left: nothing to do
     finally:
         ray.shutdown()
+
+
+def test_a_trainer_that_stopped_a_collapsed_run_is_not_restarted_and_its_exit_code_is_passed_on(tmp_path):
+    from evolver_launcher.supervisor import COLLAPSED_EXIT
+    from trainer.collapse import COLLAPSED_EXIT as TRAINER_COLLAPSED_EXIT
+
+    assert COLLAPSED_EXIT == TRAINER_COLLAPSED_EXIT == 4
+    code, out, _ = run_trainer(tmp_path, "4")
+    assert code == 4, out  # the launcher exits 4 too (other failures: 1)
+    assert "trainer failed: exited with code 4 (the run collapsed" in out and "restart 1/" not in out
