@@ -62,6 +62,7 @@ def test_a_collapsed_run_exits_4_unrestarted_and_is_recorded_as_failed(tmp_path)
     protocol = load_protocol(tmp_path / "flights.yaml")
     runs_dir = tmp_path / "runs"
     config = derive(protocol.run, "grpo", 0, protocol.ablation, runs_dir)  # env_service and the trainer only
+    config["trainer"]["eval"]["every"] = 0  # no curve: the run ends before its last step, where "after" would run
     conf = runs_dir / "grpo-seed0.yaml"
     conf.parent.mkdir(parents=True)
     conf.write_text(yaml.safe_dump(config))
