@@ -124,6 +124,12 @@ def run(args: argparse.Namespace) -> int:
         print(describe_plan(plan))
         print("dry run: nothing was started")
         return 0
+    problems = _preflight(plan)
+    if problems:
+        for problem in problems:
+            print(f"launcher: {problem}", file=sys.stderr)
+        print("launcher: nothing was started", file=sys.stderr)
+        return 2
 
     from evolver_launcher.leftovers import new_launch_id, reap_abandoned, registry_path, write_registry
     from evolver_launcher.manifest import build_manifest, served_environments, write_manifest
@@ -174,6 +180,15 @@ def run(args: argparse.Namespace) -> int:
     registry.unlink(missing_ok=True)
     lock.close()
     return code
+
+
+def _preflight(plan) -> list[str]:
+    """Plugins that do not import and remotes that do not answer, found before any process starts."""
+    if "env_service" not in plan.launcher.services:
+        return []
+    from evolver_launcher.preflight import check_reachable
+
+    return check_reachable(plan.config.env_service, plan.child("env_service").env, REPO_ROOT)
 
 
 def _attach_synthesis(plan) -> None:

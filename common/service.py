@@ -266,7 +266,8 @@ class _GuardMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-ReadyCheck = Callable[[], bool | Awaitable[bool]]
+# True/False, or a string: the reason the service is not ready (a dependency that does not answer).
+ReadyCheck = Callable[[], bool | str | Awaitable[bool | str]]
 
 
 def create_app(
@@ -281,7 +282,8 @@ def create_app(
 ) -> FastAPI:
     """Build a FastAPI app with the shared routes, errors and middleware.
 
-    `token` defaults to EVOLVER_API_TOKEN from the environment; `ready` decides /healthz.
+    `token` defaults to EVOLVER_API_TOKEN from the environment; `ready` decides /healthz: a string it
+    returns is the reason the service is not ready, answered as 503 `{"status": "unavailable", "reason"}`.
     """
     token = token if token is not None else (os.environ.get("EVOLVER_API_TOKEN") or None)
     app = FastAPI(title=f"evolver {name}", version=version, description=description,
@@ -317,12 +319,14 @@ def create_app(
     @app.get("/healthz", tags=["service"])
     async def healthz() -> Response:
         check = app.state.ready_check
-        ok = True
+        result: bool | str = True
         if check is not None:
             result = check()
-            ok = bool(await result) if inspect.isawaitable(result) else bool(result)
-        body = {"status": "ok" if ok else "starting", "service": name}
-        return ORJSONResponse(body, status_code=200 if ok else 503)
+            result = await result if inspect.isawaitable(result) else result
+        if isinstance(result, str):
+            return ORJSONResponse({"status": "unavailable", "service": name, "reason": result}, status_code=503)
+        body = {"status": "ok" if result else "starting", "service": name}
+        return ORJSONResponse(body, status_code=200 if result else 503)
 
     @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
     async def metrics_route() -> Response:

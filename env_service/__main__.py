@@ -19,8 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     listener = reserve_port(settings.host, settings.port)
     try:
         app = build_app(settings)  # type: ignore[arg-type]
-    except ConfigError as exc:
-        sys.exit(f"env_service: {exc}")
+    except ConfigError as exc:  # exit 2: the launcher does not restart a configuration error
+        print(f"env_service: {exc}", file=sys.stderr)
+        sys.exit(2)
     logger.info("env_service: {} backend, environments: {}", settings.backend, ", ".join(settings.environments))
     run_app(app, settings.host, settings.port, settings.log_level, sock=listener)
 

@@ -54,8 +54,17 @@ def build_app(settings: EnvServiceSettings, environments: dict[str, Environment]
                 await maintenance
             await manager.close()
 
-    app = create_app("env_service", description="Gym-style environments over HTTP",
-                     ready=lambda: started["ok"], max_body_bytes=settings.max_body_bytes, lifespan=lifespan)
+    async def ready() -> bool | str:
+        if not started["ok"]:
+            return False
+        for env in environments.values():
+            reason = await run_in_threadpool(env.unready)
+            if reason:
+                return reason
+        return True
+
+    app = create_app("env_service", description="Gym-style environments over HTTP", ready=ready,
+                     max_body_bytes=settings.max_body_bytes, lifespan=lifespan)
     app.state.manager = manager
     app.state.settings = settings
     add_v1_routes(app, manager)

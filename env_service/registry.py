@@ -14,7 +14,9 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from common.config import ConfigError
+from pydantic import BaseModel
+
+from common.config import ConfigError, validate
 from env_service.environments.base import Environment
 
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
@@ -30,6 +32,31 @@ BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "scienceworld": "env_service.environments.scienceworld_tasks:ScienceWorldEnvironment",
     "babyai": "env_service.environments.babyai:BabyAIEnvironment",
 }
+
+# The settings models of built-in environments whose modules import light (no suite package): the
+# launcher validates these sections before anything starts, so a typo fails in --dry-run.
+CONFIG_MODELS: dict[str, str] = {
+    "remote": "env_service.environments.remote.environment:RemoteConfig",
+    "signal": "env_service.environments.signal.environment:SignalConfig",
+}
+
+
+def config_model(name: str) -> type[BaseModel] | None:
+    """The settings model of built-in environment `name`, when it has a light one."""
+    spec = CONFIG_MODELS.get(name)
+    if spec is None:
+        return None
+    module_name, _, class_name = spec.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def validate_environment_configs(enabled: Mapping[str, Mapping[str, Any] | None],
+                                 root: str = "env_service.environments") -> None:
+    """Check each enabled environment's section against its settings model (unknown keys, bad values)."""
+    for name, config in enabled.items():
+        model = config_model(name)
+        if model is not None:
+            validate(model, dict(config or {}), root=f"{root}.{name}")
 
 
 def resolve_class(name: str, plugins: Mapping[str, str] | None = None) -> type[Environment]:
@@ -76,6 +103,8 @@ def load_environments(enabled: Mapping[str, Mapping[str, Any] | None],
         cls = resolve_class(name, plugins)
         try:
             environments[name] = cls(dict(config or {}))
+        except ConfigError:
+            raise  # it names its key path already
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(f"env_service.environments.{name}: {exc}") from exc
     return environments

@@ -20,6 +20,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from common.config import ConfigError, validate
+from env_service.settings import EnvServiceSettings
+from evolver_launcher.preflight import check_environment_section, check_served
 from evolver_launcher.settings import (
     SERVICE_MODULES,
     SERVICE_ORDER,
@@ -243,17 +245,42 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
     for name, section in dormant.items():
         _check_dormant(name, section)
     config = validate(RunConfig, data)
+    _check_environments(config, dormant, services)
     resolved = {k: v for k, v in config.model_dump(mode="json").items() if v is not None}
     resolved["launcher"]["experiment"] = experiment
     resolved.update({k: v for k, v in dormant.items() if v is not None})  # kept as written, for the record
     config_path = run_dir / "config.yaml"
-    children = _children(config, resolved, services, urls, ray, run_dir, config_path)
+    children = _children(config, resolved, services, urls, ray, run_dir, config_path, plugin_path(conf_path))
     studio_url = None
     if launcher.studio.enabled:
         studio = _studio_child(launcher, book.resolve("launcher.studio.port", launcher.studio.port), run_dir)
         children.append(studio)  # after the trainer, which therefore does not wait for it
         studio_url = f"http://{_connect_host(host)}:{studio.port}/runs/{experiment}"
     return Plan(experiment, run_dir, config_path, config, resolved, children, ray, studio_url)
+
+
+def _check_environments(config: RunConfig, dormant: dict[str, Any], services: list[str]) -> None:
+    """Every environment's settings; the environments the trainer and task manager use are served."""
+    section = config.env_service
+    if section is None and dormant.get("env_service") is not None:
+        section = validate(EnvServiceSettings, dormant["env_service"], root="env_service")
+    if section is None:
+        return
+    check_environment_section(section)
+    if "env_service" in services:
+        trainer_env = config.trainer.rollout.env if config.launcher.trainer and config.trainer else None
+        task_envs = config.task_manager.environments if "task_manager" in services and config.task_manager else []
+        check_served(section, trainer_env, task_envs)
+
+
+def plugin_path(conf_path: str | os.PathLike | None) -> str:
+    """PYTHONPATH for the children that import env_service plugins: the config file's folder and the folder
+    the launcher runs in (children run in the repository), then whatever PYTHONPATH already holds."""
+    folders = [str(Path(conf_path).resolve().parent)] if conf_path else []
+    folders.append(str(Path.cwd()))
+    if os.environ.get("PYTHONPATH"):
+        folders.append(os.environ["PYTHONPATH"])
+    return os.pathsep.join(dict.fromkeys(folders))
 
 
 def _studio_child(launcher: LauncherSettings, port: int, run_dir: Path) -> ChildSpec:
@@ -386,13 +413,14 @@ def _base_env(threads: int) -> dict[str, str]:
 
 
 def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], urls: dict[str, str],
-              ray: RayPlan, run_dir: Path, config_path: Path) -> list[ChildSpec]:
+              ray: RayPlan, run_dir: Path, config_path: Path, pythonpath: str) -> list[ChildSpec]:
     launcher = config.launcher
     logs = run_dir / "logs"
     children: list[ChildSpec] = []
     python = sys.executable
     if ray.mode == "start":
         children.append(_ray_child(config, ray, logs))
+        children[-1].env["PYTHONPATH"] = pythonpath  # env_service's Ray actors import its plugins too
     for name in services:
         threads = thread_budget(launcher, name)
         depends = ["ray"] if ray.mode == "start" else []
@@ -401,11 +429,14 @@ def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], 
         if name != "llm_server" and "llm_server" in services and _uses_bundled(resolved.get(name), urls):
             depends.append("llm_server")
         section = resolved[name]
+        env = _base_env(threads)
+        if name == "env_service":
+            env["PYTHONPATH"] = pythonpath
         children.append(ChildSpec(
             name=name,
             argv=[python, "-m", SERVICE_MODULES[name], "--host", section["host"], "--port", str(section["port"]),
                   "--conf", str(config_path)],
-            log_path=logs / f"{name}.log", env=_base_env(threads), port=section["port"],
+            log_path=logs / f"{name}.log", env=env, port=section["port"],
             health_url=f"{urls[name]}/healthz", depends_on=depends, threads=threads))
     if launcher.trainer:
         threads = thread_budget(launcher, "trainer")

@@ -34,6 +34,9 @@ WAITING, STARTING, READY, BACKOFF, DONE, FAILED, STOPPED = (
     "waiting", "starting", "ready", "backoff", "done", "failed", "stopped")
 POLL_S = 0.2
 HEALTH_EVERY_S = 0.5
+# A service whose /healthz names a dependency that does not answer (a remote env server) for this long
+# fails the run with that reason: restarting the service cannot bring the dependency back.
+UNAVAILABLE_LIMIT_S = 45.0
 CONFIG_ERROR_EXIT = 2  # argparse/config errors: restarting cannot help
 GAVE_UP_EXIT = 3  # the trainer waited out its outage budget for a peer (or its steps stayed empty): it said why
 COLLAPSED_EXIT = 4  # the trainer stopped a collapsed run (trainer.collapse): the launcher exits with it too
@@ -96,6 +99,8 @@ class Child:
     ready_s: float | None = None
     exit_codes: list[int] = field(default_factory=list)
     echo_offset: int = 0
+    unavailable: str | None = None  # the reason the last /healthz gave for not being ready
+    unavailable_since: float | None = None
 
     @property
     def name(self) -> str:
@@ -228,6 +233,7 @@ class Supervisor:
         child.pgid = child.proc.pid  # start_new_session: the child leads its own group
         child.started_at = time.monotonic()
         child.last_health_check = 0.0
+        child.unavailable = child.unavailable_since = None
         if child not in self._started_order:
             self._started_order.append(child)
         where = f" on port {spec.port}" if spec.port else ""
@@ -241,24 +247,49 @@ class Supervisor:
         if now - child.last_health_check < HEALTH_EVERY_S:
             return
         child.last_health_check = now
-        if self._healthy(child.spec):
+        if self._healthy(child):
             self._mark_ready(child)
+        elif child.unavailable_since is not None and now - child.unavailable_since > UNAVAILABLE_LIMIT_S:
+            self._kill_group(child, signal.SIGKILL)
+            self._crashed(child, f"not ready for {UNAVAILABLE_LIMIT_S:.0f}s: {child.unavailable}", retry=False)
         elif now - child.started_at > self.health_timeout_s:
             self._kill_group(child, signal.SIGKILL)
-            self._crashed(child, f"not healthy after {self.health_timeout_s:.0f}s ({self._health_target(child)})")
+            why = f": {child.unavailable}" if child.unavailable else ""
+            self._crashed(child, f"not healthy after {self.health_timeout_s:.0f}s ({self._health_target(child)}){why}")
 
-    def _healthy(self, spec: ChildSpec) -> bool:
+    def _healthy(self, child: Child) -> bool:
+        spec = child.spec
         if spec.health_url:
             try:
-                return self._http.get(spec.health_url).status_code == 200
+                response = self._http.get(spec.health_url)
             except httpx.HTTPError:
                 return False
+            self._note_unavailable(child, response)
+            return response.status_code == 200
         assert spec.health_tcp is not None
         try:
             with socket.create_connection(spec.health_tcp, timeout=1):
                 return True
         except OSError:
             return False
+
+    @staticmethod
+    def _note_unavailable(child: Child, response: httpx.Response) -> None:
+        """Remember the reason a 503 /healthz gives (`{"status": "unavailable", "reason"}`), and since when."""
+        reason = None
+        if response.status_code == 503:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+            if isinstance(body, dict) and body.get("status") == "unavailable":
+                reason = str(body.get("reason") or "unavailable")
+        if reason is None:
+            child.unavailable = child.unavailable_since = None
+        elif child.unavailable_since is None:
+            child.unavailable, child.unavailable_since = reason, time.monotonic()
+        else:
+            child.unavailable = reason
 
     @staticmethod
     def _health_target(child: Child) -> str:

@@ -89,5 +89,10 @@ class Environment(ABC):
         """OpenAI function schemas of the tools an agent may call (for a task when it matters)."""
         return []
 
+    def unready(self) -> str | None:
+        """Why this environment cannot serve right now (say, a server it depends on does not answer),
+        or None when it can. The service's /healthz answers 503 with this reason while it is not None."""
+        return None
+
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "splits": {s: len(self.task_ids(s)) for s in SPLITS}}

@@ -18,25 +18,33 @@ import os
 from typing import Any, Literal
 
 import httpx
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from common.config import StrictModel
+from common.config import StrictModel, validate
 from common.schemas import ChatMessage, Split
 from env_service.environments.base import SPLITS, EnvInstance, Environment, EvalResult, StepResult
 
 from .protocols import AgentEvolverProtocol, RemoteProtocol, V1Protocol
 
+PROBE_TIMEOUT_S = 5.0
+
 
 class RemoteConfig(StrictModel):
-    """The `remote` section of the env service config."""
+    """The `remote` section of the env service config: where the other env server is and how to talk to it."""
 
-    url: str = Field(description="base URL of the other env server, e.g. http://127.0.0.1:8081")
-    protocol: Literal["v1", "agentevolver"] = "v1"
-    env_type: str = Field(min_length=1, description="the environment's name on the other server")
-    timeout_s: float = Field(default=60.0, gt=0)
+    url: str = Field(description="base URL of the other env server (http:// or https://), e.g. "
+                                 "http://127.0.0.1:8081; the launcher checks it answers before anything starts")
+    protocol: Literal["v1", "agentevolver"] = Field(
+        default="v1", description="v1: our /v1 API (docs/environment-protocol.md); agentevolver: AgentEvolver's "
+                                  "/create, /step, /evaluate, /release, /get_env_profile, /get_info routes")
+    env_type: str | None = Field(
+        default=None, description="required: the environment's name on the other server (v1: one of the names "
+                                  "its GET /v1/environments lists; agentevolver: the env_type its routes expect)")
+    timeout_s: float = Field(default=60.0, gt=0, description="per request to the other server")
     # The bearer token is a secret: only the *name* of the environment variable holding it is config.
-    api_token_env: str | None = None
-    max_connections: int = Field(default=256, ge=1)
+    api_token_env: str | None = Field(default=None, description="name of the environment variable holding the "
+                                                                 "other server's bearer token (never the token)")
+    max_connections: int = Field(default=256, ge=1, description="keep-alive connections to the other server")
 
     @field_validator("url")
     @classmethod
@@ -44,6 +52,13 @@ class RemoteConfig(StrictModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {value!r}")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _names_the_environment(self) -> RemoteConfig:
+        if not self.env_type:
+            raise ValueError(f"env_type is missing: name the environment the server at {self.url} serves "
+                             f"(v1: one of the names its GET /v1/environments lists; agentevolver: its env_type)")
+        return self
 
 
 class RemoteInstance(EnvInstance):
@@ -81,7 +96,7 @@ class RemoteEnvironment(Environment):
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        self.settings = RemoteConfig.model_validate(self.config)
+        self.settings = validate(RemoteConfig, self.config, root="env_service.environments.remote")
         token = os.environ.get(self.settings.api_token_env) if self.settings.api_token_env else None
         if self.settings.api_token_env and not token:
             raise ValueError(f"api_token_env names {self.settings.api_token_env!r}, which is not set")
@@ -90,6 +105,7 @@ class RemoteEnvironment(Environment):
         self.http = httpx.Client(base_url=self.settings.url, timeout=self.settings.timeout_s, limits=limits,
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
         protocol_class = V1Protocol if self.settings.protocol == "v1" else AgentEvolverProtocol
+        assert self.settings.env_type is not None  # the settings' own check
         self.protocol: RemoteProtocol = protocol_class(self.http, self.settings.env_type)
         self._task_ids: dict[str, list[str]] = {}
         self._known: set[str] = set()
@@ -113,6 +129,17 @@ class RemoteEnvironment(Environment):
 
     def tool_docs(self, task_id: str | None = None) -> list[dict[str, Any]]:
         return self.protocol.tool_docs(task_id)
+
+    def unready(self) -> str | None:
+        """Why this environment cannot serve now (the other server does not answer), else None.
+
+        Any HTTP answer counts: the probe asks whether the server is there, not what it serves."""
+        try:
+            self.http.get("/healthz", timeout=min(self.settings.timeout_s, PROBE_TIMEOUT_S))
+        except httpx.HTTPError as exc:
+            return (f"the remote env server {self.settings.url} (env_type {self.settings.env_type!r}) "
+                    f"did not answer: {type(exc).__name__}: {exc}")
+        return None
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "url": self.settings.url, "protocol": self.settings.protocol,

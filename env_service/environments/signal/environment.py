@@ -163,7 +163,7 @@ class SignalEnvironment(Environment):
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        self.settings = validate(SignalConfig, self.config, root="signal")
+        self.settings = validate(SignalConfig, self.config, root="env_service.environments.signal")
         self._tasks: dict[str, SignalTask] = {}
         self._splits: dict[str, list[str]] = {}
         for split, count in self.settings.tasks_per_split.items():
