@@ -14,6 +14,8 @@ import math
 import re
 from typing import Any
 
+import orjson
+
 # orjson writes integers in [-2**63, 2**64 - 1]; anything outside cannot be echoed or stored.
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 DEFAULT_MAX_DEPTH = 64
@@ -102,3 +104,30 @@ def _bad_text(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def unsendable(value: Any, root: str) -> tuple[str, str] | None:
+    """(field path, why) for the first part of a Python value the services cannot answer as JSON, else None.
+
+    What a response may hold: what orjson writes (numpy arrays and scalars included), with str keys."""
+    try:
+        orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+        return None
+    except TypeError as exc:
+        whole = str(exc)
+    stack: list[tuple[Any, str]] = [(value, root)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return where, f"a {type(key).__name__} key ({key!r}); JSON keys are text"
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+        else:
+            try:
+                orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY)
+            except TypeError as exc:
+                return where, f"a {type(item).__name__} ({exc})"
+    return root, whole

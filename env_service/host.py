@@ -72,6 +72,8 @@ class InstanceHost:
         instance = self._get(instance_id)
         try:
             return instance.evaluate(params)
+        except HostError:  # a remote server's failure keeps its own status (502/504), not the client's 409
+            raise
         except Exception as exc:
             raise _rejected(instance_id, None, "evaluate", exc) from None
 
@@ -80,6 +82,8 @@ class InstanceHost:
         try:
             snapshot = instance.state()
             return {"state": snapshot, "state_hash": instance.state_hash() if snapshot is not None else None}
+        except HostError:
+            raise
         except Exception as exc:
             raise _rejected(instance_id, None, "state", exc) from None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from loguru import logger
 
+from common.jsonguard import unsendable
 from common.schemas import ChatMessage
 from common.service import ServiceError
 from env_service.backends import Backend
@@ -95,6 +96,9 @@ class InstanceManager:
         try:
             messages = await self._bounded(self.backend.create(instance_id, env_name, task_id, dict(params or {})),
                                            self.create_timeout_s, instance_id, "create")
+            if problem := _not_json(env_name, "create", [m.model_dump(exclude_none=True) for m in messages]):
+                await self.backend.release(instance_id)
+                raise ServiceError(502, "environment_output", problem, {"env": env_name, "call": "create"})
             now = time.monotonic()
             record = InstanceRecord(instance_id, env_name, task_id, now, now)
             self.records[instance_id] = record
@@ -108,17 +112,21 @@ class InstanceManager:
         async with record.lock:
             result = await self._call(record, self.backend.step(instance_id, action), "step")
             record.steps += 1
-            return result
+            return _sendable_step(record.env, result)
 
     async def evaluate(self, instance_id: str, params: dict[str, Any] | None = None) -> EvalResult:
         record = self.record(instance_id)
         async with record.lock:
-            return await self._call(record, self.backend.evaluate(instance_id, dict(params or {})), "evaluate")
+            result = await self._call(record, self.backend.evaluate(instance_id, dict(params or {})), "evaluate")
+        _check_json(record.env, "evaluate", {"info": result.info})
+        return result
 
     async def state(self, instance_id: str) -> dict[str, Any]:
         record = self.record(instance_id)
         async with record.lock:
-            return await self._call(record, self.backend.state(instance_id), "state")
+            snapshot = await self._call(record, self.backend.state(instance_id), "state")
+        _check_json(record.env, "state", snapshot)
+        return snapshot
 
     async def release(self, instance_id: str, reason: str = "it was released") -> bool:
         """Release an instance; False when it was not live (releasing twice is harmless)."""
@@ -207,3 +215,28 @@ class InstanceManager:
     def stats(self) -> dict[str, Any]:
         return {"live": len(self.records), "creating": len(self._creating), "max_instances": self.max_instances,
                 "ttl_s": self.ttl_s, "reaped": self.reaped, **self.backend.stats()}
+
+
+def _not_json(env: str, call: str, value: Any) -> str | None:
+    """What in an environment's answer JSON cannot carry (a set, a lone surrogate...), naming env and field."""
+    problem = unsendable(value, call)
+    if problem is None:
+        return None
+    where, why = problem
+    return f"environment {env!r} answered {call} with a value JSON cannot carry: {where} is {why}"
+
+
+def _check_json(env: str, call: str, value: Any) -> None:
+    if problem := _not_json(env, call, value):
+        raise ServiceError(502, "environment_output", problem, {"env": env, "call": call})
+
+
+def _sendable_step(env: str, result: StepResult) -> StepResult:
+    """A step answer JSON cannot carry ends the episode as an environment error (its state is unknown now)."""
+    problem = _not_json(env, "step", {"observation": result.observation.model_dump(exclude_none=True),
+                                      "info": result.info})
+    if problem is None:
+        return result
+    logger.warning(problem)
+    return StepResult(observation=ChatMessage(role="user", content=f"The action failed: {problem}"), done=True,
+                      info={"error": {"code": "environment_error", "message": problem}})

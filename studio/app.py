@@ -43,7 +43,8 @@ from studio.sources import load_pool, load_tasks, search_pool
 HERE = Path(__file__).resolve().parent
 COOKIE = "evolver_studio_token"
 OPEN_PREFIXES = ("/login", "/healthz", "/static/", "/metrics")
-COUNTER_PREFIXES = ("experience/", "tasks/", "judge/", "rollout/dropped_groups", "rollout/groups")
+COUNTER_PREFIXES = ("experience/", "tasks/", "judge/", "rollout/dropped_groups", "rollout/groups",
+                    "rollout/env_error_rate")
 
 
 def paginate(raw: str | None, total: int, size: int) -> tuple[int, int, int]:
@@ -68,7 +69,9 @@ def curve_keys(records: list[dict[str, Any]]) -> dict[str, list[str]]:
             "experience share and hit rate": ["rollout/experience_frac", "experience/hit_rate"],
             "KL to the reference (k3)": ["update/kl"],
             "collapse detectors (rollouts without experience)": [
-                "collapse/empty_reply_share", "collapse/invalid_action_rate", "collapse/reply_length_ratio"]}
+                "collapse/empty_reply_share", "collapse/invalid_action_rate", "collapse/reply_length_ratio"],
+            # the policy's malformed actions apart from steps the environment itself failed
+            "invalid actions vs environment errors": ["rollout/invalid_action_rate", "rollout/env_error_rate"]}
 
 
 def build_app(settings: StudioSettings, token: str | None = None) -> FastAPI:

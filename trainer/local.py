@@ -50,6 +50,7 @@ from trainer.rollout import (
     GroupStats,
     Rollout,
     collect_groups,
+    environment_failure,
     evaluate_policy,
     evaluation_progress,
     rollout_progress,
@@ -411,13 +412,18 @@ class LocalTrainer:
                                           demonstration_observation_tokens=(
                                               self.mechanisms.experience_config.demonstration_observation_tokens),
                                           on_rollout=rollout_progress(len(tasks) * cfg.rollout.n, started))
-            if groups:
+            failure = environment_failure(groups)
+            if groups and failure is None:
                 return groups
+            why = (f"every rollout ended in an environment error ({failure})" if failure
+                   else f"all {len(tasks)} groups dropped (last error: {self.group_stats.last_error})")
             if attempt < cfg.empty_step_retries:
                 self.step_counters.empty_step_retries += 1
-                logger.warning("step {}: all {} groups dropped (last error: {}); collecting it again ({}/{})",
-                               step + 1, len(tasks), self.group_stats.last_error, attempt + 1,
+                logger.warning("step {}: {}; collecting it again ({}/{})", step + 1, why, attempt + 1,
                                cfg.empty_step_retries)
+        if failure:
+            raise EmptyStepError(f"step {step + 1}: every rollout ended in an environment error in "
+                                 f"{cfg.empty_step_retries + 1} attempts; the environment said: {failure}")
         raise EmptyStepError(f"step {step + 1}: all {len(tasks)} task groups were dropped in "
                              f"{cfg.empty_step_retries + 1} attempts; last rollout error: "
                              f"{self.group_stats.last_error or 'none recorded'}")
@@ -468,6 +474,8 @@ class LocalTrainer:
             "rollout/success_rate": float(np.mean([x >= 1.0 for x in rewards])),
             "rollout/truncated_frac": float(np.mean([r.trajectory.truncated for r in rollouts])),
             "rollout/invalid_action_rate": sum(r.invalid_steps for r in rollouts) / max(steps, 1),
+            # steps the environment itself failed (raised, 5xx): not the policy's fault, counted apart
+            "rollout/env_error_rate": sum(r.environment_error_steps for r in rollouts) / max(steps, 1),
             "rollout/turns_mean": steps / len(rollouts),
             "rollout/generated_tokens": float(tokens), "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
             "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),

@@ -49,6 +49,8 @@ class Rollout:
     invalid_steps: int = 0
     generated_tokens: int = 0
     seconds: float = 0.0
+    environment_error: str | None = None  # the environment's error text when the episode ended in one
+    environment_error_steps: int = 0
 
 
 @dataclass
@@ -64,10 +66,23 @@ class GroupStats:
     demos_dropped: int = 0  # inject: turns -- demonstrations too long even cut: the rollout went without
     retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
     last_error: str = ""  # the latest rollout failure, named when a step ends up empty
+    environment_errors: int = 0  # rollouts that ended in an environment error (the env failed, not the policy)
+
+
+def environment_error(info: dict[str, Any]) -> str | None:
+    """The error text of a step the environment itself failed (it raised, answered 5xx or a value JSON cannot
+    carry): env_service reports those as `error.code == "environment_error"`. None for any other step."""
+    error = info.get("error")
+    if isinstance(error, dict) and error.get("code") == "environment_error":
+        return str(error.get("message") or "environment error")
+    return None
 
 
 def is_invalid_action(info: dict[str, Any]) -> bool:
-    """Environments report malformed actions as `valid: False`, `invalid: True` or an `error` field."""
+    """Environments report malformed actions as `valid: False`, `invalid: True` or an `error` field; a step
+    the environment itself failed is no invalid action (see `environment_error`)."""
+    if environment_error(info) is not None:
+        return False
     return info.get("valid") is False or bool(info.get("invalid")) or "error" in info
 
 
@@ -76,6 +91,14 @@ def made_tool_call(steps: Sequence[Any]) -> bool:
     was a guess or a memorised value, not the skill a tool-use task asks for."""
     return any(s.observation is not None and s.observation.role == "tool" and not is_invalid_action(s.info)
                for s in steps)
+
+
+def environment_failure(groups: Sequence[Sequence[Rollout]]) -> str | None:
+    """When every rollout of a step ended in an environment error: the last one's text (else None)."""
+    rollouts = [r for g in groups for r in g]
+    if not rollouts or any(r.environment_error is None for r in rollouts):
+        return None
+    return rollouts[-1].environment_error
 
 
 def _align_logprobs(segments: Sequence[Segment], generated_logprobs: list[float]) -> list[float]:
@@ -120,6 +143,7 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
         logprobs: list[float] = []
         versions: list[int] = []
         truncated, invalid, generated = False, 0, 0
+        env_error, env_error_steps = None, 0
         base = sampling or Sampling(max_tokens=config.max_new_tokens, temperature=config.temperature,
                                     top_p=config.top_p)
         for turn in range(config.max_turns):
@@ -137,6 +161,8 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
             generated += len(out.token_ids)
             result = await env.step(instance_id, action)
             invalid += int(is_invalid_action(result.info))
+            env_error = environment_error(result.info)
+            env_error_steps += env_error is not None
             steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
                               observation=result.observation, reward=result.reward, done=result.done,
                               info={**result.info, "finish_reason": out.finish_reason}))
@@ -174,7 +200,11 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
     trajectory.logprobs = _align_logprobs(segments, logprobs)
     trajectory.metadata["segments"] = len(segments)
     trajectory.metadata["invalid_steps"] = invalid
-    return Rollout(trajectory, segments, invalid, generated, time.monotonic() - started)
+    trajectory.metadata["environment_error_steps"] = env_error_steps
+    if env_error is not None:
+        trajectory.metadata["environment_error"] = env_error
+    return Rollout(trajectory, segments, invalid, generated, time.monotonic() - started,
+                   environment_error=env_error, environment_error_steps=env_error_steps)
 
 
 async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
@@ -212,6 +242,9 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                     logger.warning("rollout of {} failed (attempt {}/{}): {}", task.task_id, tries + 1,
                                    config.retries + 1, exc)
                     continue
+            if rollout.environment_error is not None:
+                stats.environment_errors += 1
+                stats.last_error = f"environment error: {rollout.environment_error}"[:500]
             if on_rollout is not None:
                 on_rollout(rollout)
             return rollout

@@ -139,6 +139,9 @@ def loop_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
     share = f" ({mixed / groups:.2f})" if groups else ""
     rows.append(_check("groups with mixed outcomes", f"{mixed} of {groups}{share}", "> 0 (an outcome signal)",
                        mixed > 0 if groups else None))
+    if "environment_errors" in summary:  # a summary recorded before they were counted apart has none
+        errors, rollouts = int(summary["environment_errors"]), int(summary.get("rollouts") or 0)
+        rows.append(_check("rollouts ending in an environment error", f"{errors} of {rollouts}", "0", errors == 0))
     mechanisms = summary.get("mechanisms") or {}
     judge = mechanisms.get("self_attributing")
     if judge is None:
@@ -201,6 +204,7 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
         "status": "collapsed" if trainer.collapse.collapsed else "finished",
         "steps": trainer.step, "output_dir": str(trainer.out), "run_id": trainer.run_id,
         "dropped_groups": stats.dropped_groups, "failed_attempts": stats.failed_attempts, "rollouts": stats.rollouts,
+        "environment_errors": stats.environment_errors,  # rollouts the environment failed, not the policy
         "plot": str(plot) if plot else None,
         "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after"),
                            split=trainer.config.eval.split),

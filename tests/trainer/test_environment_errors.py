@@ -1,0 +1,52 @@
+"""Environment errors are counted apart from invalid actions, and a step the environment failed entirely
+is no training step: a real tiny-model trainer on an environment whose every step raises collects the
+step again, then exits 3 with the environment's own error text."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.env_service.failing_plugin import CRASH
+from tests.helpers import REPO, run_env_service
+from trainer.rollout import environment_error, is_invalid_action
+
+CRASHING = ("env_service:\n  environments: {crashing: {}}\n"
+            "  plugins: {crashing: 'tests.env_service.failing_plugin:CrashingEnvironment'}\n")
+
+
+def test_an_environment_error_is_no_invalid_action():
+    failed = {"error": {"code": "environment_error", "message": "RuntimeError: boom"}}
+    assert environment_error(failed) == "RuntimeError: boom" and not is_invalid_action(failed)
+    assert environment_error({"error": "unknown tool"}) is None and is_invalid_action({"error": "unknown tool"})
+    assert not is_invalid_action({}) and environment_error({}) is None
+
+
+def test_a_run_whose_environment_crashes_exits_3_with_its_error(tmp_path):
+    out = tmp_path / "out"
+    with run_env_service(CRASHING, tmp_path) as env:
+        conf = tmp_path / "trainer.yaml"
+        conf.write_text(f"""
+trainer:
+  model: tiny
+  steps: 2
+  tasks_per_step: 2
+  output_dir: {out}
+  torch_threads: 1
+  progress: false
+  tensorboard: false
+  plot: false
+  empty_step_retries: 1
+  rollout: {{env: crashing, n: 2, max_turns: 2, max_new_tokens: 2, max_context: 256, retries: 0}}
+  services: {{env_url: "{env.url}"}}
+  eval: {{before: false, after: false, tasks: 2}}
+  ray: {{enabled: false}}
+""")
+        done = subprocess.run([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = done.stdout + done.stderr
+    assert done.returncode == 3, text[-3000:]
+    assert "every rollout ended in an environment error in 2 attempts" in text
+    assert f"RuntimeError: {CRASH}" in text and text.count("collecting it again") == 1
+    assert not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text().strip()
