@@ -100,7 +100,8 @@ class Api(ABC):
     async def tools(self, task_id: str) -> list[dict[str, Any]]: ...
 
     @abstractmethod
-    async def create(self, task_id: str) -> tuple[str, list[dict[str, Any]]]: ...
+    async def create(self, task_id: str, params: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
+        """A new instance; `params["query"]` (a synthetic task's question) must replace the task's user query."""
 
     @abstractmethod
     async def step(self, instance_id: str, action: dict[str, Any]) -> Step: ...
@@ -116,7 +117,7 @@ class Api(ABC):
         """None when `answer` is this API's 'no such instance' error, else what is wrong with it."""
 
     @abstractmethod
-    async def create_raw(self, env: str, task_id: str) -> Answer: ...
+    async def create_raw(self, env: str, task_id: str, params: dict[str, Any] | None = None) -> Answer: ...
 
     @abstractmethod
     async def step_raw(self, instance_id: str, action: Any) -> Answer: ...
@@ -170,11 +171,11 @@ class AgentEvolverApi(Api):
             return []  # AgentEvolver answers free text here; the agent then acts with words
         return tools if isinstance(tools, list) else []
 
-    async def create_raw(self, env: str, task_id: str) -> Answer:
-        return await self._post("/create", "create", env_type=env, task_id=task_id, params={})
+    async def create_raw(self, env: str, task_id: str, params: dict[str, Any] | None = None) -> Answer:
+        return await self._post("/create", "create", env_type=env, task_id=task_id, params=params or {})
 
-    async def create(self, task_id: str) -> tuple[str, list[dict[str, Any]]]:
-        data = self._data(await self.create_raw(self.env, task_id), "ae.create_shape", f"create({task_id})")
+    async def create(self, task_id: str, params: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
+        data = self._data(await self.create_raw(self.env, task_id, params), "ae.create_shape", f"create({task_id})")
         if not isinstance(data, dict) or not isinstance(data.get("state"), list) or not isinstance(data.get("info"), dict):
             raise Violation("ae.create_shape", f"create data must be {{state: [...], info: {{...}}}}, got {str(data)[:300]}")
         instance_id = data["info"].get("instance_id")
@@ -262,12 +263,13 @@ class V1Api(Api):
         tools = answer.body.get("tools") if answer.status == 200 and isinstance(answer.body, dict) else None
         return tools if isinstance(tools, list) else []
 
-    async def create_raw(self, env: str, task_id: str) -> Answer:
-        return await self.transport.call("POST", "/v1/instances", "create", json={"env": env, "task_id": task_id})
+    async def create_raw(self, env: str, task_id: str, params: dict[str, Any] | None = None) -> Answer:
+        return await self.transport.call("POST", "/v1/instances", "create",
+                                         json={"env": env, "task_id": task_id, "params": params or {}})
 
-    async def create(self, task_id: str) -> tuple[str, list[dict[str, Any]]]:
-        body = self._expect(await self.create_raw(self.env, task_id), "v1.create_shape", f"create({task_id})",
-                            (200, 201))
+    async def create(self, task_id: str, params: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
+        body = self._expect(await self.create_raw(self.env, task_id, params), "v1.create_shape",
+                            f"create({task_id})", (200, 201))
         if not isinstance(body, dict) or not isinstance(body.get("instance_id"), str) \
                 or not isinstance(body.get("messages"), list):
             raise Violation("v1.create_shape", f"create must answer instance_id and messages, got {str(body)[:300]}")

@@ -7,6 +7,9 @@ Checks (each PASS or FAIL with the reason; `<api>` is `v1` and/or `ae`, whicheve
 - `<api>.create_shape`, `<api>.step_shape`: answers have the protocol's shapes (exactly [system, user]
   on create, exactly one message per step, a number reward, a boolean done).
 - `<api>.evaluate_range`: every score is a number in [0, 1].
+- `<api>.synthetic_query`: a create with `params.query` shows that query in its user message (how a
+  synthetic task's question reaches the environment; one that ignores it trains on the seed task's own
+  prompt while being graded on another goal).
 - `<api>.release`: release works, a released instance answers not-found, releasing twice is harmless.
 - `<api>.unknown_instance`: step/evaluate on an unknown id give the API's not-found error
   (v1: 404 `{"error": ...}`; ae: a 4xx with `success: false`), never a success or a 5xx.
@@ -171,6 +174,8 @@ class ConformanceKit:
             await api.step(instance_id, RandomAgent(await api.tools(task_id), self.seed).action())
         async with self.check(f"{p}.evaluate_range"):
             await self._evaluate(api, instance_id)
+        async with self.check(f"{p}.synthetic_query"):
+            await self._synthetic_query(api, task_id)
         async with self.check(f"{p}.release"):
             await self._release(api, instance_id)
             gone = api.is_not_found(await api.step_raw(instance_id, {"role": "assistant", "content": "hello"}))
@@ -200,10 +205,22 @@ class ConformanceKit:
 
     # ------------------------------------------------------------------ helpers
 
-    async def _create(self, api: Api, task_id: str) -> tuple[str, list[dict[str, Any]]]:
-        instance_id, messages = await api.create(task_id)
+    async def _create(self, api: Api, task_id: str,
+                      params: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
+        instance_id, messages = await api.create(task_id, params)
         self.created.append(instance_id)
         return instance_id, messages
+
+    async def _synthetic_query(self, api: Api, task_id: str) -> None:
+        query = f"Conformance question {uuid.uuid4().hex[:8]}: describe what you can do here."
+        instance_id, messages = await self._create(api, task_id, {"query": query})
+        try:
+            user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+            if query not in user:
+                raise Violation(f"{api.prefix}.synthetic_query", f"a create with params.query must show that query "
+                                f"in its user message (a synthetic task's question), got {user[:200]!r}")
+        finally:
+            await self._release(api, instance_id)
 
     async def _evaluate(self, api: Api, instance_id: str) -> float:
         score = await api.evaluate(instance_id)

@@ -9,6 +9,7 @@ environment `counter` (three steps to the end, score = steps/3) on the AgentEvol
 - no_404: an unknown instance gets a 500 with a traceback, not a not-found error.
 - hang: the second step of every instance hangs for --hang-s seconds.
 - eval_range: evaluate answers 1.5.
+- no_query: create ignores `params.query` (a synthetic task's question never reaches the episode).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-FAULTS = ("none", "wrong_shape", "leak", "no_404", "hang", "eval_range")
+FAULTS = ("none", "wrong_shape", "leak", "no_404", "hang", "eval_range", "no_query")
 TASKS = {"train": ["c0", "c1", "c2"], "validation": ["c3"], "test": ["c4"]}
 
 
@@ -78,7 +79,9 @@ def build_app(fault: str, hang_s: float) -> FastAPI:
             return fail(404, f"unknown task {body.get('task_id')!r}")
         instance_id = body.get("instance_id") or f"exp_{uuid.uuid4().hex[:8]}"
         live[instance_id] = {"count": 0}
-        state = [{"role": "system", "content": "Count to three."}, {"role": "user", "content": "Start."}]
+        query = (body.get("params") or {}).get("query")
+        user = query if query and fault != "no_query" else "Start."
+        state = [{"role": "system", "content": "Count to three."}, {"role": "user", "content": user}]
         return {"success": True, "data": {"state": state, "info": {"instance_id": instance_id}}}
 
     @app.post("/step")

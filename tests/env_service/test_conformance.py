@@ -62,6 +62,7 @@ async def test_the_fault_free_fake_conforms(faulty_server):
     ("leak", "leak"),
     ("no_404", "ae.unknown_instance"),
     ("eval_range", "ae.evaluate_range"),
+    ("no_query", "ae.synthetic_query"),
 ], indirect=["faulty_server"])
 async def test_each_fault_is_detected_and_named(faulty_server, named):
     report = await run_conformance(faulty_server.url, "counter", **FAST)
