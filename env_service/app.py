@@ -17,7 +17,23 @@ from env_service.backends import Backend, InlineBackend
 from env_service.compat import add_compat_routes
 from env_service.environments.base import SPLITS, Environment
 from env_service.manager import InstanceManager
-from env_service.protocol import CreateRequest, EvaluateRequest, StepRequest
+from env_service.protocol import (
+    CreateRequest,
+    CreateResponse,
+    EnvironmentDescription,
+    EnvironmentList,
+    EnvironmentProfile,
+    EvaluateRequest,
+    EvaluateResponse,
+    InstanceDescription,
+    InstanceList,
+    ReleaseResponse,
+    StateResponse,
+    StepRequest,
+    StepResponse,
+    TaskList,
+    ToolList,
+)
 from env_service.registry import load_environments
 from env_service.settings import EnvServiceSettings
 
@@ -80,7 +96,7 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
     # Hot routes return ORJSONResponse directly: FastAPI's generic response encoding costs more
     # than the rest of a step.
 
-    @app.get("/v1/environments", tags=["environments"])
+    @app.get("/v1/environments", tags=["environments"], response_model=EnvironmentList)
     async def list_environments() -> ORJSONResponse:
         out = []
         for name, env in manager.environments.items():
@@ -88,24 +104,24 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
             out.append({"name": name, "splits": splits})
         return ORJSONResponse({"environments": out})
 
-    @app.get("/v1/environments/{env}", tags=["environments"])
+    @app.get("/v1/environments/{env}", tags=["environments"], response_model=EnvironmentDescription)
     async def describe_environment(env: str) -> ORJSONResponse:
         environment = manager.environment(env)
         task_ids = await run_in_threadpool(lambda: {s: environment.task_ids(s) for s in SPLITS})
         info = await run_in_threadpool(environment.info)
         return ORJSONResponse({"name": env, "info": info, "task_ids": task_ids})
 
-    @app.get("/v1/environments/{env}/tasks", tags=["environments"])
+    @app.get("/v1/environments/{env}/tasks", tags=["environments"], response_model=TaskList)
     async def list_tasks(env: str, split: Split = Query("train")) -> ORJSONResponse:
         environment = manager.environment(env)
         task_ids = await run_in_threadpool(environment.task_ids, split)
         return ORJSONResponse({"env": env, "split": split, "task_ids": task_ids})
 
-    @app.get("/v1/environments/{env}/profile", tags=["environments"])
+    @app.get("/v1/environments/{env}/profile", tags=["environments"], response_model=EnvironmentProfile)
     async def profile(env: str) -> ORJSONResponse:
         return ORJSONResponse(await run_in_threadpool(manager.environment(env).profile))
 
-    @app.get("/v1/environments/{env}/tools", tags=["environments"])
+    @app.get("/v1/environments/{env}/tools", tags=["environments"], response_model=ToolList)
     async def tool_docs(env: str, task_id: str | None = None) -> ORJSONResponse:
         environment = manager.environment(env)
         try:
@@ -114,37 +130,37 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
             raise ServiceError(404, "unknown_task", f"environment {env!r} has no task {task_id!r}") from None
         return ORJSONResponse({"env": env, "task_id": task_id, "tools": tools})
 
-    @app.get("/v1/instances", tags=["instances"])
+    @app.get("/v1/instances", tags=["instances"], response_model=InstanceList)
     async def list_instances() -> ORJSONResponse:
         return ORJSONResponse({"stats": manager.stats(), "instances": manager.live()})
 
-    @app.post("/v1/instances", tags=["instances"], status_code=201)
+    @app.post("/v1/instances", tags=["instances"], status_code=201, response_model=CreateResponse)
     async def create_instance(body: CreateRequest) -> ORJSONResponse:
         record, messages = await manager.create(body.env, body.task_id, body.params, body.instance_id)
         return ORJSONResponse({"instance_id": record.instance_id, "env": record.env, "task_id": record.task_id,
                                "messages": _messages(messages)}, status_code=201)
 
-    @app.get("/v1/instances/{instance_id}", tags=["instances"])
+    @app.get("/v1/instances/{instance_id}", tags=["instances"], response_model=InstanceDescription)
     async def describe_instance(instance_id: str) -> ORJSONResponse:
         description = manager.record(instance_id).describe(time.monotonic())
         return ORJSONResponse({**description, "host": manager.backend.where(instance_id)})
 
-    @app.post("/v1/instances/{instance_id}/step", tags=["instances"])
+    @app.post("/v1/instances/{instance_id}/step", tags=["instances"], response_model=StepResponse)
     async def step(instance_id: str, body: StepRequest) -> ORJSONResponse:
         result = await manager.step(instance_id, body.action)
         return ORJSONResponse({"observation": result.observation.model_dump(exclude_none=True),
                                "reward": result.reward, "done": result.done, "info": result.info})
 
-    @app.post("/v1/instances/{instance_id}/evaluate", tags=["instances"])
+    @app.post("/v1/instances/{instance_id}/evaluate", tags=["instances"], response_model=EvaluateResponse)
     async def evaluate(instance_id: str, body: EvaluateRequest | None = None) -> ORJSONResponse:
         result = await manager.evaluate(instance_id, body.params if body else {})
         return ORJSONResponse({"score": result.score, "info": result.info})
 
-    @app.get("/v1/instances/{instance_id}/state", tags=["instances"])
+    @app.get("/v1/instances/{instance_id}/state", tags=["instances"], response_model=StateResponse)
     async def state(instance_id: str) -> ORJSONResponse:
         snapshot = await manager.state(instance_id)
         return ORJSONResponse({"instance_id": instance_id, **snapshot})
 
-    @app.delete("/v1/instances/{instance_id}", tags=["instances"])
+    @app.delete("/v1/instances/{instance_id}", tags=["instances"], response_model=ReleaseResponse)
     async def release(instance_id: str) -> ORJSONResponse:
         return ORJSONResponse({"instance_id": instance_id, "released": await manager.release(instance_id)})
