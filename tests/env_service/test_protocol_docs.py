@@ -46,3 +46,24 @@ def test_the_remote_settings_describe_themselves():
     for name in ("url", "env_type", "protocol", "timeout_s", "api_token_env"):
         assert RemoteConfig.model_fields[name].description, name
     assert "required" in RemoteConfig.model_fields["env_type"].description
+
+
+def test_a_gym_env_supplies_its_own_description_and_per_task_instruction():
+    from tests.env_service.keydoor_plugin import DOORS, ENV_ID
+
+    settings = EnvServiceSettings(environments={"gym": {"envs": [ENV_ID], "splits": {"train": 6}}},
+                                  plugins={"keydoor": "tests.env_service.keydoor_plugin"})
+    with InProcessServer(build_app(settings)) as server:
+        def opening(task: str, **params: str) -> list[str]:
+            answer = httpx.post(f"{server.url}/v1/instances", json={"env": "gym", "task_id": task, "params": params})
+            assert answer.status_code == 201, answer.text
+            return [m["content"] for m in answer.json()["messages"]]
+
+        goals = set()
+        for i in range(6):
+            system, user = opening(f"{ENV_ID}/train-{i:04d}")
+            assert "the key opens exactly one of them" in system and "take (0)" in system
+            goals.add(user.splitlines()[0])
+        assert goals <= {f"Take the key, then open the {door} door." for door in DOORS} and len(goals) > 1
+        _, user = opening(f"{ENV_ID}/train-0000", query="Open no door at all.")
+        assert user.startswith("Open no door at all.")

@@ -34,9 +34,14 @@ class GameConfig:
     Any registered id with a Discrete action space works: the board is its ANSI render when the env
     offers one, else its observation written as text; actions are named by the `actions` key, by the
     env's `get_action_meanings()`, or by their numbers.
+
+    An env describes itself the same way: a `description` string attribute (what the game is, shown in
+    the system message) and an `instruction` (the task's goal, shown as the user message): a string, or
+    a method called after each seeded reset, so every task can state its own goal. The YAML keys of the
+    same names win over both.
     """
 
-    KEYS = ("id", "kwargs", "max_steps", "actions", "success", "description")
+    KEYS = ("id", "kwargs", "max_steps", "actions", "success", "description", "instruction")
 
     def __init__(self, spec: str | dict[str, Any]) -> None:
         if isinstance(spec, str):
@@ -53,6 +58,7 @@ class GameConfig:
         registered = gymnasium.spec(self.id).max_episode_steps
         self.max_steps: int = int(spec.get("max_steps") or registered or 100)
         self.ansi = True
+        self.instruction: str | None = str(spec["instruction"]) if spec.get("instruction") else None
         builtin = GAMES.get(self.id)
         self.text: GameText = builtin or self._generic_text(spec)
 
@@ -74,8 +80,10 @@ class GameConfig:
         success = str(spec.get("success", "positive_reward"))
         if success not in ("positive_reward", "terminated"):
             raise ValueError(f"gym.envs: {self.id}: success must be positive_reward or terminated")
+        described = getattr(env.unwrapped, "description", None)
+        description = spec.get("description") or (described if isinstance(described, str) else None)
         return generic_game(n, [str(a).lower() for a in names] if names else None,
-                            str(spec.get("description") or f"The gymnasium environment {self.id}."), success)
+                            str(description or f"The gymnasium environment {self.id}."), success)
 
     def make(self) -> gymnasium.Env:
         with warnings.catch_warnings():
@@ -179,9 +187,16 @@ class GymInstance(EnvInstance):
         system = (f"You are playing {self.game.id}. {text.description}\n"
                   f"Actions: {', '.join(f'{name} ({i})' for i, name in enumerate(text.actions))}.\n"
                   f"Each turn, reply with one action, e.g. 'Action: {text.actions[0]}'. {text.legend}")
-        goal = self.query or "Reach the goal."
+        goal = self.query or self._instruction()
         return [ChatMessage(role="system", content=system),
                 ChatMessage(role="user", content=f"{goal}\n\n{self._board()}")]
+
+    def _instruction(self) -> str:
+        """The task's goal: the YAML's `instruction`, else the env's own (a string or a method), else a generic one."""
+        assert self.env is not None
+        own = getattr(self.env.unwrapped, "instruction", None)
+        own = own() if callable(own) else own
+        return self.game.instruction or (own if isinstance(own, str) and own.strip() else "Reach the goal.")
 
     def _board(self) -> str:
         assert self.env is not None
