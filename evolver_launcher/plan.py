@@ -245,7 +245,7 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
     for name, section in dormant.items():
         _check_dormant(name, section)
     config = validate(RunConfig, data)
-    _check_environments(config, dormant, services)
+    _check_environments(config, dormant, services, urls.get("env_service"))
     resolved = {k: v for k, v in config.model_dump(mode="json").items() if v is not None}
     resolved["launcher"]["experiment"] = experiment
     resolved.update({k: v for k, v in dormant.items() if v is not None})  # kept as written, for the record
@@ -259,8 +259,9 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
     return Plan(experiment, run_dir, config_path, config, resolved, children, ray, studio_url)
 
 
-def _check_environments(config: RunConfig, dormant: dict[str, Any], services: list[str]) -> None:
-    """Every environment's settings; the environments the trainer and task manager use are served."""
+def _check_environments(config: RunConfig, dormant: dict[str, Any], services: list[str], env_url: str | None) -> None:
+    """Every environment's settings; the environments the trainer and task manager take from this run's env
+    service (not from another one their YAML names) are ones it serves."""
     section = config.env_service
     if section is None and dormant.get("env_service") is not None:
         section = validate(EnvServiceSettings, dormant["env_service"], root="env_service")
@@ -268,8 +269,11 @@ def _check_environments(config: RunConfig, dormant: dict[str, Any], services: li
         return
     check_environment_section(section)
     if "env_service" in services:
-        trainer_env = config.trainer.rollout.env if config.launcher.trainer and config.trainer else None
-        task_envs = config.task_manager.environments if "task_manager" in services and config.task_manager else []
+        trainer, task_manager = config.trainer, config.task_manager
+        ours = config.launcher.trainer and trainer is not None and trainer.services.env_url == env_url
+        trainer_env = trainer.rollout.env if ours and trainer is not None else None
+        task_envs = (task_manager.environments if "task_manager" in services and task_manager is not None
+                     and task_manager.env_url == env_url else [])
         check_served(section, trainer_env, task_envs)
 
 

@@ -116,3 +116,9 @@ def test_healthz_names_a_remote_that_stopped_answering():
         body = answer.json()
         assert body["status"] == "unavailable"
         assert f"the remote env server {upstream.url} (env_type 'flights') did not answer" in body["reason"]
+
+
+def test_a_trainer_pointed_at_another_env_service_is_not_held_to_this_ones_environments(tmp_path, capsys):
+    path = run_yaml(tmp_path, "[flights]")
+    code, out = dry_run(path, capsys, "trainer.rollout.env=inventory", "trainer.services.env_url=http://127.0.0.1:9")
+    assert code == 0, out
