@@ -8,6 +8,9 @@ Per task group g with trajectories i (K_i steps, labels l_{i,t}):
   r_{i,t}  = alpha * a_{i,t} + [t = K_i - 1] * o_i           (or + o_i on all steps)
              times 1/sqrt(K_i) with length_normalization
   A_{i,t}  = sum_{j >= t} r_{i,j}                            broadcast to the tokens of step t
+A group whose outcomes are all equal (o = 0) moves on its labels alone; `when_outcomes_equal: skip`
+gives it a = 0 too. Either way the metrics count such groups and the share of the step's advantage
+mass (sum of |A| over policy tokens) their rows carry.
 Because labels are z-scored, only their sign pattern matters: GOOD=+1/BAD=-1 and +-0.2 agree.
 """
 
@@ -16,10 +19,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from advantage.estimators.batch import AdvantageBatch, BatchError
 from advantage.estimators.config import AdcaGrpoConfig
-from advantage.estimators.grouping import normalize_in_groups
+from advantage.estimators.grouping import has_spread, normalize_in_groups
 from advantage.estimators.grpo import grpo
 from advantage.estimators.registry import AdvantageResult, register_estimator
 from advantage.estimators.tokens import broadcast_steps, suffix_sums
@@ -70,8 +74,13 @@ def adca_grpo(batch: AdvantageBatch, config: AdcaGrpoConfig, training_step: int)
     alpha = alpha_at(config, training_step)
 
     attribution = standardize_labels(labels, groups)
-    outcome = normalize_in_groups(batch.outcome.detach().double().cpu().numpy(), groups,
-                                  std=config.outcome_std, by_std=True)
+    raw_outcome = batch.outcome.detach().double().cpu().numpy()
+    outcome = normalize_in_groups(raw_outcome, groups, std=config.outcome_std, by_std=True)
+    equal_groups = [rows for rows in groups if not has_spread(raw_outcome[np.asarray(rows, dtype=np.int64)])]
+    if config.when_outcomes_equal == "skip":
+        for rows in equal_groups:
+            for i in rows:
+                attribution[i] = np.zeros_like(attribution[i])
 
     step_advantages: list[list[float]] = []
     for i, attr in enumerate(attribution):
@@ -88,9 +97,19 @@ def adca_grpo(batch: AdvantageBatch, config: AdcaGrpoConfig, training_step: int)
 
     good = sum(int((row > 0).sum()) for row in labels)
     total = sum(row.size for row in labels)
+    advantages = broadcast_steps(batch, step_advantages)
     return AdvantageResult(
-        advantages=broadcast_steps(batch, step_advantages),
+        advantages=advantages,
         step_advantages=step_advantages,
         metrics={"adv/attribution_active": 1.0, "adv/alpha": alpha,
-                 "adv/good_label_rate": good / total if total else 0.0},
+                 "adv/good_label_rate": good / total if total else 0.0,
+                 "adv/equal_outcome_groups": float(len(equal_groups)),
+                 "adv/equal_outcome_mass_share": mass_share(batch, advantages, [i for g in equal_groups for i in g])},
     )
+
+
+def mass_share(batch: AdvantageBatch, advantages: torch.Tensor, rows: list[int]) -> float:
+    """sum |A| over the policy tokens of `rows` / sum |A| over every policy token (0 when all are 0)."""
+    per_row = (advantages.abs() * batch.response_mask.to(advantages.dtype)).sum(dim=1).double()
+    total = float(per_row.sum())
+    return float(per_row[rows].sum()) / total if rows and total > 0 else 0.0

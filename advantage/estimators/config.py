@@ -37,6 +37,9 @@ class AdcaGrpoConfig(StrictModel):
     outcome_placement: Literal["last_step", "all_steps"] = "last_step"
     length_normalization: bool = Field(default=False, description="scale each step reward by 1/sqrt(K)")
     outcome_std: Literal["population", "unbiased"] = "population"
+    when_outcomes_equal: Literal["keep", "skip"] = Field(default="keep", description=(
+        "a group whose outcomes are all equal has no outcome advantage, so its z-scored labels are its whole "
+        "advantage. keep: use them (AgentEvolver's behaviour); skip: such a group gets no advantage at all"))
     after_prm: GrpoConfig = Field(default_factory=GrpoConfig,
                                   description="the GRPO used once training_step >= prm_steps")
 

@@ -185,6 +185,50 @@ def test_adca_after_prm_steps_is_grpo():
     close(after.advantages, per_row(OUT))
 
 
+# Outcomes equal within group b (0, 0, 0): its outcome z is 0, so keep leaves b on its labels alone (the
+# same z as above: the labels did not change) and skip zeroes it. Group a's outcomes are unchanged.
+EQUAL_B = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+# Policy tokens of each step in LAYOUT (tokens in no step get 0 whatever the step values).
+TOKENS_PER_STEP = [[2, 2, 2], [3, 1], [2], [1, 2], [1, 1, 3], [4]]
+
+
+def equal_b_batch() -> AdvantageBatch:
+    batch = make_batch()
+    batch.outcome = torch.tensor(EQUAL_B)
+    return batch
+
+
+def token_mass(rows: list[list[float]], tokens: list[list[int]]) -> float:
+    """sum over steps of |A_t| times the step's policy tokens."""
+    return sum(abs(v) * n for row, counts in zip(rows, tokens, strict=True) for v, n in zip(row, counts, strict=True))
+
+
+@pytest.mark.parametrize("policy", ["keep", "skip"])
+def test_adca_when_outcomes_equal(policy):
+    alpha = 0.1
+    group_a = [suffix([alpha * z for z in attr[:-1]] + [alpha * attr[-1] + o]) for attr, o in zip(ATTR[:3], OUT[:3], strict=True)]
+    group_b = [suffix([alpha * z for z in attr]) for attr in ATTR[3:]] if policy == "keep" else [[0.0] * len(a) for a in ATTR[3:]]
+    result = estimate("adca_grpo", equal_b_batch(), AdcaGrpoConfig(alpha=alpha, when_outcomes_equal=policy))
+    close(result.advantages, per_step(group_a + group_b))
+    assert result.metrics["adv/equal_outcome_groups"] == 1.0
+    # keep: b0 = [0.1 (BG + BB), 0.1 BB], b1 = [0.1 (2 BB + BG), 0.1 (BG + BB), 0.1 BB], b2 = [0.1 BB]
+    if policy == "keep":
+        assert group_b[0] == pytest.approx([0.1 * (BG + BB), 0.1 * BB])
+        b_mass = token_mass(group_b, TOKENS_PER_STEP[3:])
+        share = b_mass / (token_mass(group_a, TOKENS_PER_STEP[:3]) + b_mass)
+        assert share == pytest.approx(result.metrics["adv/equal_outcome_mass_share"], abs=1e-6)
+        assert 0.0 < share < 1.0
+    else:
+        assert result.metrics["adv/equal_outcome_mass_share"] == 0.0
+
+
+def test_adca_skip_changes_nothing_when_outcomes_differ():
+    keep = estimate("adca_grpo", make_batch(), AdcaGrpoConfig(alpha=0.1))
+    skip = estimate("adca_grpo", make_batch(), AdcaGrpoConfig(alpha=0.1, when_outcomes_equal="skip"))
+    close(skip.advantages, keep.advantages)
+    assert skip.metrics["adv/equal_outcome_groups"] == 0.0 == skip.metrics["adv/equal_outcome_mass_share"]
+
+
 def test_adca_needs_labels_for_every_row():
     labels = [*LABELS[:5], None]
     with pytest.raises(BatchError, match=r"rows \[5\]"):
