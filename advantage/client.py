@@ -58,7 +58,7 @@ def to_judge_trajectory(trajectory: Trajectory, query: str | None = None) -> Jud
 
 
 def apply_judgments(trajectories: Sequence[Trajectory], response: JudgeResponse) -> None:
-    """Set `labels` (and metadata judge_fallback / judge_filled_steps) on each trajectory, by id."""
+    """Set `labels` (and metadata judge_fallback / judge_filled_steps / judge_source) on each trajectory, by id."""
     by_id = {j.trajectory_id: j for j in response.judgments}
     for trajectory in trajectories:
         judgment = by_id.get(trajectory.trajectory_id)
@@ -67,6 +67,7 @@ def apply_judgments(trajectories: Sequence[Trajectory], response: JudgeResponse)
         trajectory.labels = list(judgment.labels)
         trajectory.metadata["judge_fallback"] = judgment.fallback
         trajectory.metadata["judge_filled_steps"] = list(judgment.filled_steps)
+        trajectory.metadata["judge_source"] = judgment.source
 
 
 class JudgeClient(ServiceClient):

@@ -60,6 +60,13 @@ def answer_correct(reply: str, expected: str, wrong: tuple[str, ...] | list[str]
     return expected in stated and not stated.intersection(wrong)
 
 
+def answer_stated(text: str, expected: str) -> bool:
+    """`text` states `expected` among the values of its sort, whatever else it states (an observation listing
+    several fares states each of them)."""
+    stated, expected, _ = _stated(text, expected, ())
+    return expected in stated
+
+
 def answer_alone(reply: str, expected: str) -> bool:
     """Stricter than `answer_correct`: the reply states `expected` and no other value of its sort at all.
 

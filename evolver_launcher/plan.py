@@ -312,6 +312,8 @@ def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[st
             _set_default(em, "store", str(run_dir / "experience_store"))
     if "judge" in services:
         _set_default(data["judge"], "audit_log", str(run_dir / "judge" / "audit.jsonl"))
+        if "task_manager" in services:  # where reference-guided attribution fetches references
+            _set_default(data["judge"], "task_manager_url", urls["task_manager"])
     if "env_service" in services and ray.address and data["env_service"].get("backend") == "ray":
         _set_default(_section(data["env_service"], "ray"), "address", ray.address)
 

@@ -1,6 +1,7 @@
 """Request and response bodies of the task manager's /v1 API (shared by the app and `client.py`).
 
-Nothing here can carry a reference solution: tasks travel as `common.schemas.Task`.
+Nothing the trainer calls can carry a reference solution: tasks travel as `common.schemas.Task`. The one
+exception, `ReferenceResponse`, is served to the judge (reference-guided attribution), which returns only labels.
 """
 
 from __future__ import annotations
@@ -127,3 +128,17 @@ class SeedResponse(WireModel):
     experiences_updated: int
     task_ids: list[str]
     errors: list[str]
+
+
+class ReferenceCall(WireModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReferenceResponse(WireModel):
+    """A synthetic task's verified reference, for the judge only: it labels steps with it and returns labels."""
+
+    task_id: str
+    actions: list[str]  # the reference's assistant messages, in order
+    calls: list[ReferenceCall] | None = None  # the same as structured calls, when known
+    answer: str | None = None  # a lookup's answer (its closing reply must state it)

@@ -10,6 +10,7 @@
 | `POST /v1/grade` | reward in [0, 1] of a synthetic task from a final state (or a trajectory: LLM judge) |
 | `POST /v1/feedback` | recent rollout outcomes per task (curriculum) |
 | `POST /v1/seed_experience` | seed an experience pool from verified synthetic tasks (never held-out ones) |
+| `GET /v1/references/{id}` | a synthetic task's verified reference: for the judge only, never the trainer |
 | `GET /v1/stats` | counts, funnel, pass-rate summary |
 """
 
@@ -31,6 +32,7 @@ from task_manager.api import (
     JobInfo,
     JobList,
     JobRequest,
+    ReferenceResponse,
     SeedRequest,
     SeedResponse,
     TaskDetail,
@@ -108,6 +110,12 @@ def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> F
     @app.post("/v1/seed_experience", response_model=SeedResponse, tags=["training"])
     async def seed_experience(body: SeedRequest) -> Any:
         return await manager.seed_experience(body)
+
+    @app.get("/v1/references/{task_id}", response_model=ReferenceResponse, tags=["judge"])
+    async def get_reference(task_id: str) -> Any:
+        """The verified reference of a synthetic task, for reference-guided attribution: only the judge calls
+        this, and it sends back labels, never the reference; the trainer must not."""
+        return manager.reference(task_id)
 
     @app.get("/v1/stats", tags=["service"])
     async def stats() -> Any:

@@ -19,7 +19,15 @@ from typing import Any
 
 from common.http import ServiceClient
 from common.schemas import Task, Trajectory
-from task_manager.api import BatchResponse, GradeResponse, JobInfo, SeedResponse, TaskDetail, TaskPage
+from task_manager.api import (
+    BatchResponse,
+    GradeResponse,
+    JobInfo,
+    ReferenceResponse,
+    SeedResponse,
+    TaskDetail,
+    TaskPage,
+)
 
 
 class TaskClient(ServiceClient):
@@ -93,6 +101,10 @@ class TaskClient(ServiceClient):
         body = {"env": env, "workspace": workspace, "task_ids": task_ids, "limit": limit, "request_id": request_id}
         return await self.post("/v1/seed_experience", json=body, model=SeedResponse,
                                idempotent=request_id is not None, timeout=timeout)
+
+    async def reference(self, task_id: str) -> ReferenceResponse:
+        """A synthetic task's verified reference. For the judge only (it returns labels, never this)."""
+        return await self.get(f"/v1/references/{task_id}", model=ReferenceResponse)
 
     async def stats(self) -> dict[str, Any]:
         return await self.get("/v1/stats")

@@ -268,14 +268,25 @@ class TaskManager:
         return {"tasks": plan.tasks, "original": plan.original, "synthetic": plan.synthetic, "in_band": plan.in_band,
                 "curriculum": curriculum.enabled}
 
-    async def grade(self, request: GradeRequest) -> Grade:
-        stored = self.store.get(request.task_id)
+    def _synthetic(self, task_id: str, original_note: str) -> StoredTask:
+        stored = self.store.get(task_id)
         if stored is None:
-            if any(t.task_id == request.task_id for tasks in self.originals.values() for t in tasks):
-                raise ServiceError(409, "original_task", f"{request.task_id!r} is an original task: it is graded by "
-                                   "the environment's own evaluate (POST /v1/instances/{id}/evaluate)")
-            raise ServiceError(404, "unknown_task", f"no synthetic task {request.task_id!r}")
+            if any(t.task_id == task_id for tasks in self.originals.values() for t in tasks):
+                raise ServiceError(409, "original_task", f"{task_id!r} is an original task: {original_note}")
+            raise ServiceError(404, "unknown_task", f"no synthetic task {task_id!r}")
         assert stored.reference is not None
+        return stored
+
+    def reference(self, task_id: str) -> dict[str, Any]:
+        """A synthetic task's reference calls and answer (for the judge's reference-guided attribution)."""
+        reference = self._synthetic(task_id, "it has no verified reference here").reference
+        assert reference is not None
+        calls = [c.model_dump() for c in reference.calls] if reference.calls is not None else None
+        return {"task_id": task_id, "actions": reference.actions, "calls": calls, "answer": reference.answer}
+
+    async def grade(self, request: GradeRequest) -> Grade:
+        stored = self._synthetic(request.task_id, "it is graded by the environment's own evaluate "
+                                                  "(POST /v1/instances/{id}/evaluate)")
         if stored.reference.answer is not None:  # a lookup: graded on its closing reply, as the env grades its own
             try:
                 return grade_answer(stored, request.trajectory, request.state, self.access.comparable)

@@ -344,6 +344,8 @@ class JudgeCounters:
     filled_steps: int = 0
     unreachable_batches: int = 0  # batches labelled by the outcome's sign because the judge was down
     unreachable_trajectories: int = 0
+    # step labels by who gave them: rule (reference rule), llm+reference, llm, outcome (no labeller reached)
+    labels_by_source: dict[str, int] = field(default_factory=dict)
 
 
 class JudgePeer:
@@ -379,6 +381,7 @@ class JudgePeer:
             c.fallbacks += int(judgment.fallback)
             c.parsed_labels += judgment.parsed_labels
             c.filled_steps += len(judgment.filled_steps)
+            c.labels_by_source[judgment.source] = c.labels_by_source.get(judgment.source, 0) + len(judgment.labels)
 
     def _outcome_sign(self, trajectories: list[Trajectory], why: str) -> None:
         """The judge stayed down: every step gets the outcome's sign, flagged like the judge's own fallback."""
@@ -389,6 +392,7 @@ class JudgePeer:
             t.labels = fallback_labels(len(t.steps), success, "judge service unreachable")
             t.metadata["judge_fallback"] = True
             t.metadata["judge_filled_steps"] = []
+            t.metadata["judge_source"] = "outcome"
         c = self.counters
         c.batches += 1
         c.trajectories += len(trajectories)
@@ -399,6 +403,7 @@ class JudgePeer:
             c.bad += sum(label.label == "BAD" for label in t.labels)
         c.unreachable_batches += 1
         c.unreachable_trajectories += len(trajectories)
+        c.labels_by_source["outcome"] = c.labels_by_source.get("outcome", 0) + sum(len(t.labels) for t in trajectories)
 
     def outage_counters(self) -> OutageCounters:
         return self.client.outage_counters

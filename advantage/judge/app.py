@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 
 from advantage.judge.core import Judge
+from advantage.judge.references import ReferenceSource
 from advantage.judge.schemas import JudgeRequest, JudgeResponse, JudgeStats
 from advantage.judge.settings import JudgeSettings
 from common.llm import LLMClient
@@ -29,20 +30,23 @@ def _problems(request: JudgeRequest) -> list[dict]:
 
 
 def create_judge_app(settings: JudgeSettings) -> FastAPI:
-    if settings.llm is None:
+    if settings.llm is None and settings.labeller != "reference_rule":
         raise ValueError("judge.llm is not set: configure the judge LLM role (base_url, model) in the `judge` "
                          "section of --conf, or pass --llm-base-url and --llm-model")
-    llm = LLMClient("judge", settings.llm)
+    llm = LLMClient("judge", settings.llm) if settings.llm is not None else None
+    references = ReferenceSource(settings.task_manager_url, cache_size=settings.cache_size or 1) \
+        if settings.uses_references and settings.task_manager_url else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         await app.state.judge.aclose()
 
-    app = create_app("judge", description="Labels every step of a trajectory GOOD or BAD with an LLM judge.",
+    app = create_app("judge", description="Labels every step of a trajectory GOOD or BAD: an LLM judge, or a rule "
+                     "against a synthetic task's verified reference fetched from the task manager.",
                      max_body_bytes=settings.max_body_bytes, lifespan=lifespan)
     # The judge's counters live on the service registry, so /metrics serves them.
-    judge = app.state.judge = Judge(settings, llm, app.state.metrics_registry)
+    judge = app.state.judge = Judge(settings, llm, app.state.metrics_registry, references)
 
     @app.post("/v1/judge", response_model=JudgeResponse, tags=["judge"])
     async def judge_route(body: JudgeRequest, request: Request) -> JudgeResponse:

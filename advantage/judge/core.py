@@ -1,4 +1,8 @@
-"""The judge: prompt the LLM per trajectory, parse, retry once, reconcile, fall back, cache, count, audit."""
+"""The judge: prompt the LLM per trajectory, parse, retry once, reconcile, fall back, cache, count, audit.
+
+With `labeller: reference_rule` or `reference: true` it first fetches each task's verified reference from the
+task manager: the rule labels a trajectory that has one, or the LLM reads it in its prompt (its reasons are
+then withheld, since they may quote it). Only labels go back: the reference never reaches the caller."""
 
 from __future__ import annotations
 
@@ -15,11 +19,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from advantage.judge.parsing import ParsedOutput, complete_labels, fallback_labels, parse_judgments, reconcile
 from advantage.judge.prompt import build_messages, is_success, retry_messages, truncate
+from advantage.judge.reference_rule import label_steps
+from advantage.judge.references import FetchedReference, ReferenceSource
 from advantage.judge.schemas import (
     BatchUsage,
     JudgeResponse,
     JudgeStats,
     JudgeTrajectory,
+    LabelSource,
     TrajectoryJudgment,
 )
 from advantage.judge.settings import JudgeSettings
@@ -39,6 +46,8 @@ class _Metrics:
         self.calls = Counter("evolver_judge_llm_calls", "Judge LLM calls, by result", ["result"],
                              registry=registry)  # parsed | partial | unparsable | error
         self.tokens = Counter("evolver_judge_llm_tokens", "Judge LLM tokens", ["kind"], registry=registry)
+        self.sources = Counter("evolver_judge_source_labels", "Step labels by who gave them", ["source"],
+                               registry=registry)  # rule | llm+reference | llm | outcome
 
 
 @dataclass
@@ -60,9 +69,15 @@ def parse_output(text: str) -> ParsedOutput:
     return parsed if parsed.labels else parse_judgments(text)
 
 
+WITHHELD = "reason withheld: the judge read the task's reference"
+
+
 class Judge:
-    def __init__(self, settings: JudgeSettings, llm: LLMClient, registry: CollectorRegistry | None = None) -> None:
-        self.settings, self.llm = settings, llm
+    def __init__(self, settings: JudgeSettings, llm: LLMClient | None, registry: CollectorRegistry | None = None,
+                 references: ReferenceSource | None = None) -> None:
+        if llm is None and settings.labeller != "reference_rule":
+            raise ValueError("the judge needs an LLM unless labeller is reference_rule")
+        self.settings, self.llm, self.references = settings, llm, references
         self.metrics = _Metrics(registry or CollectorRegistry())
         self._limit = asyncio.Semaphore(settings.max_concurrency)
         self._cache: OrderedDict[str, TrajectoryJudgment] = OrderedDict()
@@ -74,12 +89,17 @@ class Judge:
         self._audit_lock = asyncio.Lock()
 
     async def aclose(self) -> None:
-        await self.llm.aclose()
+        if self.llm is not None:
+            await self.llm.aclose()
+        if self.references is not None:
+            await self.references.aclose()
 
     # ------------------------------------------------------------ batch
 
     async def judge_batch(self, items: list[JudgeTrajectory], request_id: str = "-") -> JudgeResponse:
-        outcomes = await asyncio.gather(*(self._judge_safely(item) for item in items))
+        references = await self._fetch_references(items)
+        outcomes = await asyncio.gather(*(self._judge_safely(item, references.get(item.task_id or ""))
+                                          for item in items))
         usage = BatchUsage()
         for out in outcomes:
             usage.llm_calls += out.llm_calls
@@ -98,38 +118,68 @@ class Judge:
         return JudgeResponse(judgments=[out.judgment for out in outcomes], usage=usage, fallback_count=fallbacks,
                              raw_parse_rate=parsed / steps if steps else 0.0)
 
-    async def _judge_safely(self, item: JudgeTrajectory) -> _Outcome:
+    async def _fetch_references(self, items: list[JudgeTrajectory]) -> dict[str, FetchedReference]:
+        """The references of the batch's tasks (each task asked once), when the settings use them."""
+        if self.references is None:
+            return {}
+        task_ids = sorted({item.task_id for item in items if item.task_id})
+        found = await asyncio.gather(*(self.references.get(task_id) for task_id in task_ids))
+        return {task_id: ref for task_id, ref in zip(task_ids, found, strict=True) if ref is not None}
+
+    def _source(self, reference: FetchedReference | None) -> LabelSource:
+        if reference is not None and self.settings.labeller == "reference_rule":
+            return "rule"
+        if self.llm is None:
+            return "outcome"
+        return "llm+reference" if reference is not None and self.settings.reference else "llm"
+
+    async def _judge_safely(self, item: JudgeTrajectory, reference: FetchedReference | None) -> _Outcome:
         """Never lets one trajectory fail the batch: anything unexpected becomes a flagged fallback."""
+        source = self._source(reference)
+        success = is_success(item.outcome, self.settings.success_threshold)
         try:
-            return await self._judge_deduplicated(item)
+            if source == "rule":
+                assert reference is not None
+                labels = label_steps(item.steps, reference.rule)
+                return _Outcome(TrajectoryJudgment(trajectory_id=item.trajectory_id, labels=labels, source="rule",
+                                                   parsed_labels=len(labels)))
+            if source == "outcome":
+                return _Outcome(self._fallback(item, success, "no reference for this task and no judge.llm "
+                                               "configured", attempts=0, tokens=(0, 0), source=source))
+            return await self._judge_deduplicated(item, reference.prompt if source == "llm+reference" else None)
         except Exception as exc:  # a bug or an odd input must not sink the other trajectories
             logger.opt(exception=exc).error("judging trajectory {} failed; falling back", item.trajectory_id)
-            success = is_success(item.outcome, self.settings.success_threshold)
             why = f"internal error: {type(exc).__name__}: {exc}"
-            return _Outcome(self._fallback(item, success, why, attempts=0, tokens=(0, 0)))
+            return _Outcome(self._fallback(item, success, why, attempts=0, tokens=(0, 0), source=source))
 
     # ------------------------------------------------------------ one trajectory
 
-    async def _structured(self) -> bool:
-        return await self.llm.supports_structured()
+    @property
+    def _llm(self) -> LLMClient:
+        assert self.llm is not None  # only the LLM path calls this, and `_source` keeps others off it
+        return self.llm
 
-    def _messages(self, item: JudgeTrajectory, structured: bool) -> list[dict]:
+    async def _structured(self) -> bool:
+        return await self._llm.supports_structured()
+
+    def _messages(self, item: JudgeTrajectory, structured: bool, reference: str | None = None) -> list[dict]:
         s = self.settings
         chars = self._budget(len(item.steps))[0] if structured else None
         return build_messages(item, max_step_chars=s.max_step_chars, max_query_chars=s.max_query_chars,
-                              success_threshold=s.success_threshold, structured_analysis_chars=chars)
+                              success_threshold=s.success_threshold, structured_analysis_chars=chars,
+                              reference=reference)
 
     def _budget(self, steps: int) -> tuple[int, int]:
         """(analysis characters per step, max_tokens) for a trajectory of `steps` steps: the analysis as long
         as the cap allows, and the budget the worst-case answer of that schema, so no answer is cut below
         the cap (a text answer gets the same budget)."""
         s = self.settings
-        cap = min(s.max_output_tokens, self.llm.config.max_tokens or s.max_output_tokens)
+        cap = min(s.max_output_tokens, self._llm.config.max_tokens or s.max_output_tokens)
         chars = analysis_chars(steps, cap, s.max_analysis_chars)
         return chars, min(answer_tokens(steps, chars), cap)
 
     def _call_params(self, steps: int, structured: bool) -> dict:
-        s, role = self.settings, self.llm.config
+        s, role = self.settings, self._llm.config
         chars, max_tokens = self._budget(steps)
         temperature = role.temperature if role.temperature is not None else s.temperature
         params: dict = {"max_tokens": max_tokens, "temperature": temperature}
@@ -138,14 +188,14 @@ class Judge:
         return params
 
     def _cache_key(self, messages: list[dict], params: dict) -> str:
-        payload = json.dumps([self.llm.config.model, messages, params, self.settings.retries], sort_keys=True)
+        payload = json.dumps([self._llm.config.model, messages, params, self.settings.retries], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    async def _judge_deduplicated(self, item: JudgeTrajectory) -> _Outcome:
+    async def _judge_deduplicated(self, item: JudgeTrajectory, reference: str | None = None) -> _Outcome:
         """Serve from the cache, join an identical judgment in flight, or judge and cache it."""
         structured = await self._structured()
         params = self._call_params(len(item.steps), structured)
-        messages = self._messages(item, structured)
+        messages = self._messages(item, structured, reference)
         key = self._cache_key(messages, params)
         cached = self._cache.get(key)
         if cached is not None:
@@ -159,6 +209,8 @@ class Judge:
         self._inflight[key] = future
         try:
             out = await self._judge_with_llm(item, messages, params)
+            if reference is not None:
+                out.judgment = self._withhold_reasons(out.judgment)
             if out.llm_calls > out.llm_errors and self.settings.cache_size:  # the LLM answered: deterministic
                 self._cache[key] = out.judgment
                 while len(self._cache) > self.settings.cache_size:
@@ -171,6 +223,12 @@ class Judge:
             raise
         finally:
             self._inflight.pop(key, None)
+
+    @staticmethod
+    def _withhold_reasons(judgment: TrajectoryJudgment) -> TrajectoryJudgment:
+        """An LLM that read the reference may quote it in its reasons: those stay in the audit log only."""
+        labels = [label.model_copy(update={"reason": WITHHELD}) for label in judgment.labels]
+        return judgment.model_copy(update={"labels": labels, "source": "llm+reference"})
 
     @staticmethod
     def _as_cached(judgment: TrajectoryJudgment, trajectory_id: str) -> TrajectoryJudgment:
@@ -188,7 +246,7 @@ class Judge:
         async with self._limit:
             for _ in range(1 + self.settings.retries):
                 try:
-                    result = await self.llm.chat(conversation, **params)
+                    result = await self._llm.chat(conversation, **params)
                 except LLMError as exc:
                     errors.append(str(exc))
                     self.metrics.calls.labels("error").inc()
@@ -228,11 +286,11 @@ class Judge:
                         structured_calls=structured_calls, budget_cut_calls=budget_cut)
 
     def _fallback(self, item: JudgeTrajectory, success: bool, why: str, *, attempts: int,
-                  tokens: tuple[int, int]) -> TrajectoryJudgment:
+                  tokens: tuple[int, int], source: LabelSource = "llm") -> TrajectoryJudgment:
         steps = len(item.steps)
         fill = "GOOD" if success else "BAD"
         return TrajectoryJudgment(
-            trajectory_id=item.trajectory_id, labels=fallback_labels(steps, success, why), fallback=True,
+            trajectory_id=item.trajectory_id, source=source, labels=fallback_labels(steps, success, why), fallback=True,
             parsed_labels=0, filled_steps=list(range(steps)), attempts=attempts, error=why,
             reconciliation=[f"fallback: all {steps} steps labelled {fill}, the outcome's sign "
                             f"({'success' if success else 'failure'})"],
@@ -259,6 +317,8 @@ class Judge:
         stats.trajectories_with_filled += int(bool(j.filled_steps) and not j.fallback)
         stats.prompt_tokens += j.prompt_tokens
         stats.completion_tokens += j.completion_tokens
+        stats.labels_by_source[j.source] = stats.labels_by_source.get(j.source, 0) + len(j.labels)
+        self.metrics.sources.labels(j.source).inc(len(j.labels))
         for label in j.labels:
             self.metrics.labels.labels(label.label, outcome).inc()
         if j.fallback:
@@ -272,6 +332,7 @@ class Judge:
 
     def stats(self) -> JudgeStats:
         s = self._stats.model_copy(deep=True)
+        s.reference_lookup_failures = self.references.failures if self.references is not None else 0
         s.fallback_rate = s.fallbacks / s.trajectories if s.trajectories else 0.0
         s.raw_parse_rate = s.parsed_labels / s.steps if s.steps else 0.0
         s.filled_rate = s.filled_steps / s.steps if s.steps else 0.0
@@ -287,7 +348,7 @@ class Judge:
         lines = []
         for item, out in zip(items, outcomes, strict=True):
             record = {
-                "time": now, "request_id": request_id, "model": self.llm.config.model,
+                "time": now, "request_id": request_id, "model": self.llm.config.model if self.llm else None,
                 "trajectory_id": item.trajectory_id, "task_id": item.task_id, "outcome": item.outcome,
                 "success": is_success(item.outcome, self.settings.success_threshold), "steps": len(item.steps),
                 "query": truncate(item.query, 500),

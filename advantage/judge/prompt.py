@@ -29,6 +29,18 @@ GUARDRAILS
 OUTPUT FORMAT
 {output_format}"""
 
+# Appended to the system prompt when the judge is given the task's verified reference (`reference: true`).
+REFERENCE_RULES = """
+
+REFERENCE
+You also receive a REFERENCE SOLUTION section: calls verified to solve the task (and, for a question, the
+expected final answer). The agent did not see it. Use it as evidence:
+- a step that makes a reference call (same tool, same arguments) not made before is GOOD; a call with other
+  arguments, or a repeat, is BAD unless it visibly helps a later step;
+- a final reply is GOOD only if it states the expected answer and nothing else of its kind, AND an earlier
+  observation showed that value; a correct-looking value that no observation showed is a guess: BAD.
+- the agent may reach the goal another way; judge effects, but the reference is how the task is solved."""
+
 TEXT_FORMAT = """For every step i, from Step 0 to the last step, write exactly these two lines and nothing else:
 Step i Analysis: <one or two sentences, quoting the step as evidence>
 Step i Judgment: GOOD or BAD"""
@@ -58,13 +70,17 @@ def is_success(outcome: float, threshold: float) -> bool:
 
 
 def build_messages(trajectory: JudgeTrajectory, *, max_step_chars: int, max_query_chars: int,
-                   success_threshold: float, structured_analysis_chars: int | None = None) -> list[dict]:
+                   success_threshold: float, structured_analysis_chars: int | None = None,
+                   reference: str | None = None) -> list[dict]:
     """The judge's prompt; `structured_analysis_chars` set: the answer is the JSON of `label_schema` with
-    analyses of at most that many characters (0: judgments only)."""
+    analyses of at most that many characters (0: judgments only); `reference`: the task's verified reference,
+    shown after the task."""
     steps = trajectory.steps
     success = is_success(trajectory.outcome, success_threshold)
-    parts = ["### TASK", truncate(trajectory.query or "(no task description given)", max_query_chars), "",
-             f"### TRAJECTORY ({len(steps)} steps, numbered 0 to {len(steps) - 1})"]
+    parts = ["### TASK", truncate(trajectory.query or "(no task description given)", max_query_chars), ""]
+    if reference is not None:
+        parts += ["### REFERENCE SOLUTION (verified; not shown to the agent)", truncate(reference, max_query_chars), ""]
+    parts += [f"### TRAJECTORY ({len(steps)} steps, numbered 0 to {len(steps) - 1})"]
     for i, step in enumerate(steps):
         block = [f">>> EVAL-STEP {i} <<<", "<|ACTION|>", truncate(step.action, max_step_chars), "<|END|>"]
         if step.observation:
@@ -79,7 +95,9 @@ def build_messages(trajectory: JudgeTrajectory, *, max_step_chars: int, max_quer
     else:
         output_format = output_instructions(len(steps), structured_analysis_chars)
         parts += [f"Now judge all {len(steps)} steps. {output_format}"]
-    system = SYSTEM_PROMPT.format(output_format=output_format)
+    template = SYSTEM_PROMPT if reference is None else SYSTEM_PROMPT.replace(
+        "\n\nOUTPUT FORMAT", REFERENCE_RULES + "\n\nOUTPUT FORMAT")
+    system = template.format(output_format=output_format)
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(parts)}]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from common.schemas import StepLabel, WireModel
@@ -25,8 +27,14 @@ class JudgeRequest(WireModel):
     trajectories: list[JudgeTrajectory]
 
 
+# Who labelled a trajectory: the reference rule, the LLM given the task's reference, the LLM alone, or nobody
+# (no reference and no LLM configured: the outcome's sign, flagged as a fallback).
+LabelSource = Literal["rule", "llm+reference", "llm", "outcome"]
+
+
 class TrajectoryJudgment(WireModel):
     trajectory_id: str
+    source: LabelSource = "llm"
     labels: list[StepLabel] = Field(description="exactly one label per step, in step order")
     fallback: bool = Field(default=False, description="every label is the outcome's sign: the LLM gave nothing usable")
     cached: bool = False
@@ -80,6 +88,8 @@ class JudgeStats(WireModel):
     budget_cut_calls: int = Field(default=0, description="LLM answers cut by the output token budget")
     structured_calls: int = Field(default=0, description="LLM calls constrained by a JSON schema")
     cache_hits: int = 0
+    labels_by_source: dict[str, int] = Field(default_factory=dict, description="step labels by LabelSource")
+    reference_lookup_failures: int = Field(default=0, description="task manager lookups that got no answer")
     llm_calls: int = 0
     unparsable_calls: int = 0
     llm_errors: int = 0

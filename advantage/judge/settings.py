@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from advantage.judge.structured import answer_tokens
@@ -12,6 +14,15 @@ from common.service import ServiceSettings
 class JudgeSettings(ServiceSettings):
     port: int = Field(default=8005, ge=0, le=65535)
     llm: LLMRoleConfig | None = Field(default=None, description="the judge LLM role (hosted API, vLLM, llm_server)")
+    labeller: Literal["llm", "reference_rule"] = Field(default="llm", description=(
+        "reference_rule: a synthetic task's steps are labelled by a rule against its verified reference, fetched "
+        "from task_manager_url (no LLM); trajectories without a reference still go to the LLM"))
+    reference: bool = Field(default=False, description=(
+        "the LLM judge reads a synthetic task's verified reference (fetched from task_manager_url) in its prompt; "
+        "its reasons are then withheld from the response"))
+    task_manager_url: str | None = Field(default=None, description=(
+        "where references are fetched by task_id (the launcher fills it in); needed by labeller reference_rule "
+        "and reference: true"))
     success_threshold: float = Field(default=0.5, description="an outcome above this counts as success")
     max_step_chars: int = Field(default=2000, ge=50, description="each action and observation is cut to this")
     max_query_chars: int = Field(default=4000, ge=50)
@@ -40,6 +51,20 @@ class JudgeSettings(ServiceSettings):
         """The tightest of max_output_tokens and the LLM role's own max_tokens."""
         role = self.llm.max_tokens if self.llm is not None else None
         return min(self.max_output_tokens, role) if role is not None else self.max_output_tokens
+
+    @property
+    def uses_references(self) -> bool:
+        return self.labeller == "reference_rule" or self.reference
+
+    @model_validator(mode="after")
+    def _references_reachable(self) -> JudgeSettings:
+        if self.uses_references and not self.task_manager_url:
+            what = "labeller: reference_rule" if self.labeller == "reference_rule" else "reference: true"
+            raise ValueError(f"{what} fetches references from the task manager: set task_manager_url")
+        if self.labeller == "reference_rule" and self.reference:
+            raise ValueError("reference: true has no effect with labeller: reference_rule (the rule labels every "
+                             "trajectory that has a reference); choose one")
+        return self
 
     @model_validator(mode="after")
     def _longest_answer_fits(self) -> JudgeSettings:
