@@ -268,7 +268,7 @@ class TaskManager:
         return {"tasks": plan.tasks, "original": plan.original, "synthetic": plan.synthetic, "in_band": plan.in_band,
                 "curriculum": curriculum.enabled}
 
-    def _synthetic(self, task_id: str, original_note: str) -> StoredTask:
+    def _stored_synthetic(self, task_id: str, original_note: str) -> StoredTask:
         stored = self.store.get(task_id)
         if stored is None:
             if any(t.task_id == task_id for tasks in self.originals.values() for t in tasks):
@@ -279,13 +279,13 @@ class TaskManager:
 
     def reference(self, task_id: str) -> dict[str, Any]:
         """A synthetic task's reference calls and answer (for the judge's reference-guided attribution)."""
-        reference = self._synthetic(task_id, "it has no verified reference here").reference
+        reference = self._stored_synthetic(task_id, "it has no verified reference here").reference
         assert reference is not None
         calls = [c.model_dump() for c in reference.calls] if reference.calls is not None else None
         return {"task_id": task_id, "actions": reference.actions, "calls": calls, "answer": reference.answer}
 
     async def grade(self, request: GradeRequest) -> Grade:
-        stored = self._synthetic(request.task_id, "it is graded by the environment's own evaluate "
+        stored = self._stored_synthetic(request.task_id, "it is graded by the environment's own evaluate "
                                                   "(POST /v1/instances/{id}/evaluate)")
         if stored.reference.answer is not None:  # a lookup: graded on its closing reply, as the env grades its own
             try:

@@ -210,6 +210,7 @@ class Judge:
         try:
             out = await self._judge_with_llm(item, messages, params)
             if reference is not None:
+                out.judgment = out.judgment.model_copy(update={"source": "llm+reference"})
                 out.judgment = self._withhold_reasons(out.judgment)
             if out.llm_calls > out.llm_errors and self.settings.cache_size:  # the LLM answered: deterministic
                 self._cache[key] = out.judgment
@@ -228,7 +229,7 @@ class Judge:
     def _withhold_reasons(judgment: TrajectoryJudgment) -> TrajectoryJudgment:
         """An LLM that read the reference may quote it in its reasons: those stay in the audit log only."""
         labels = [label.model_copy(update={"reason": WITHHELD}) for label in judgment.labels]
-        return judgment.model_copy(update={"labels": labels, "source": "llm+reference"})
+        return judgment.model_copy(update={"labels": labels})
 
     @staticmethod
     def _as_cached(judgment: TrajectoryJudgment, trajectory_id: str) -> TrajectoryJudgment:

@@ -3,7 +3,8 @@
 Allowed only in tests: it stands in for a hosted API we cannot call here. It answers from the prompt
 itself: step i is GOOD when its action contains the word "useful", else BAD. A `[mode=...]` tag in
 the task text picks a behaviour: well (default), one_based, partial, garbage_then_well, garbage,
-error (HTTP 500). Like some hosted APIs, it has no structured outputs: a `response_format` gets a 400.
+error (HTTP 500), quote_reference (every analysis quotes the prompt's REFERENCE SOLUTION section, as a
+judge may). Like some hosted APIs, it has no structured outputs: a `response_format` gets a 400.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from tests.helpers import free_port
 
 _STEP = re.compile(r">>> EVAL-STEP (\d+) <<<\n<\|ACTION\|>\n(.*?)\n<\|END\|>", re.DOTALL)
 _MODE = re.compile(r"\[mode=(\w+)\]")
+_REFERENCE = re.compile(r"### REFERENCE SOLUTION[^\n]*\n(.*?)\n\n### TRAJECTORY", re.DOTALL)
 
 
-def _judgments(steps: list[tuple[int, str]], first: int = 0, only: int | None = None) -> str:
+def _judgments(steps: list[tuple[int, str]], first: int = 0, only: int | None = None, quote: str = "") -> str:
     lines = []
     for index, action in steps[:only]:
         label = "GOOD" if "useful" in action else "BAD"
-        lines += [f"Step {index + first} Analysis: the step did \"{action[:20]}\".", f"Step {index + first} Judgment: {label}"]
+        said = f"the reference says {quote}" if quote else f"the step did \"{action[:20]}\""
+        lines += [f"Step {index + first} Analysis: {said}.", f"Step {index + first} Judgment: {label}"]
     return "\n".join(lines)
 
 
@@ -56,6 +59,9 @@ def build_app(calls: list[dict]) -> FastAPI:
             text = _judgments(steps, first=1)
         elif mode == "partial":
             text = _judgments(steps, only=1)
+        elif mode == "quote_reference":
+            found = _REFERENCE.search(prompt)
+            text = _judgments(steps, quote=" ".join(found.group(1).split()) if found else "nothing")
         else:
             text = _judgments(steps)
         return {"id": "fake", "object": "chat.completion", "model": body.get("model"),

@@ -5,8 +5,10 @@ reference (actions, calls, observations, initial state) and in its exploration r
 route a trainer can call is exercised (task lists and pages, single tasks, batches, grading with
 good and bad states and without one, feedback, stats, jobs, errors), a synthesize job runs, and
 rollouts of the task, started exactly as the trainer starts them, go through the experience
-manager's summarization into its pool. The canary must appear in no response, no INFO log line of
-the task manager, no rollout and no experience.
+manager's summarization into its pool. Those rollouts are also judged by judges that fetch the
+task's reference from the task manager (the reference rule, and an LLM given the reference whose
+every analysis quotes it). The canary must appear in no response, no INFO log line of the task
+manager, no rollout, no experience and no judge response, stats or metrics.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from advantage.client import JudgeClient
+from advantage.judge.app import create_judge_app
+from advantage.judge.settings import JudgeSettings
 from common.schemas import ChatMessage, Step, Task, Trajectory
 from env_service.client import EnvClient
 from experience_manager.client import ExperienceClient
 from task_manager.client import TaskClient
 from task_manager.models import Call, Exploration, ExploreStep, Reference, StoredTask
 from task_manager.store import TaskStore
-from tests.helpers import ServiceProcess, run_service
+from tests.advantage.fake_judge_llm import fake_judge_llm
+from tests.helpers import InProcessServer, ServiceProcess, run_service
 from tests.task_manager.conftest import write_conf
 
 pytestmark = pytest.mark.slow
@@ -71,11 +77,37 @@ async def _rollout(env: EnvClient, task: Task) -> tuple[Trajectory, dict]:
     return Trajectory(task_id=task.task_id, env_type=task.env_type, messages=messages, steps=steps), state
 
 
+def _judge_with_references(tm_url: str, trajectories: list[Trajectory], original: Trajectory) -> list[str]:
+    """Judge the canary task's rollouts (and an original task's, which has no reference) as the trainer does,
+    with each judge set-up that fetches references; returns every body the trainer side received."""
+    seen: list[str] = []
+    batch = [*trajectories, original]
+    queries = {t.trajectory_id: "[mode=quote_reference] book a seat" for t in batch}
+    with fake_judge_llm() as (llm_url, llm_calls):
+        for extra, source in (({"labeller": "reference_rule"}, "rule"), ({"reference": True}, "llm+reference")):
+            settings = JudgeSettings(llm={"base_url": llm_url, "model": "fake-judge", "max_retries": 0, "timeout": 20},
+                                     task_manager_url=tm_url, audit_log=None, **extra)
+            with InProcessServer(create_judge_app(settings)) as judge:
+                async def ask(source: str = source) -> None:
+                    async with JudgeClient(judge.url) as client:
+                        response = await client.judge_trajectories(batch, queries=queries)
+                        seen.append(response.model_dump_json())
+                        seen.append((await client.stats()).model_dump_json())
+                        assert [j.source for j in response.judgments] == [source] * len(trajectories) + ["llm"]
+
+                asyncio.run(ask())
+                seen.append(httpx.get(f"{judge.url}/metrics").text)
+        # The reference did reach the judge's own LLM (and the fake quoted it back): the judge withheld it.
+        assert any(CANARY in json.dumps(call) for call in llm_calls)
+    return seen
+
+
 def test_canary_never_leaves_the_task_manager(flights_env: ServiceProcess, tmp_path: Path) -> None:
     store = tmp_path / "store"
     _plant(store)
     conf = write_conf(tmp_path / "tm.yaml", flights_env.url, store, dedup={"heldout_splits": []})
     seen: list[str] = []  # every response body the trainer side received
+    judged: list[Trajectory] = []
 
     with run_service("task_manager", ["--conf", str(conf), "--log-level", "INFO"]) as tm, \
             run_service("experience_manager", ["--store", str(tmp_path / "em")]) as em:
@@ -95,6 +127,7 @@ def test_canary_never_leaves_the_task_manager(flights_env: ServiceProcess, tmp_p
                             trajectory.outcome = await tasks.grade(task.task_id, state=state)
                             trajectories.append(trajectory)
                 assert trajectories, "the planted task was never sampled"
+                judged.extend(trajectories)
                 assert trajectories[0].outcome == 0.0
                 # A state that matches the reference end state grades 1.0 without revealing it.
                 good = await tasks.grade_detail(TASK_ID, state={"comparable": END_STATE})
@@ -108,6 +141,8 @@ def test_canary_never_leaves_the_task_manager(flights_env: ServiceProcess, tmp_p
                 assert not summary.errors, summary.errors
 
         asyncio.run(exercise())
+        original = judged[0].model_copy(update={"trajectory_id": "original-rollout", "task_id": "train-0000"})
+        seen += _judge_with_references(tm.url, judged, original)
         with httpx.Client(base_url=tm.url, timeout=30) as http:
             for path in ("/v1/tasks?limit=10000", "/v1/tasks?synthetic=true&limit=10000", f"/v1/tasks/{TASK_ID}",
                          "/v1/stats", "/v1/jobs", "/metrics", "/openapi.json"):
