@@ -18,6 +18,17 @@ Sources (the environments run in-process; outcomes are their own graders' scores
   of the current turn) and none of them errs; a reply without calls is GOOD when the episode (flights) or
   the turn (bfcl: all its ground-truth calls made) is complete; everything else is BAD.
 
+Version 2 (`--version 2`) is version 1's records plus a flights v2 tier-1 part (env `flights_v2`: a world per
+task, strict grading), scripted episodes of the test split's lookups, labelled from the environment's ground
+truth: a call step is GOOD when it is the task's reference call, not made before, and the desk answers it
+without an error; a reply is GOOD when the environment grades it a success AND the reference call was made
+earlier in the episode (a right value nobody looked up is a guess). Sources: `v2_correct`, `v2_guess_right`
+(a call-free reply of the right value: the environment scores it 1, its label is BAD), `v2_guess_wrong`,
+`v2_wrong_argument` (the lookup of another passenger / another date, then the value it showed),
+`v2_wrong_argument_repaired` (then the right lookup and answer), `v2_right_call_wrong_reply` (a value the task
+names as wrong), `v2_hedge` (the right value and a wrong one), `v2_redundant_call` (the lookup twice). Calls
+and replies vary in format across tasks (python calls, <tool_call> JSON, fenced; "$1,234", "1234 USD").
+
 Each line: {trajectory_id, env, task_id, source, split, query, steps: [{action, observation}], outcome,
 labels}. `split` is decided by task (a hash of env and task id), so a task's trajectories share a half:
 `dev` is for prompt work, `test` is the only half benchmarks/judge.py reports.
@@ -43,7 +54,9 @@ from env_service.actions import ActionParseError, ParsedCall, parse_actions, par
 from env_service.environments.base import EnvInstance  # noqa: E402
 
 VERSION = 1
-DEFAULT_OUT = REPO / "benchmarks" / "fixtures" / f"judge_step_labels_v{VERSION}.jsonl"
+FIXTURES = REPO / "benchmarks" / "fixtures"
+DEFAULT_OUT = FIXTURES / f"judge_step_labels_v{VERSION}.jsonl"
+V2_TIER1_TASKS = 24  # the first 24 tier-1 test tasks of flights v2: 8 of each lookup kind
 FLIGHT_TASKS = [f"test-{i:04d}" for i in range(8)]  # two of each kind (kinds cycle by index)
 BFCL_TASKS = ["multi_turn_base_100", "multi_turn_base_133", "multi_turn_base_147", "multi_turn_base_163",
               "multi_turn_base_45", "multi_turn_base_57"]
@@ -149,6 +162,97 @@ def _wrong_flight_argument(env: Any, task: Any, call: tuple[str, dict[str, Any]]
     if decoy is None:
         return name, {"order_id": "O-000000"}
     return name, {"order_id": f"$order:{passenger_id}:{decoy}"}
+
+
+# ---------------------------------------------------------------- flights v2, tier 1
+
+
+def flights_v2_env() -> Any:
+    from env_service.environments.flights.env import FlightsEnvironment
+
+    return FlightsEnvironment({"version": 2, "tiers": {1: 1}})
+
+
+def _money(value: str, style: int) -> str:
+    amount = int(value)
+    return (f"${amount:,}", f"{amount} USD", f"{amount:,}.00 dollars")[style % 3]
+
+
+def _call_text(name: str, arguments: dict[str, Any], style: int) -> str:
+    call = python_call(name, arguments)
+    if style % 3 == 1:
+        return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+    if style % 3 == 2:
+        return f"Let me look that up.\n```\n{call}\n```"
+    return call
+
+
+def _reply(task: Any, value: str, style: int) -> str:
+    if task.kind == "id_lookup":
+        return f"The passenger id is {value}."
+    if task.kind == "credit_lookup":
+        return f"{task.query.split(' does ')[1].split(' have')[0]} has {_money(value, style)} of travel credit."
+    return f"The cheapest fare with seats left is {_money(value, style)}."
+
+
+def _wrong_lookup(task: Any) -> tuple[tuple[str, dict[str, Any]], str]:
+    """Another passenger's lookup (credit, id) or the route on another date (fare), and the value it shows."""
+    name, arguments = task.reference[0]
+    world = task.world
+    if task.kind == "fare_lookup":
+        date = next(d for d in world.dates if d != arguments["date"]
+                    and world.route_flights(arguments["origin"], arguments["destination"], d))
+        flights = [f for f in world.route_flights(arguments["origin"], arguments["destination"], date) if f.seats]
+        shown = str(min(f.price for f in flights)) if flights else task.wrong_answers[0]
+        return (name, {**arguments, "date": date}), shown
+    other = next(p for p in sorted(world.passengers.values(), key=lambda p: p.passenger_id)
+                 if p.name != arguments["name"])
+    shown = other.passenger_id if task.kind == "id_lookup" else str(other.balance)
+    return (name, {"name": other.name}), shown
+
+
+def flights_v2_records(env: Any, task_id: str, index: int) -> list[dict[str, Any]]:
+    task = env.task(task_id)
+    reference = task.reference[0]
+    call = _call_text(*reference, index)
+    wrong_call, shown = _wrong_lookup(task)
+    wrong_text = _call_text(*wrong_call, index + 1)
+    right, wrong = _reply(task, task.answer, index), _reply(task, task.wrong_answers[0], index)
+    hedge = f"It is {task.answer}, or possibly {task.wrong_answers[0]}."
+    plans = {
+        "v2_correct": [call, right],
+        "v2_guess_right": [right],
+        "v2_guess_wrong": [wrong],
+        "v2_wrong_argument": [wrong_text, _reply(task, shown, index)],
+        "v2_wrong_argument_repaired": [wrong_text, call, right],
+        "v2_right_call_wrong_reply": [call, wrong],
+        "v2_hedge": [call, hedge],
+        "v2_redundant_call": [call, call, right],
+    }
+    out = []
+    for source, actions in plans.items():
+        rec = Recorder(env.create(task_id))
+        looked_up = False
+        made: set[str] = set()
+        for text in actions:
+            calls = parse_calls(text) or []
+            observation = rec.act(text, "?")
+            if calls:  # ground truth: the task's own reference call, new, and answered without an error
+                keys = {_key(c) for c in calls}
+                good = keys == {_key(ParsedCall(*reference))} and not keys & made \
+                    and not observation.startswith("Error")
+                made |= keys
+                looked_up |= good
+                rec.labels[-1] = "GOOD" if good else "BAD"
+            else:  # ground truth: the environment's grade of the reply, and the value was looked up first
+                rec.labels[-1] = "GOOD" if looked_up and rec.outcome() > 0.5 else "BAD"
+        out.append(record(f"flights_v2:{task_id}:{source}", "flights_v2", task_id, source, task.query, rec))
+    return out
+
+
+def v2_tier1_part() -> list[dict[str, Any]]:
+    env = flights_v2_env()
+    return [r for i, t in enumerate(env.task_ids("test")[:V2_TIER1_TASKS]) for r in flights_v2_records(env, t, i)]
 
 
 # ---------------------------------------------------------------- bfcl
@@ -358,7 +462,17 @@ def main() -> None:
     parser.add_argument("--no-rollouts", action="store_true")
     parser.add_argument("--llm-url", default=None, help="a running llm_server (…/v1) serving smollm2")
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--version", type=int, choices=[1, 2], default=VERSION, help=(
+        "2: version 1's records (read from its fixture) plus the flights v2 tier-1 part"))
     args = parser.parse_args()
+    if args.version == 2:
+        v1 = FIXTURES / "judge_step_labels_v1.jsonl"
+        records = [json.loads(line) for line in v1.read_text().splitlines() if line.strip()] + v2_tier1_part()
+        out = args.out if args.out != DEFAULT_OUT else FIXTURES / "judge_step_labels_v2.jsonl"
+        write(out, records)
+        print(json.dumps({"benchmark": "judge_labels", "version": 2, "out": str(out.relative_to(REPO)),
+                          **summarize(records)}))
+        return
 
     from env_service.environments.bfcl import BfclEnvironment
     from env_service.environments.flights.env import FlightsEnvironment
@@ -369,10 +483,7 @@ def main() -> None:
     records += [r for t in BFCL_TASKS for r in bfcl_records(bfcl, t)]
     if not args.no_rollouts:
         records += asyncio.run(_all_rollouts(flights, bfcl, args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", encoding="utf-8") as handle:
-        for r in records:
-            handle.write(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n")
+    write(args.out, records)
     summary = summarize(records)
     print(json.dumps({"benchmark": "judge_labels", "version": VERSION, "out": str(args.out),
                       **summary}))
@@ -389,6 +500,13 @@ async def _all_rollouts(flights: Any, bfcl: Any, args: argparse.Namespace) -> li
         out = await rollouts("flights", flights, FLIGHT_TASKS, url, args.flights_rollouts, args.seed)
         out += await rollouts("bfcl", bfcl, BFCL_TASKS, url, args.bfcl_rollouts, args.seed + 1)
     return out
+
+
+def write(path: Path, records: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for r in records:
+            handle.write(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
