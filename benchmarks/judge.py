@@ -11,6 +11,13 @@ unless told) and prints one JSON line: for the judge and for the baselines "outc
 and "random" (a fair coin, seeded), balanced accuracy and Cohen's kappa with 95% bootstrap intervals
 (resampling tasks), per-class recall; for the judge also its raw parse rate, share of filled labels,
 budget cuts and seconds per trajectory, and parse rate and budget cuts per trajectory length (`by_steps`).
+
+Reference-guided attribution (`--references`, for the fixture's `flights_v2` part): each task's verified
+reference (the environment's own reference call and answer) is planted in a task manager's store as a
+synthetic task's, a flights v2 env service and that task manager are started, and the judge fetches the
+references by task id as in training. `--judge labeller=reference_rule --no-llm` is the rule alone;
+`--judge reference=true` the LLM given the reference. `by_fixture_source` gives each labeller's step accuracy
+per kind of episode.
 """
 
 from __future__ import annotations
@@ -72,6 +79,49 @@ def service(module: str, args: list[str], log: Path, timeout: float = 600):
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def plant_references(store_dir: Path, task_ids: list[str]) -> None:
+    """The flights v2 tasks' reference calls and answers, stored as verified synthetic tasks of those ids."""
+    from benchmarks.judge_labels import flights_v2_env
+    from common.schemas import Task
+    from task_manager.models import Call, Reference, StoredTask
+    from task_manager.store import TaskStore
+
+    env = flights_v2_env()
+    store = TaskStore(store_dir / "tasks.sqlite")
+    for task_id in task_ids:
+        task = env.task(task_id)
+        calls = [Call(name=name, arguments=arguments) for name, arguments in task.reference]
+        reference = Reference(actions=[c.render() for c in calls], calls=calls, answer=task.answer,
+                              wrong_answers=list(task.wrong_answers))
+        stored = Task(task_id=task_id, env_type="flights", split="train", synthetic=True, query=task.query)
+        store.add_task(StoredTask(task=stored, reference=reference, signature=task_id, synthesizer="fixture"),
+                       goal_key=task_id)
+    store.close()
+
+
+def reference_services(stack: ExitStack, work: Path, task_ids: list[str]) -> str:
+    """A flights v2 env service and a task manager holding the planted references; returns its URL."""
+    plant_references(work / "tasks", task_ids)
+    env_conf = work / "env.yaml"
+    env_conf.write_text(json.dumps({"env_service": {"environments": {"flights": {"version": 2, "tiers": {"1": 1}}}}}))
+    env_url = stack.enter_context(service("env_service", ["--conf", str(env_conf)], work / "env_service.log"))
+    tm_conf = work / "tm.yaml"
+    tm_conf.write_text(json.dumps({"task_manager": {"env_url": env_url, "store_dir": str(work / "tasks"),
+                                                    "environments": ["flights"]}}))
+    return stack.enter_context(service("task_manager", ["--conf", str(tm_conf)], work / "task_manager.log"))
+
+
+def by_fixture_source(fixture: list, predicted: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+    """Per kind of episode (the fixture's `source`): steps, and the share labelled as the ground truth says."""
+    out: dict[str, dict[str, float]] = {}
+    for traj in fixture:
+        row = out.setdefault(traj.source, {"steps": 0, "right": 0})
+        row["steps"] += len(traj.labels)
+        row["right"] += sum(t == p for t, p in zip(traj.labels, predicted[traj.trajectory_id], strict=True))
+    return {source: {"steps": row["steps"], "accuracy": round(row["right"] / row["steps"], 4)}
+            for source, row in sorted(out.items())}
 
 
 def items(fixture: list, repeat: int = 1) -> list[JudgeTrajectory]:
@@ -148,6 +198,10 @@ def main() -> None:
     parser.add_argument("--judge", action="append", default=[], metavar="KEY=VALUE",
                         help="a judge setting (value read as JSON, else a string), e.g. max_analysis_chars=60; "
                              "repeatable. Default: the service's defaults, as a run gets them")
+    parser.add_argument("--env", default=None, help="judge only the fixture's trajectories of this env (flights_v2)")
+    parser.add_argument("--references", action="store_true", help=(
+        "serve the flights_v2 tasks' references from a task manager and point the judge at it"))
+    parser.add_argument("--no-llm", action="store_true", help="no judge LLM (with --judge labeller=reference_rule)")
     parser.add_argument("--max-concurrency", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one LLM call may take")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
@@ -157,17 +211,22 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     overrides = dict(_setting(text) for text in args.judge)
-    fixture = load_fixture(args.fixture, None if args.split == "all" else args.split)[::args.stride][:args.trajectories]
+    fixture = [t for t in load_fixture(args.fixture, None if args.split == "all" else args.split)
+               if args.env in (None, t.env)][::args.stride][:args.trajectories]
     model = args.llm_model or args.model
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
     with ExitStack() as stack:
-        llm_url = args.llm_url or stack.enter_context(
-            service("llm_server", ["--model", args.model], work / "llm_server.log")) + "/v1"
+        if args.references:
+            overrides.setdefault("task_manager_url", reference_services(stack, work, sorted({t.task_id for t in fixture})))
+        llm = None
+        if not args.no_llm:
+            llm_url = args.llm_url or stack.enter_context(
+                service("llm_server", ["--model", args.model], work / "llm_server.log")) + "/v1"
+            llm = {"base_url": llm_url, "model": model, "max_retries": 0, "timeout": args.timeout,
+                   "structured": args.structured, "api_key_env": args.api_key_env}
         conf = work / "run.yaml"
         conf.write_text(json.dumps({"judge": {
-            "llm": {"base_url": llm_url, "model": model, "max_retries": 0, "timeout": args.timeout,
-                    "structured": args.structured, "api_key_env": args.api_key_env},
-            "max_concurrency": args.max_concurrency, "audit_log": str(work / "audit.jsonl"), **overrides}}))
+            "llm": llm, "max_concurrency": args.max_concurrency, "audit_log": str(work / "audit.jsonl"), **overrides}}))
         judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work / "judge.log"))
         trajs = rollout_items(args.rollouts, args.repeat_steps)[::args.stride] if args.rollouts \
             else items(fixture, args.repeat_steps)
@@ -184,15 +243,19 @@ def main() -> None:
         "fallback_rate": round(stats.fallback_rate, 4), "budget_cut_calls": stats.budget_cut_calls,
         "structured_calls": stats.structured_calls, "llm_calls": stats.llm_calls,
         "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-        "seconds_per_trajectory": round(wall / len(trajs), 2),
+        "seconds_per_trajectory": round(wall / len(trajs), 2), "labels_by_source": stats.labels_by_source,
+        "reference_lookup_failures": stats.reference_lookup_failures,
         "good_rate_successful": round(stats.successful.good_rate, 4),
         "good_rate_failed": round(stats.failed.good_rate, 4)})
     line = {
-        "benchmark": "judge", "model": model, "endpoint": "llm_server" if not args.llm_url else args.llm_url,
+        "benchmark": "judge", "model": None if args.no_llm else model, "endpoint": "llm_server" if not args.llm_url else args.llm_url,
         "structured": args.structured, "fixture": args.fixture.name, "split": args.split, "stride": args.stride,
         "data": fixture_summary(fixture), "bootstrap": f"{args.bootstrap} resamples of tasks",
         "judge_settings": overrides, "wall_s": round(wall, 1),
-        "judge": judge, "by_steps": by_steps(trajs, response),
+        "judge": judge, "by_steps": by_steps(trajs, response), "env": args.env, "references": args.references,
+        "by_fixture_source": {"judge": by_fixture_source(fixture, predicted),
+                              **{name: by_fixture_source(fixture, labels) for name, labels in baselines(fixture).items()}}
+        if labelled else None,
         "repeat_steps": args.repeat_steps, "rollouts": str(args.rollouts) if args.rollouts else None,
         "baselines": {name: report(fixture, labels, args.bootstrap) for name, labels in baselines(fixture).items()}
         if labelled else None,

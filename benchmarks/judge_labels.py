@@ -56,6 +56,7 @@ from env_service.environments.base import EnvInstance  # noqa: E402
 VERSION = 1
 FIXTURES = REPO / "benchmarks" / "fixtures"
 DEFAULT_OUT = FIXTURES / f"judge_step_labels_v{VERSION}.jsonl"
+V2_MAX_OBSERVATION_CHARS = 20_000
 V2_TIER1_TASKS = 24  # the first 24 tier-1 test tasks of flights v2: 8 of each lookup kind
 FLIGHT_TASKS = [f"test-{i:04d}" for i in range(8)]  # two of each kind (kinds cycle by index)
 BFCL_TASKS = ["multi_turn_base_100", "multi_turn_base_133", "multi_turn_base_147", "multi_turn_base_163",
@@ -73,8 +74,9 @@ def split_of(env: str, task_id: str) -> str:
 class Recorder:
     """Steps one instance and keeps (action, observation, label) per step."""
 
-    def __init__(self, instance: EnvInstance) -> None:
+    def __init__(self, instance: EnvInstance, max_observation_chars: int = MAX_OBSERVATION_CHARS) -> None:
         self.instance = instance
+        self.max_observation_chars = max_observation_chars
         self.messages = instance.reset()
         self.steps: list[dict[str, str]] = []
         self.labels: list[str] = []
@@ -84,7 +86,7 @@ class Recorder:
     def act(self, text: str, label: str) -> str:
         result = self.instance.step(ChatMessage(role="assistant", content=text))
         observation = result.observation.text()
-        self.steps.append({"action": text, "observation": observation[:MAX_OBSERVATION_CHARS]})
+        self.steps.append({"action": text, "observation": observation[:self.max_observation_chars]})
         self.labels.append(label)
         self.done = result.done
         if result.done:
@@ -231,7 +233,8 @@ def flights_v2_records(env: Any, task_id: str, index: int) -> list[dict[str, Any
     }
     out = []
     for source, actions in plans.items():
-        rec = Recorder(env.create(task_id))
+        # Whole observations, as the trainer sends them: a route's search result runs past 1,200 characters.
+        rec = Recorder(env.create(task_id), max_observation_chars=V2_MAX_OBSERVATION_CHARS)
         looked_up = False
         made: set[str] = set()
         for text in actions:
