@@ -76,11 +76,13 @@ async def test_labels_parse_and_map_to_adca_advantages(judge, fake_llm):
     assert response.raw_parse_rate == 1.0 and response.fallback_count == 0
     assert response.usage.llm_calls == 3 and response.usage.prompt_tokens > 0
     assert response.judgments[0].labels[0].reason.startswith("the step did")
+    assert {j.source for j in response.judgments} == {"llm"}  # no labeller: reference_rule, no reference: true
 
     # End to end: labels onto the trajectories, then ADCA-GRPO on the token batch. These are the
     # labels and outcomes of group a in test_estimators_hand.py: z(GOOD)=8/sqrt(80), z(BAD)=-10/sqrt(80),
     # outcome z = 1/sqrt2, -sqrt2, 1/sqrt2.
     apply_judgments(trajs, response)
+    assert trajs[0].metadata["judge_source"] == "llm"
     adv = compute_advantages("adca_grpo", batch_from_trajectories(trajs), {"alpha": 0.1})
     g, b, o = 0.8 / math.sqrt(80), -1.0 / math.sqrt(80), [1 / math.sqrt(2), -math.sqrt(2), 1 / math.sqrt(2)]
     a0 = [g + b + g + o[0], b + g + o[0], g + o[0]]

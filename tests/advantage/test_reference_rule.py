@@ -1,13 +1,19 @@
-"""The reference rule labeller on hand-built trajectories (flights tier-1 style: one lookup call, then a reply)."""
+"""The reference rule labeller on hand-built trajectories (flights tier-1 style: one lookup call, then a reply),
+and the judge settings and fallback around it (the whole path over HTTP: tests/task_manager/test_leak_canary.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from pydantic import ValidationError
 
+from advantage.judge.core import Judge
 from advantage.judge.reference_rule import Reference, call_key, label_steps, step_calls
-from advantage.judge.schemas import JudgeStep
+from advantage.judge.references import ReferenceSource
+from advantage.judge.schemas import JudgeStep, JudgeTrajectory
+from advantage.judge.settings import JudgeSettings
+from tests.helpers import free_port
 
 LOOKUP = call_key("get_passenger", {"name": "Rosa Wang"})
 CREDIT = Reference(calls=(LOOKUP,), answer="2500")
@@ -95,3 +101,29 @@ def test_reasons_never_quote_the_reference():
     steps = [JudgeStep(action="get_passenger(name='x')", observation="none"), JudgeStep(action="I do not know.")]
     for label in label_steps(steps, secret):
         assert "SECRET" not in label.reason and label.reason.startswith("rule: ")
+
+
+def test_settings_name_what_references_need():
+    with pytest.raises(ValidationError, match="task_manager_url"):
+        JudgeSettings(labeller="reference_rule")
+    with pytest.raises(ValidationError, match="task_manager_url"):
+        JudgeSettings(llm={"base_url": "http://127.0.0.1:1/v1", "model": "m"}, reference=True)
+    with pytest.raises(ValidationError, match="choose one"):
+        JudgeSettings(labeller="reference_rule", reference=True, task_manager_url="http://127.0.0.1:1")
+
+
+async def test_without_a_reference_or_an_llm_the_outcome_labels_it():
+    """The task manager is down (a closed port) and no LLM is configured: flagged outcome-sign labels."""
+    settings = JudgeSettings(labeller="reference_rule", task_manager_url=f"http://127.0.0.1:{free_port()}",
+                             audit_log=None)
+    judge = Judge(settings, None, references=ReferenceSource(settings.task_manager_url))
+    try:
+        item = JudgeTrajectory(trajectory_id="t", task_id="syn-1", outcome=1.0,
+                               steps=[JudgeStep(action="get_passenger(name='Rosa Wang')", observation=FOUND)])
+        response = await judge.judge_batch([item])
+    finally:
+        await judge.aclose()
+    (judgment,) = response.judgments
+    assert (judgment.source, judgment.fallback, [lab.label for lab in judgment.labels]) == ("outcome", True, ["GOOD"])
+    stats = judge.stats()
+    assert stats.reference_lookup_failures == 1 and stats.labels_by_source == {"outcome": 1}
