@@ -59,6 +59,8 @@ def test_plan_fills_ports_urls_stores_and_roles(tmp_path):
     env_url = f"http://127.0.0.1:{data['env_service']['port']}"
     assert data["task_manager"]["env_url"] == env_url
     assert data["trainer"]["services"]["env_url"] == env_url
+    # where reference-guided attribution fetches references (used only with judge.labeller/reference)
+    assert data["judge"]["task_manager_url"] == f"http://127.0.0.1:{data['task_manager']['port']}"
     assert data["judge"]["llm"] == {**data["judge"]["llm"],
                                     "base_url": f"http://127.0.0.1:{data['llm_server']['port']}/v1", "model": "tiny"}
     run_dir = tmp_path / "runs" / "unit"
