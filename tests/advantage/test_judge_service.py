@@ -22,6 +22,7 @@ from common.http import ServiceCallError
 from common.schemas import ChatMessage, Step, Trajectory
 from tests.advantage.fake_judge_llm import fake_judge_llm
 from tests.helpers import REPO, free_port, run_service
+from trainer.peers import JudgePeer
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,11 @@ async def test_labels_parse_and_map_to_adca_advantages(judge, fake_llm):
     # outcome z = 1/sqrt2, -sqrt2, 1/sqrt2.
     apply_judgments(trajs, response)
     assert trajs[0].metadata["judge_source"] == "llm"
+    # The trainer's side counts the labels by source for its summary.
+    peer = JudgePeer(judge.url)
+    await peer.label(trajs)
+    await peer.aclose()
+    assert peer.summary()["labels_by_source"] == {"llm": 6}
     adv = compute_advantages("adca_grpo", batch_from_trajectories(trajs), {"alpha": 0.1})
     g, b, o = 0.8 / math.sqrt(80), -1.0 / math.sqrt(80), [1 / math.sqrt(2), -math.sqrt(2), 1 / math.sqrt(2)]
     a0 = [g + b + g + o[0], b + g + o[0], g + o[0]]

@@ -102,6 +102,7 @@ async def test_the_judge_down_past_its_wait_labels_by_the_outcome_sign_flagged_a
     assert won.metadata["judge_fallback"] and lost.metadata["judge_fallback"]
     c = judge.counters
     assert (c.unreachable_batches, c.unreachable_trajectories, c.fallbacks, c.good, c.bad) == (1, 2, 2, 3, 2)
+    assert c.labels_by_source == {"outcome": 5} and won.metadata["judge_source"] == "outcome"
     assert judge.client.outage_counters.gave_up == 1
     [line] = judge.degradations()
     assert "judge" in line and "2 trajectories" in line and "outcome's sign" in line
