@@ -18,6 +18,10 @@ synthetic task's, a flights v2 env service and that task manager are started, an
 references by task id as in training. `--judge labeller=reference_rule --no-llm` is the rule alone;
 `--judge reference=true` the LLM given the reference. `by_fixture_source` gives each labeller's step accuracy
 per kind of episode.
+
+`--rescore AUDIT.jsonl [AUDIT.jsonl ...]` scores judge audit logs again, without judging: only the
+trajectories every log judged (no fallback), so a run whose LLM went away midway still gives the agreement
+of the labels it did get (on the fixture trajectories of --fixture/--split/--env/--stride).
 """
 
 from __future__ import annotations
@@ -177,6 +181,23 @@ def by_steps(trajs: list[JudgeTrajectory], response) -> dict[str, dict[str, floa
     return dict(sorted(out.items(), key=lambda item: int(item[0])))
 
 
+def rescore(fixture: list, audits: list[Path], bootstrap: int) -> dict:
+    """Agreement of each audit log's non-fallback labels, on the trajectories that every log judged."""
+    judged = []
+    for path in audits:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        judged.append({r["trajectory_id"]: [lab["label"] for lab in r["labels"]] for r in rows if not r["fallback"]})
+    common = set.intersection(*(set(j) for j in judged))
+    subset = [t for t in fixture if t.trajectory_id in common]
+    out = {"benchmark": "judge_rescore", "audits": [str(p) for p in audits], "data": fixture_summary(subset),
+           "trajectory_ids": sorted(common), "bootstrap": f"{bootstrap} resamples of tasks",
+           "judges": {str(path): report(subset, {t: j[t] for t in common}, bootstrap) for path, j in zip(audits, judged, strict=True)},
+           "baselines": {name: report(subset, labels, bootstrap) for name, labels in baselines(subset).items()}}
+    out["by_fixture_source"] = {str(path): by_fixture_source(subset, j) for path, j in zip(audits, judged, strict=True)}
+    out["by_fixture_source"].update({name: by_fixture_source(subset, labels) for name, labels in baselines(subset).items()})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="llm_server model (smollm2 or tiny)")
@@ -202,6 +223,8 @@ def main() -> None:
     parser.add_argument("--references", action="store_true", help=(
         "serve the flights_v2 tasks' references from a task manager and point the judge at it"))
     parser.add_argument("--no-llm", action="store_true", help="no judge LLM (with --judge labeller=reference_rule)")
+    parser.add_argument("--rescore", type=Path, nargs="+", default=None, metavar="AUDIT",
+                        help="score these judge audit logs again (no judging), on the trajectories all of them judged")
     parser.add_argument("--max-concurrency", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one LLM call may take")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
@@ -213,6 +236,12 @@ def main() -> None:
     overrides = dict(_setting(text) for text in args.judge)
     fixture = [t for t in load_fixture(args.fixture, None if args.split == "all" else args.split)
                if args.env in (None, t.env)][::args.stride][:args.trajectories]
+    if args.rescore:
+        text = json.dumps(rescore(fixture, args.rescore, args.bootstrap))
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return
     model = args.llm_model or args.model
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
     with ExitStack() as stack:
