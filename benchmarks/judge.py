@@ -225,6 +225,8 @@ def main() -> None:
     parser.add_argument("--no-llm", action="store_true", help="no judge LLM (with --judge labeller=reference_rule)")
     parser.add_argument("--rescore", type=Path, nargs="+", default=None, metavar="AUDIT",
                         help="score these judge audit logs again (no judging), on the trajectories all of them judged")
+    parser.add_argument("--skip-judged", type=Path, nargs="+", default=None, metavar="AUDIT",
+                        help="leave out the trajectories these audit logs judged (no fallback): finish a cut-off run")
     parser.add_argument("--max-concurrency", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one LLM call may take")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
@@ -234,8 +236,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     overrides = dict(_setting(text) for text in args.judge)
+    judged = {json.loads(line)["trajectory_id"] for path in args.skip_judged or [] for line in
+              path.read_text().splitlines() if line.strip() and not json.loads(line)["fallback"]}
     fixture = [t for t in load_fixture(args.fixture, None if args.split == "all" else args.split)
-               if args.env in (None, t.env)][::args.stride][:args.trajectories]
+               if args.env in (None, t.env)][::args.stride]
+    fixture = [t for t in fixture if t.trajectory_id not in judged][:args.trajectories]
     if args.rescore:
         text = json.dumps(rescore(fixture, args.rescore, args.bootstrap))
         print(text)
