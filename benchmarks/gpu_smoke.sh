@@ -60,7 +60,7 @@ YAML
 
 start=$(date +%s)
 status=ok
-CONF="$RUN_DIR/smoke.yaml" RUN_DIR="$RUN_DIR" PYTHON="$PY" bash examples/run_overall_gpu.sh "${DRY[@]}" "$@" \
+env CONF="$RUN_DIR/smoke.yaml" RUN_DIR="$RUN_DIR" PYTHON="$PY" bash examples/run_overall_gpu.sh "${DRY[@]}" "$@" \
   > "$RUN_DIR/run.log" 2>&1 || status=failed
 seconds=$(( $(date +%s) - start ))
 # veRL's console logger prints "step:N - ..." once per finished step.

@@ -3,7 +3,7 @@
 # fresh-clone copy of the repo under its own compose project and free host ports, checks every
 # service's /healthz from inside the compose network and on 127.0.0.1, asserts from the trainer's
 # summary.json that the run trained at least E2E_STEPS steps with every self-evolving mechanism (synthetic
-# tasks sampled, rollouts with injected experience, judge labels, ADCA-GRPO), prints each container's peak memory
+# tasks sampled, the pool seeded from them, rollouts with injected experience, judge labels, ADCA-GRPO), prints each container's peak memory
 # against its limit, and tears everything down (containers, network, volumes; also on failure or
 # Ctrl-C). The image stays (docker/README.md says how to remove it).
 #
@@ -108,11 +108,14 @@ assert config['model'] == '$EVOLVER_POLICY_MODEL', config['model']
 m = summary['mechanisms']
 sq, sn, sa = m['self_questioning'], m['self_navigating'], m['self_attributing']
 print('self-questioning', {k: sq[k] for k in ('tasks_sampled', 'synthetic_sampled', 'tasks_proposed', 'tasks_kept')})
-print('self-navigating', {k: sn[k] for k in ('retrievals', 'hits', 'injected_rollouts', 'experiences_created')})
+print('self-navigating', {k: sn[k] for k in ('seeded_trajectories', 'seeded_experiences', 'retrievals', 'hits',
+                                               'injected_rollouts', 'experiences_created')})
 print('self-attributing', {k: sa[k] for k in ('steps_labelled', 'parsed_labels', 'good', 'bad', 'fallbacks')})
 print('advantage estimator', config['advantage']['estimator'])
 assert config['advantage']['estimator'] == 'adca_grpo', config['advantage']
 assert sq['synthetic_sampled'] > 0, 'no synthetic task was sampled'
+# The pool was seeded from the held-apart synthetic tasks before training (launcher.synthesis.seed_experience).
+assert sn['seeded_trajectories'] > 0 and sn['seeded_experiences'] > 0, 'the pool was not seeded from self-questioning'
 assert sn['injected_rollouts'] > 0, 'no rollout got injected experience'
 assert sa['steps_labelled'] > 0, 'the judge labelled no step'
 # A random-initialized tiny judge need not write a label that parses (those steps take the outcome's sign).

@@ -139,7 +139,8 @@ phase_end up
 # ------------------------------------------------------------------ 5. train
 RUN_NAME=${EVOLVER_RUN_NAME:-${EVOLVER_EXPERIMENT:-compose}-$(date -u +%Y%m%d-%H%M%S)}
 if [ "${EVOLVER_TRAIN:-1}" = 1 ]; then
-    phase_start train "training ${EVOLVER_TRAIN_STEPS:-the quickstart's} steps of ${EVOLVER_POLICY_MODEL:-smollm2} into run $RUN_NAME"
+    steps=${EVOLVER_TRAIN_STEPS:-"the quickstart's"}  # quoted: inside "..." the apostrophe would open a quote
+    phase_start train "training $steps steps of ${EVOLVER_POLICY_MODEL:-smollm2} into run $RUN_NAME"
     EVOLVER_RUN_NAME=$RUN_NAME "${COMPOSE[@]}" --profile train run --rm trainer
     phase_end train
 fi

@@ -177,9 +177,21 @@ class PruneRequest(WireModel):
 # ---------------------------------------------------------------- ReMe-compatible models
 
 
+class ReMeMessage(BaseModel):
+    """An OpenAI-style chat message as ReMe takes it: any other keys pass through, but the fields read here
+    must have their types (a `tool_calls: 5` is refused naming the field, not stored as a call-less step)."""
+    model_config = ConfigDict(extra="allow")
+    role: str | None = None
+    content: str | list[dict[str, Any]] | None = None  # text, or OpenAI content parts
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def as_sent(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
 class ReMeTrajectory(BaseModel):
     model_config = ConfigDict(extra="allow")
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[ReMeMessage] = Field(min_length=1)
     score: float = 0.0
     task_id: str | None = None
     query: str | None = None
@@ -195,7 +207,7 @@ class ReMeRetrieveRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     workspace_id: str = "default"
     query: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[ReMeMessage] | None = None
     top_k: int = Field(default=3, ge=1, le=50)
 
 
@@ -366,8 +378,8 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
     @app.post("/summary_task_memory", tags=["reme"])
     async def summary_task_memory(body: ReMeSummaryRequest) -> dict:
         check_limit(len(body.trajectories))
-        views = [build_view(messages=t.messages, reward=t.score, success_threshold=threshold, trajectory_id=None,
-                            task_id=t.task_id, query=t.query) for t in body.trajectories]
+        views = [build_view(messages=[m.as_sent() for m in t.messages], reward=t.score, success_threshold=threshold,
+                            trajectory_id=None, task_id=t.task_id, query=t.query) for t in body.trajectories]
         digest = body_digest(body.model_dump(mode="json"))
         result = await engine.summarize(body.workspace_id, views, mode=settings.summary.mode, request_id=None,
                                         digest=digest)
@@ -386,7 +398,7 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
         if body.workspace_id not in engine.indexes:
             # ReMe answers an empty workspace with an empty answer: AgentEvolver retrieves before any summary.
             return {"answer": "", "messages": [], "success": True, "metadata": {"memory_list": []}}
-        query = body.query if body.query is not None else json.dumps(body.messages)
+        query = body.query if body.query is not None else json.dumps([m.as_sent() for m in body.messages])
         result = await engine.retrieve(body.workspace_id, query, top_k=body.top_k)
         memories = [reme_memory({**e, "workspace_id": body.workspace_id}, e["similarity"])
                     for e in result["experiences"]]

@@ -52,10 +52,41 @@ def test_compat_route_keeps_its_shape_for_the_json_rule(env_service):
     assert response.json()["error"]["details"][0]["field"] == "body.task_id"
 
 
+def test_reme_tool_calls_of_the_wrong_type_are_refused_and_nothing_is_stored(experience_manager):
+    """`tool_calls: 5` used to be stored as an experience without calls; now a 422 naming the field, and the
+    pool (every workspace's experiences) is exactly what it was, though the request's other trajectory is fine."""
+    url = experience_manager.url
+    good = ('{"messages": [{"role": "user", "content": "Turn off the hall light"}, '
+            '{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", '
+            '"function": {"name": "set_light", "arguments": "{\\"on\\": false}"}}]}], "score": 1.0}')
+    seeded = post(experience_manager, "/summary_task_memory",
+                  f'{{"workspace_id": "reme_types", "trajectories": [{good}]}}')
+    assert seeded.status_code == 200 and seeded.json()["metadata"]["update_result"]["inserted_count"] == 1, seeded.text
+
+    def pool() -> dict:
+        """Every workspace (its counts and pool version) and every experience in it."""
+        workspaces = httpx.get(f"{url}/v1/workspaces", timeout=30).json()["workspaces"]
+        return {ws["workspace_id"]: (ws, httpx.get(f"{url}/v1/workspaces/{ws['workspace_id']}/experiences",
+                                                   timeout=30).json()) for ws in workspaces}
+
+    before = pool()
+    for bad_value, body in (("5", '{"role": "assistant", "content": "hi", "tool_calls": 5}'),
+                            ('"a call"', '{"role": "assistant", "content": "hi", "tool_calls": "a call"}'),
+                            ("[5]", '{"role": "assistant", "content": "hi", "tool_calls": [5]}')):
+        refused = post(experience_manager, "/summary_task_memory",
+                       f'{{"workspace_id": "reme_types", "trajectories": [{good}, {{"messages": [{body}]}}]}}')
+        field = "body.trajectories.1.messages.0.tool_calls" + (".0" if bad_value == "[5]" else "")
+        assert_names_field(refused, field)
+        assert refused.json()["success"] is False, bad_value
+    assert "reme_types" in before and before["reme_types"][1]["total"] == 1
+    assert pool() == before
+    # The ReMe retrieval route takes the same messages, typed the same way.
+    retrieve = post(experience_manager, "/retrieve_task_memory",
+                    '{"workspace_id": "reme_types", "messages": [{"role": "user", "content": "x", "tool_calls": 5}]}')
+    assert_names_field(retrieve, "body.messages.0.tool_calls")
+
+
 def test_experience_manager_summary_inputs(experience_manager):
-    tool_calls = post(experience_manager, "/summary_task_memory",
-                      '{"trajectories": [{"messages": [{"role": "assistant", "content": "hi", "tool_calls": 5}]}]}')
-    assert tool_calls.status_code == 200 and tool_calls.json()["success"] is True, tool_calls.text
     surrogate = post(experience_manager, "/summary_task_memory",
                      f'{{"trajectories": [{{"messages": [{{"role": "user", "content": "{SURROGATE}"}}]}}]}}')
     assert_names_field(surrogate, "body.trajectories.0.messages.0.content")

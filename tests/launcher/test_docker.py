@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from common.config import compose, load_config
-from evolver_launcher.plan import TRAINER_URL_FIELDS, _section_model
+from evolver_launcher.plan import TRAINER_URL_FIELDS, _section_model, build_plan
+from evolver_launcher.settings import SERVICE_MODULES
 from evolver_launcher.synthesis import gate_from_config
-from tests.helpers import REPO, config_drift
+from tests.helpers import REPO, config_drift, config_leaves
 
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yml"
 SERVICES = {"ray-head", "llm-server", "env-service", "task-manager", "experience-manager", "judge", "studio",
@@ -111,7 +112,7 @@ DEPLOYMENT_KEYS = {
     "launcher": {"experiment", "services", "ports", "threads", "restart", "ray", "studio"},
     "llm_server": {"threads"},
     "env_service": set(),
-    "task_manager": {"env_url", "store_dir"},
+    "task_manager": {"store_dir"},
     "experience_manager": {"store", "qdrant_url"},
     "judge": {"llm", "audit_log"},
     "trainer": {"output_dir", "torch_threads", "services", "ray"},
@@ -175,9 +176,60 @@ def test_the_compose_trainer_runs_the_quickstart_loop_with_every_mechanism(monke
     assert synthesis < training and "&&" in command[synthesis:training], "training must wait for synthesis"
 
     allowed = [f"{section}.{key}" for section, keys in DEPLOYMENT_KEYS.items() for key in keys]
+    allowed += list(launcher_filled_peer_urls())  # compose's own URLs (the next test checks each)
     drift = config_drift(run_yaml, quickstart, allowed)
     assert drift == [], f"docker/run.yaml differs from examples/quickstart.yaml at {drift}"
     assert quickstart["judge"]["llm"] == {"base_url": "llm_server"}, "the quickstart's judge uses llm_server too"
+
+
+def launcher_filled_peer_urls() -> dict[str, str]:
+    """`key.path -> child` for every value the launcher's own `build_plan` fills in with a peer's address
+    when it runs examples/quickstart.yaml (service URLs, LLM roles' `base_url`, the Ray address)."""
+    raw = compose(QUICKSTART)
+    plan = build_plan(compose(QUICKSTART), QUICKSTART, check_ports=False)
+    addresses = {f"127.0.0.1:{child.port}": child.name for child in plan.children if child.port}
+    written = config_leaves(raw)
+    filled = {}
+    for path, value in config_leaves(plan.data).items():
+        if not isinstance(value, str) or written.get(path) == value:
+            continue
+        match = re.search(r"127\.0\.0\.1:\d+", value)
+        if match and match.group(0) in addresses:
+            filled[path] = addresses[match.group(0)]
+    return filled
+
+
+def compose_service_of(services: dict, child: str) -> str:
+    """The compose service that runs what the launcher starts as `child` (by the command it runs)."""
+    runs = "ray start --head" if child == "ray" else f"python -m {SERVICE_MODULES[child]} "
+    names = [name for name, service in services.items() if runs in str(service.get("command", ""))]
+    assert len(names) == 1, f"{child}: compose services running {runs!r}: {names}"
+    return names[0]
+
+
+def test_the_compose_run_config_sets_every_peer_url_the_launcher_fills_in(monkeypatch):
+    """Outside compose the launcher fills in whom each service calls; in compose nothing does, so
+    docker/run.yaml must name the compose service (and the port it listens on) at each of those keys."""
+    for name in RUN_YAML_ENV:
+        monkeypatch.delenv(name, raising=False)
+    filled = launcher_filled_peer_urls()
+    # The derivation finds the fill-ins known today (a lower bound: new ones are checked too).
+    assert {"task_manager.env_url", "task_manager.experience_url", "judge.llm.base_url",
+            "trainer.services.task_url", "trainer.ray.address"} <= set(filled), filled
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    ours = config_leaves(compose(RUN_YAML))
+    wrong = []
+    for path, child in sorted(filled.items()):
+        service = compose_service_of(services, child)
+        url = ours.get(path)
+        host = re.match(r"[a-z]+://([^:/]+)(:\d+)?", str(url))
+        if child == "ray":  # the trainer container is a Ray Client (ray://ray-head:10001), not a node
+            ok = host is not None and host.group(1) == service
+        else:
+            ok = host is not None and f"{host.group(1)}{host.group(2)}" == compose_service_address(services, service)
+        if not ok:
+            wrong.append(f"{path}: {url!r}, expected the {service} service")
+    assert wrong == [], "docker/run.yaml misses peer URLs the launcher fills in:\n  " + "\n  ".join(wrong)
 
 
 # `${NAME}`, `${NAME:-default}`, `${NAME-default}`: read from the shell or .env by Compose. `$${NAME}` is
