@@ -104,6 +104,10 @@ class JobRunner:
         profile = await manager.profile(request.env)
         explorer_kind, synthesizer_kind = manager.roles(request)
         index = await manager.dedup_index(request.env) if request.kind == "synthesize" else None
+        if request.kind == "synthesize" and manager.settings.synthesis.lookup_kinds == "train":
+            # What the environment's train tasks ask, by lookup kind and form (the job writes only those).
+            progress["asked_kinds"] = {f"{kind}/{form}": n for (kind, form), n in
+                                       (await manager.asked_kinds(request.env)).items()}
         logger.info("job {}: {} on {} from episode {} of {} (explorer {}, synthesizer {})", job_id, request.kind,
                     request.env, cursor, request.episodes, explorer_kind,
                     synthesizer_kind if request.kind == "synthesize" else "-")

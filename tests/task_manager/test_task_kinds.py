@@ -89,6 +89,8 @@ def test_lookups_of_the_asked_kinds_a_funnel_per_kind_and_feedback_that_moves_sa
                 assert job.status == "done", job
                 synthetic = (await tasks.list_tasks(env="flights", synthetic=True, limit=1000)).tasks
                 # Only the kinds and the form (names, though query_forms is left at ids) the train split asks.
+                assert job.progress["asked_kinds"] == {"fare_lookup/names": 4, "credit_lookup/names": 4,
+                                                       "id_lookup/names": 4}
                 asked = {(t.metadata["lookup"], t.metadata["query_form"]) for t in synthetic}
                 assert asked <= ASKED and len(asked) >= 2, asked
                 labels = Counter(t.metadata["task_kind"] for t in synthetic)
