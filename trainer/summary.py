@@ -155,7 +155,9 @@ def loop_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows.append(_counter_check("rollouts with injected experience", experience, "injected_rollouts"))
     rows.append(_counter_check("experience hits (of retrievals)", experience, "hits", of="retrievals"))
     share, known = (experience or {}).get("same_kind_share"), (experience or {}).get("demonstrations_kind_known")
-    rows.append(_check("demonstrations of the task's own kind", f"{share} of {known}" if known else "no kinds known",
+    same = (experience or {}).get("demonstrations_same_kind")
+    rows.append(_check("demonstrations of the task's own kind",
+                       f"{share:.3f} ({same} of {known})" if known else "no kinds known",
                        f">= {SAME_KIND_TARGET}", share >= SAME_KIND_TARGET if known else None))
     rows.append(_counter_check("synthetic tasks sampled (of tasks)", mechanisms.get("self_questioning"),
                                "synthetic_sampled", of="tasks_sampled"))
