@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS pass_rates (
     task_id TEXT PRIMARY KEY,
     recent TEXT NOT NULL,
     total INTEGER NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    solved INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS feedback_requests (
     request_id TEXT PRIMARY KEY,

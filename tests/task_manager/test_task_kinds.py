@@ -129,3 +129,24 @@ def test_lookups_of_the_asked_kinds_a_funnel_per_kind_and_feedback_that_moves_sa
                 assert (await tasks.stats())["funnel_by_kind"][target]["tries"] == 16
 
         asyncio.run(scenario())
+
+
+def test_solved_rollouts_are_counted_and_an_older_store_gains_the_column(tmp_path):
+    import sqlite3
+
+    from task_manager.store import TaskStore
+
+    path = tmp_path / "tasks.sqlite"
+    old = sqlite3.connect(str(path))  # a store written before solved rollouts were counted
+    old.execute("CREATE TABLE pass_rates (task_id TEXT PRIMARY KEY, recent TEXT NOT NULL, total INTEGER NOT NULL, "
+                "updated_at REAL NOT NULL)")
+    old.execute("INSERT INTO pass_rates VALUES ('e/a', '[0.0, 1.0]', 2, 0)")
+    old.commit()
+    old.close()
+    store = TaskStore(path)
+    try:
+        assert store.tries() == {"e/a": (2, 0)}  # outcomes before the column: tried, none counted solved
+        store.record_outcomes({"e/a": [1.0, 0.5, 0.0], "e/b": [1.0]}, window=8)
+        assert store.tries() == {"e/a": (5, 1), "e/b": (1, 1)}  # a partial reward is no solve
+    finally:
+        store.close()
