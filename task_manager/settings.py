@@ -60,11 +60,11 @@ class SynthesisSettings(StrictModel):
     # (questions answered in text, from the exploration's read calls and the profile's `lookups`).
     kinds: list[Literal["goal", "lookup"]] = Field(default_factory=lambda: ["goal"], min_length=1)
     max_lookups: int = Field(default=6, ge=1)  # lookup records asked about per exploration (each in every form)
-    # Which lookups to write: `profile`, every lookup of the profile in each of `query_forms`; `train`, only the
-    # (kind, form) pairs whose query template writes the query of one of the environment's train tasks (the
-    # first `train_queries` of them are read), so self-questioning asks what the environment asks, as it asks.
-    lookup_kinds: Literal["profile", "train"] = "profile"
-    train_queries: int = Field(default=100, ge=1)
+    lookup_kinds: Literal["profile", "train"] = Field(default="profile", description=(
+        "which lookups to write: profile, every lookup of the profile in each of query_forms; train, only the "
+        "(kind, form) pairs whose query template writes the query of one of the environment's train tasks, so "
+        "self-questioning asks what the environment asks, as it asks it"))
+    train_queries: int = Field(default=100, ge=1, description="lookup_kinds: train -- the train tasks read")
     min_confidence: float = Field(default=0.0, ge=0, le=1)
     max_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=0.7, ge=0)
@@ -95,10 +95,10 @@ class CurriculumSettings(StrictModel):
     outside_weight: float = Field(default=0.25, ge=0)  # sampling weight of tasks outside the band
     unseen_weight: float = Field(default=1.0, ge=0)  # tasks with no feedback yet
     by_kind: bool = False  # a task with no feedback yet is weighted by its kind's pass rate (lookup kind / goal)
-    # A kind (`metadata.task_kind`) that no rollout has solved in `unsolved_after` tries, with or without a
-    # demonstration, weighs `unsolved_weight`: measured, not listed, as not learnable yet. 0: off.
-    unsolved_after: int = Field(default=32, ge=0)
-    unsolved_weight: float = Field(default=0.05, ge=0)
+    unsolved_after: int = Field(default=32, ge=0, description=(
+        "a task kind no rollout has solved in this many tries (with or without a demonstration) weighs "
+        "unsolved_weight; 0: off"))
+    unsolved_weight: float = Field(default=0.05, ge=0, description="the sampling weight of an unsolved kind's tasks")
 
     @model_validator(mode="after")
     def _band(self) -> CurriculumSettings:
