@@ -203,6 +203,10 @@ class Experience(WireModel):
     # The solved trajectory it was distilled from, as chat turns (task query, assistant turns as written,
     # observations), for `trainer.experience.inject: turns`; None for advice without one and for old pools.
     demonstration: list[ChatMessage] | None = None
+    # The kind of task it was distilled from (the task manager's `metadata.task_kind`: what, tool signature,
+    # form), when the trajectory said: experiences of different kinds are never merged, and retrieval for a
+    # task of a known kind prefers its own kind.
+    task_kind: str | None = None
 
 
 # ---------------------------------------------------------------- errors

@@ -47,6 +47,8 @@ class RetrieveRequest(WireModel):
     top_k: int | None = Field(default=None, ge=1, le=50)
     min_similarity: float | None = Field(default=None, ge=-1.0, le=2.0)
     exclude_ids: list[str] = Field(default_factory=list, max_length=1000)
+    # The task's kind (the task manager's `metadata.task_kind`), when known: experiences of that kind rank first.
+    task_kind: str | None = Field(default=None, min_length=1, max_length=500)
 
     @model_validator(mode="after")
     def _one_query(self) -> RetrieveRequest:
@@ -309,7 +311,7 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
     async def retrieve(ws: str, body: RetrieveRequest) -> dict:
         query = body.query if body.query is not None else json.dumps(body.messages)
         return await engine.retrieve(ws, query, top_k=body.top_k, min_similarity=body.min_similarity,
-                                     exclude_ids=body.exclude_ids)
+                                     exclude_ids=body.exclude_ids, task_kind=body.task_kind)
 
     @app.post("/v1/workspaces/{ws}/retrieve:batch", tags=["experiences"])
     async def retrieve_batch(ws: str, body: BatchRetrieveRequest) -> dict:

@@ -37,6 +37,7 @@ class RetrievedExperience(_Reply):
     tags: list[str] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
     demonstration: list[dict[str, Any]] | None = None  # the solved trajectory's chat turns, when kept
+    task_kind: str | None = None  # the kind of task it was distilled from, when known
 
 
 class RetrievalResult(_Reply):
@@ -86,9 +87,12 @@ class ExperienceClient(ServiceClient):
 
     async def retrieve(self, workspace_id: str, query: str | None = None, *, messages: list[dict] | None = None,
                        top_k: int | None = None, min_similarity: float | None = None,
-                       exclude_ids: list[str] | None = None) -> RetrievalResult:
-        """Experiences for one task: pass the task text as `query` (or the initial `messages`)."""
+                       exclude_ids: list[str] | None = None, task_kind: str | None = None) -> RetrievalResult:
+        """Experiences for one task: pass the task text as `query` (or the initial `messages`); `task_kind`
+        ranks experiences of the task's own kind first."""
         body: dict[str, Any] = {"exclude_ids": exclude_ids or []}
+        if task_kind is not None:
+            body["task_kind"] = task_kind
         if messages is not None:
             body["messages"] = messages
         else:

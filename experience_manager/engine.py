@@ -342,7 +342,7 @@ class ExperienceEngine:
                 modes.add("heuristic")
             demo = self._demonstration(group)
             for candidate in produced:
-                candidate.demonstration = demo
+                candidate.demonstration, candidate.task_kind = demo, group[0].task_kind
             candidates.extend(produced)
             if progress:
                 progress(done, len(groups))
@@ -371,12 +371,13 @@ class ExperienceEngine:
         index = self.indexes.get(workspace_id)
         pairs: list[tuple[int, str, tuple[str, str]]] = []
         for i in range(len(candidates)):
+            kind = candidates[i].task_kind
             for j in range(i):
                 cos = float(vectors[i] @ vectors[j])
-                if low <= cos < high:
+                if low <= cos < high and candidates[j].task_kind == kind:
                     pairs.append((i, f"#{j}", (candidates[j].when_to_use, candidates[j].content)))
             if index is not None:
-                for experience_id, cos in index.nearest(vectors[i], 3):
+                for experience_id, cos in index.nearest(vectors[i], 3, task_kind=kind):
                     if low <= cos < high:
                         other = index.experiences[experience_id]
                         pairs.append((i, experience_id, (other.when_to_use, other.content)))
@@ -389,13 +390,17 @@ class ExperienceEngine:
 
     def _new_experience(self, workspace_id: str, candidate: Candidate) -> Experience:
         digest = content_hash(candidate.when_to_use, candidate.content)
+        # The same advice distilled from tasks of two kinds is two experiences (two demonstrations): two ids.
+        key = digest if candidate.task_kind is None else hashlib.sha256(f"{digest}\n{candidate.task_kind}".encode()
+                                                                        ).hexdigest()
         return Experience(
-            experience_id=f"exp_{digest[:16]}", workspace_id=workspace_id, when_to_use=candidate.when_to_use,
+            experience_id=f"exp_{key[:16]}", workspace_id=workspace_id, when_to_use=candidate.when_to_use,
             content=candidate.content, kind=candidate.kind, tags=candidate.tags, tools=candidate.tools,
             quality=candidate.quality, support=candidate.support,
             provenance=Provenance(task_ids=candidate.task_ids[-PROVENANCE_LIMIT:],
                                   trajectory_ids=candidate.trajectory_ids[-PROVENANCE_LIMIT:], author=candidate.author),
-            content_hash=digest, embedding_model=self.embedding_model, demonstration=candidate.demonstration)
+            content_hash=digest, embedding_model=self.embedding_model, demonstration=candidate.demonstration,
+            task_kind=candidate.task_kind)
 
     @staticmethod
     def _absorb(target: Experience, source: Experience, *, take_text: bool) -> Experience:
@@ -433,6 +438,8 @@ class ExperienceEngine:
             vector = vectors[i]
             absorbed = False
             for staged in kept:
+                if staged.experience.task_kind != incoming.task_kind:
+                    continue  # a demonstration of one kind never stands in for another's
                 cos = float(vector @ staged.vector)
                 merge_text = decisions.get((i, f"#{staged.candidate_index}"))
                 if staged.experience.content_hash == incoming.content_hash or cos >= same or merge_text:
@@ -460,9 +467,11 @@ class ExperienceEngine:
             target_id, reason, cos, merge_text = None, "", 1.0, None
             if index is not None:
                 target_id = index.by_hash.get(incoming.content_hash)
+                if target_id is not None and index.experiences[target_id].task_kind != incoming.task_kind:
+                    target_id = None  # the same text of another kind: not the same experience
                 reason = "exact"
                 if target_id is None:
-                    for experience_id, cos in index.nearest(staged.vector, 3):
+                    for experience_id, cos in index.nearest(staged.vector, 3, task_kind=incoming.task_kind):
                         merge_text = decisions.get((staged.candidate_index, experience_id))
                         if cos >= same or merge_text:
                             target_id, reason = experience_id, ("duplicate" if cos >= same else "llm_merge")
@@ -541,13 +550,15 @@ class ExperienceEngine:
     # ------------------------------------------------------------ retrieval
 
     async def retrieve(self, workspace_id: str, query: str, *, top_k: int | None = None,
-                       min_similarity: float | None = None, exclude_ids: list[str] | None = None) -> dict:
+                       min_similarity: float | None = None, exclude_ids: list[str] | None = None,
+                       task_kind: str | None = None) -> dict:
         return (await self.retrieve_batch(workspace_id, [query], top_k=top_k, min_similarity=min_similarity,
-                                          exclude_ids=exclude_ids))[0]
+                                          exclude_ids=exclude_ids, task_kind=task_kind))[0]
 
     async def retrieve_batch(self, workspace_id: str, queries: list[str], *, top_k: int | None = None,
-                             min_similarity: float | None = None, exclude_ids: list[str] | None = None
-                             ) -> list[dict]:
+                             min_similarity: float | None = None, exclude_ids: list[str] | None = None,
+                             task_kind: str | None = None) -> list[dict]:
+        """`task_kind`: the queries' task kind, when known; hits of that kind rank first."""
         index = self.index(workspace_id)
         cfg = self.settings.retrieval
         top_k = top_k or cfg.top_k
@@ -560,7 +571,7 @@ class ExperienceEngine:
         results: list[dict | None] = []
         missing: list[int] = []
         for i, text in enumerate(texts):
-            key = (workspace_id, text, top_k, min_similarity, exclude, index.version)
+            key = (workspace_id, text, top_k, min_similarity, exclude, task_kind, index.version)
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
@@ -576,11 +587,11 @@ class ExperienceEngine:
             for i, vector in zip(missing, vectors, strict=True):
                 hits = index.search(vector, texts[i], top_k=top_k, min_relevance=min_similarity,
                                     lexical_weight=cfg.lexical_weight, utility_weight=cfg.utility_weight,
-                                    candidate_factor=cfg.candidate_factor, exclude=exclude)
+                                    candidate_factor=cfg.candidate_factor, exclude=exclude, task_kind=task_kind)
                 response = self._retrieval_response(workspace_id, texts[i], hits, version)
                 results[i] = {**response, "cached": False}
                 if cfg.cache_size and index.version == version:
-                    self._cache[(workspace_id, texts[i], top_k, min_similarity, exclude, version)] = response
+                    self._cache[(workspace_id, texts[i], top_k, min_similarity, exclude, task_kind, version)] = response
                     while len(self._cache) > cfg.cache_size:
                         self._cache.popitem(last=False)
         return results  # type: ignore[return-value]
@@ -593,6 +604,7 @@ class ExperienceEngine:
             "tools": h.experience.tools, "similarity": round(h.similarity, 5), "relevance": round(h.relevance, 5),
             "score": round(h.score, 5), "utility": round(h.experience.usage.utility, 5),
             "quality": h.experience.quality, "author": h.experience.provenance.author,
+            "task_kind": h.experience.task_kind,
             "created_at": h.experience.created_at, "updated_at": h.experience.updated_at,
             **({"demonstration": [m.model_dump(mode="json", exclude_none=True) for m in h.experience.demonstration]}
                if h.experience.demonstration else {}),

@@ -8,6 +8,7 @@ thread, after the write it mirrors is durable.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import EllipsisType
 
 import numpy as np
 
@@ -100,13 +101,16 @@ class WorkspaceIndex:
     def n_active(self) -> int:
         return int(self.active[: len(self.ids)].sum())
 
-    def nearest(self, vector: np.ndarray, k: int = 3) -> list[tuple[str, float]]:
-        """The k stored experiences (active or archived) with the most similar when_to_use."""
+    def nearest(self, vector: np.ndarray, k: int = 3, *,
+                task_kind: str | None | EllipsisType = ...) -> list[tuple[str, float]]:
+        """The k stored experiences (active or archived) with the most similar when_to_use; with `task_kind`
+        (None included), only those of that kind."""
         n = len(self.ids)
         if n == 0:
             return []
         sims = self.vectors[:n] @ vector
-        alive = np.fromiter((i is not None for i in self.ids), dtype=bool, count=n)
+        alive = np.fromiter((i is not None and (task_kind is ... or self.experiences[i].task_kind == task_kind)
+                             for i in self.ids), dtype=bool, count=n)
         sims[~alive] = -np.inf
         k = min(k, int(alive.sum()))
         if k <= 0:
@@ -116,7 +120,10 @@ class WorkspaceIndex:
         return [(self.ids[i], float(sims[i])) for i in top]  # type: ignore[misc]
 
     def search(self, vector: np.ndarray, query: str, *, top_k: int, min_relevance: float, lexical_weight: float,
-               utility_weight: float, candidate_factor: int, exclude: frozenset[str] = frozenset()) -> list[Hit]:
+               utility_weight: float, candidate_factor: int, exclude: frozenset[str] = frozenset(),
+               task_kind: str | None = None) -> list[Hit]:
+        """The top_k hits by relevance and utility; with `task_kind`, the experiences of that kind first (a
+        task is shown a demonstration of its own kind whenever the pool holds a relevant one)."""
         n = len(self.ids)
         if n == 0:
             return []
@@ -129,11 +136,20 @@ class WorkspaceIndex:
                 relevance[row] = -np.inf
         n_candidates = min(top_k * candidate_factor, n)
         candidates = np.argpartition(-relevance, n_candidates - 1)[:n_candidates]
+        if task_kind is not None:  # every experience of the kind is a candidate, however far down it ranks
+            same = [row for row, eid in enumerate(self.ids) if eid is not None
+                    and self.experiences[eid].task_kind == task_kind and np.isfinite(relevance[row])]
+            candidates = np.union1d(candidates, np.asarray(same, dtype=candidates.dtype))
         candidates = candidates[relevance[candidates] >= min_relevance]
         if len(candidates) == 0:
             return []
         ranked = relevance[candidates] + utility_weight * (self.utility[candidates] - 0.5)
-        order = candidates[np.argsort(-ranked, kind="stable")]
+        if task_kind is None:
+            order = candidates[np.argsort(-ranked, kind="stable")]
+        else:
+            other = np.fromiter((self.experiences[self.ids[row]].task_kind != task_kind  # type: ignore[index]
+                                 for row in candidates), dtype=bool, count=len(candidates))
+            order = candidates[np.lexsort((-ranked, other))]
         hits: list[Hit] = []
         seen_hashes: set[str] = set()
         for row in order:

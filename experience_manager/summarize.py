@@ -36,6 +36,7 @@ class Candidate:
     trajectory_ids: list[str] = field(default_factory=list)
     support: int = 1
     demonstration: list[dict[str, Any]] | None = None
+    task_kind: str | None = None
 
 
 # ---------------------------------------------------------------- heuristic cases

@@ -39,6 +39,7 @@ class TrajectoryView:
     steps: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     raw_messages: list[dict[str, Any]] = field(default_factory=list)  # as sent, for demonstrations
+    task_kind: str | None = None  # the trajectory's `metadata.task_kind`, when it has one
 
 
 def _arguments(raw: Any) -> dict:
@@ -121,8 +122,11 @@ def view_of_trajectory(trajectory: Trajectory, success_threshold: float) -> Traj
             if step.observation is not None:
                 messages.append(step.observation.model_dump(exclude_none=True))
     query = trajectory.metadata.get("query") if isinstance(trajectory.metadata.get("query"), str) else None
-    return build_view(messages=messages, reward=trajectory.outcome or 0.0, success_threshold=success_threshold,
+    view = build_view(messages=messages, reward=trajectory.outcome or 0.0, success_threshold=success_threshold,
                       trajectory_id=trajectory.trajectory_id, task_id=trajectory.task_id, query=query)
+    kind = trajectory.metadata.get("task_kind")
+    view.task_kind = kind if isinstance(kind, str) and kind else None
+    return view
 
 
 def transcript(view: TrajectoryView, limit: int = 6000) -> str:

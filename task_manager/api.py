@@ -68,6 +68,8 @@ class BatchResponse(WireModel):
     synthetic: int
     in_band: int  # tasks whose recent pass rate is inside the curriculum band
     curriculum: bool
+    # Kinds down-weighted as unsolved (`curriculum.unsolved_after` tries, none solved) -> their tries.
+    unsolved_kinds: dict[str, int] = Field(default_factory=dict)
 
 
 class GradeRequest(WireModel):

@@ -24,6 +24,7 @@ from loguru import logger
 from common.schemas import Task
 from task_manager.api import JobRequest
 from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, explore_episode
+from task_manager.kinds import proposal_kind
 from task_manager.lookups import LookupSynthesizer
 from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
 from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
@@ -37,7 +38,8 @@ FAULT_ENV = "EVOLVER_TM_FAULT"  # "kill_before_commit:<episode>" or "kill_after_
 
 def new_progress(episodes: int) -> dict[str, Any]:
     return {"episodes_total": episodes, "episodes_done": 0, "episode_errors": 0, "steps": 0, "states_reached": 0,
-            "proposed": 0, "parsed": 0, "verified": 0, "kept": 0, "rejected": {}, "dropped": {}}
+            "proposed": 0, "parsed": 0, "verified": 0, "kept": 0, "rejected": {}, "dropped": {},
+            "by_kind": {}}  # task kind -> proposed, verified, kept
 
 
 @dataclass
@@ -47,6 +49,7 @@ class EpisodeResult:
     stats: SynthesisStats = field(default_factory=SynthesisStats)
     verified: list[tuple[Proposal, Reference]] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
+    proposed_kinds: Counter = field(default_factory=Counter)  # proposals by task kind
     error: str | None = None
 
 
@@ -101,6 +104,10 @@ class JobRunner:
         profile = await manager.profile(request.env)
         explorer_kind, synthesizer_kind = manager.roles(request)
         index = await manager.dedup_index(request.env) if request.kind == "synthesize" else None
+        if request.kind == "synthesize" and manager.settings.synthesis.lookup_kinds == "train":
+            # What the environment's train tasks ask, by lookup kind and form (the job writes only those).
+            progress["asked_kinds"] = {f"{kind}/{form}": n for (kind, form), n in
+                                       (await manager.asked_kinds(request.env)).items()}
         logger.info("job {}: {} on {} from episode {} of {} (explorer {}, synthesizer {})", job_id, request.kind,
                     request.env, cursor, request.episodes, explorer_kind,
                     synthesizer_kind if request.kind == "synthesize" else "-")
@@ -151,11 +158,19 @@ class JobRunner:
                                                  tuple(synthesis.query_forms))
                 proposals, result.stats = await hindsight.propose(exploration)
             if "lookup" in synthesis.kinds:
-                lookups, stats = LookupSynthesizer(profile, tuple(synthesis.query_forms),
-                                                   synthesis.max_lookups).propose(exploration)
+                asked = None
+                if synthesis.lookup_kinds == "train":
+                    asked = await manager.asked_kinds(request.env)
+                    if not asked:
+                        raise ValueError(f"synthesis.lookup_kinds is 'train' but no train task of {request.env!r} has "
+                                         "the wording of a lookup form of its profile (the first "
+                                         f"{synthesis.train_queries} read): set lookup_kinds: profile")
+                lookups, stats = LookupSynthesizer(profile, tuple(synthesis.query_forms), synthesis.max_lookups,
+                                                   asked).propose(exploration)
                 proposals += lookups
                 result.stats.proposed += stats.proposed
                 result.stats.parsed += stats.parsed
+            result.proposed_kinds.update(proposal_kind(p) for p in proposals)
             for proposal in proposals:
                 reference, reason = await verify(manager.access, proposal)
                 if reference is None:
@@ -196,7 +211,8 @@ class JobRunner:
                 kind = {"kind": "lookup", "lookup": proposal.lookup.kind} if proposal.lookup else {"kind": "goal"}
                 task = Task(task_id=f"syn-{canonical_hash(sig)}", env_type=proposal.env_type, split="train",
                             query=proposal.query, seed_task_id=proposal.seed_task_id, synthetic=True,
-                            metadata={"synthesizer": proposal.synthesizer, "query_form": proposal.query_form, **kind})
+                            metadata={"synthesizer": proposal.synthesizer, "query_form": proposal.query_form, **kind,
+                                      "task_kind": proposal_kind(proposal)})
                 stored = StoredTask(task=task, reference=reference, signature=sig, synthesizer=proposal.synthesizer,
                                     confidence=proposal.confidence, job_id=job_id,
                                     exploration_id=proposal.exploration_id)
@@ -233,3 +249,10 @@ def _update(progress: dict[str, Any], result: EpisodeResult, kept: list[Task], d
     for name, counter in (("rejected", result.rejected), ("dropped", dropped)):
         for reason, count in counter.items():
             progress[name][reason] = progress[name].get(reason, 0) + count
+    by_kind = progress.setdefault("by_kind", {})  # a job started before kinds were counted has none
+    for stage, counter in (("proposed", result.proposed_kinds),
+                           ("verified", Counter(proposal_kind(p) for p, _ in result.verified)),
+                           ("kept", Counter(t.metadata["task_kind"] for t in kept))):
+        for kind, count in counter.items():
+            row = by_kind.setdefault(kind, {"proposed": 0, "verified": 0, "kept": 0})
+            row[stage] += count

@@ -21,6 +21,7 @@ from __future__ import annotations
 import calendar
 import json
 import re
+from collections.abc import Collection
 from typing import Any
 
 from common.answers import answer_alone
@@ -134,8 +135,17 @@ class LookupSynthesizer:
 
     name = "lookup"
 
-    def __init__(self, profile: EnvProfile, query_forms: tuple[str, ...] = ("ids",), max_lookups: int = 6) -> None:
+    def __init__(self, profile: EnvProfile, query_forms: tuple[str, ...] = ("ids",), max_lookups: int = 6,
+                 asked: Collection[tuple[str, str]] | None = None) -> None:
+        """`asked`: the (lookup kind, form) pairs to write (those the environment's own train tasks ask,
+        `task_manager.kinds.asked_kinds`); None: every lookup of the profile in each of `query_forms`."""
         self.profile, self.query_forms, self.max_lookups = profile, tuple(query_forms), max_lookups
+        self.asked = None if asked is None else frozenset(asked)
+
+    def _forms(self, spec: Lookup) -> list[str]:
+        if self.asked is None:
+            return [f for f in self.query_forms if f in spec.forms]
+        return [f for f in spec.forms if (spec.kind, f) in self.asked]
 
     def propose(self, exploration: Exploration) -> tuple[list[Proposal], SynthesisStats]:
         stats = SynthesisStats()
@@ -153,10 +163,10 @@ class LookupSynthesizer:
                 continue
             for spec in op.lookups:
                 for record in records:
-                    for form_name in self.query_forms:
-                        form = spec.forms.get(form_name)  # type: ignore[call-overload]
-                        proposal = None if form is None else \
-                            self._proposal(exploration, spec, form_name, form, record, call.arguments, records, seen)
+                    for form_name in self._forms(spec):
+                        form = spec.forms[form_name]  # type: ignore[index]
+                        proposal = self._proposal(exploration, spec, form_name, form, record, call.arguments, records,
+                                                  seen)
                         if proposal is not None:
                             found.append((canonical_hash([spec.kind, sorted(record.items(), key=str)]), proposal))
         # Variety first: records taken round-robin over the lookup kinds, so that the cap keeps one record of

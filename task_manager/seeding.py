@@ -88,7 +88,9 @@ async def reference_trajectory(access: EnvAccess, stored: StoredTask) -> Traject
         steps[-1] = steps[-1].model_copy(update={"observation": None, "done": True})
     messages += [m for s in steps for m in (s.action, s.observation) if m is not None]
     return Trajectory(task_id=task.task_id, env_type=task.env_type, messages=messages, steps=steps, outcome=1.0,
-                      metadata={"synthetic": True, "seeded_from": "reference", "query": task.query})
+                      metadata={"synthetic": True, "seeded_from": "reference", "query": task.query,
+                                # the experience manager keeps one demonstration per kind, never merging kinds
+                                **({"task_kind": task.metadata["task_kind"]} if task.metadata.get("task_kind") else {})})
 
 
 async def seed_pool(access: EnvAccess, stored: list[StoredTask], experience: Any, workspace: str, *,

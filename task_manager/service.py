@@ -19,12 +19,13 @@ from common.llm import LLMClient
 from common.schemas import Task, new_id
 from common.service import ServiceError
 from task_manager.api import BatchRequest, FeedbackRequest, GradeRequest, JobRequest, SeedRequest
-from task_manager.curriculum import sample_batch, task_key
+from task_manager.curriculum import sample_batch, task_key, task_kind
 from task_manager.dedup import DedupIndex
 from task_manager.envs import EnvAccess
 from task_manager.explore import ExploreConfig
 from task_manager.grading import Grade, GradingError, llm_judge, state_match
 from task_manager.jobs import JobRunner, new_progress
+from task_manager.kinds import asked_kinds, classify, lookup_kinds
 from task_manager.lookups import grade_answer
 from task_manager.models import StoredTask
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
@@ -59,6 +60,7 @@ class TaskManager:
         self._withheld: set[str] = set()
         self._llms: dict[str, LLMClient] = {}
         self._embed_lock = asyncio.Lock()
+        self._asked: dict[str, dict[tuple[str, str], int]] = {}  # env -> (lookup kind, form) -> train tasks
         self.seeding: dict[str, dict[str, Any]] = {}  # env -> the latest pool-seeding report (run summary)
         self.ready = False
         # Profiles named in config are read now: a wrong path fails at start, not in a job.
@@ -163,6 +165,30 @@ class TaskManager:
         self.store.set_heldout(env, [(tid, q, vectors[i] if vectors else None) for i, (tid, q) in enumerate(items)])
         logger.info("read {} held-out {} queries for the contamination check", len(items), env)
 
+    async def asked_kinds(self, env: str) -> dict[tuple[str, str], int]:
+        """The (lookup kind, form) pairs the environment's own train tasks ask, read from the queries of the
+        first `synthesis.train_queries` of them (never a held-out task); those tasks get their kind label."""
+        if env not in self._asked:
+            profile = await self.profile(env)
+            originals = self.originals.get(env, [])[: self.settings.synthesis.train_queries]
+            gate = asyncio.Semaphore(8)
+
+            async def query_of(task: Task) -> str:
+                async with gate, self.access.instance(env, task.task_id) as instance:
+                    return next((str(m.get("content") or "") for m in instance.messages if m.get("role") == "user"),
+                                "")
+
+            queries = await asyncio.gather(*(query_of(t) for t in originals))
+            labels = lookup_kinds(profile)
+            for task, query in zip(originals, queries, strict=True):
+                key = classify(profile, query)
+                if key is not None:  # the label travels with the task: curriculum and retrieval use it
+                    task.metadata["task_kind"] = labels[key][2]
+            self._asked[env] = asked_kinds(profile, queries)
+            logger.info("{}: {} of {} train queries read are lookups: {}", env, sum(self._asked[env].values()),
+                        len(queries), {f"{k}/{f}": n for (k, f), n in self._asked[env].items()})
+        return self._asked[env]
+
     def recent_queries(self, env: str, limit: int = 10) -> list[str]:
         return [t.query or "" for t in self.synthetic_tasks().get(env, [])[-limit:]]
 
@@ -256,7 +282,8 @@ class TaskManager:
         ratio = mixture.synthetic_ratio if request.synthetic_ratio is None else request.synthetic_ratio
         rng = random.Random(request.seed) if request.seed is not None else random.Random()
         plan = sample_batch(self.all_tasks(request.env, False), self.training_tasks(request.env),
-                            self.store.pass_rates(), request.batch_size, ratio, mixture.use_original, curriculum, rng)
+                            self.store.pass_rates(), request.batch_size, ratio, mixture.use_original, curriculum, rng,
+                            self.store.tries())
         if not plan.tasks:
             if self.all_tasks(request.env, True):
                 raise ServiceError(409, "no_tasks", f"no tasks to sample: every synthetic task seeds the experience "
@@ -266,7 +293,7 @@ class TaskManager:
             raise ServiceError(409, "no_tasks", "no tasks to sample: the environments have no train tasks and no "
                                "synthetic task exists yet (submit a synthesize job)")
         return {"tasks": plan.tasks, "original": plan.original, "synthetic": plan.synthetic, "in_band": plan.in_band,
-                "curriculum": curriculum.enabled}
+                "curriculum": curriculum.enabled, "unsolved_kinds": plan.unsolved_kinds}
 
     def _stored_synthetic(self, task_id: str, original_note: str) -> StoredTask:
         stored = self.store.get(task_id)
@@ -376,6 +403,32 @@ class TaskManager:
         self.seeding[request.env] = {k: v for k, v in result.items() if k != "task_ids"}
         return result
 
+    def funnel_by_kind(self) -> dict[str, dict[str, int]]:
+        """Per task kind: proposed, verified and kept (by the jobs), held for the pool, withheld (a pool
+        demonstration shows their answer), trainable (what batches sample), and rollouts tried and solved
+        (original tasks of the kind included)."""
+        rows: dict[str, dict[str, int]] = {}
+
+        def row(kind: str) -> dict[str, int]:
+            return rows.setdefault(kind, dict.fromkeys(("proposed", "verified", "kept", "held", "withheld",
+                                                        "trainable", "tries", "solved"), 0))
+
+        for job in self.store.jobs():
+            for kind, counts in job["progress"].get("by_kind", {}).items():
+                for stage in ("proposed", "verified", "kept"):
+                    row(kind)[stage] += int(counts.get(stage, 0))
+        for task in self.all_tasks(None, True):
+            stage = "held" if task.task_id in self._pool_only else \
+                "withheld" if task.task_id in self._withheld else "trainable"
+            row(str(task.metadata.get("task_kind") or task_kind(task) or "unknown"))[stage] += 1
+        tries = self.store.tries()
+        for task in self.all_tasks(None, None):
+            kind, seen = task.metadata.get("task_kind"), tries.get(task_key(task))
+            if kind and seen:
+                row(str(kind))["tries"] += seen[0]
+                row(str(kind))["solved"] += seen[1]
+        return dict(sorted(rows.items()))
+
     def stats(self) -> dict[str, Any]:
         rates = self.store.pass_rates()
         curriculum = self.settings.curriculum
@@ -398,7 +451,8 @@ class TaskManager:
                 funnel[key] += int(job["progress"].get(key, 0))
         tracked = [r for r, n in rates.values() if n]
         return {
-            "environments": envs, "jobs": jobs, "funnel": funnel, "explorations": self.store.exploration_count(),
+            "environments": envs, "jobs": jobs, "funnel": funnel, "funnel_by_kind": self.funnel_by_kind(),
+            "explorations": self.store.exploration_count(),
             "seeding": self.seeding,
             "pass_rates": {"tracked": len(tracked),
                            "in_band": sum(1 for r in tracked if curriculum.low <= r <= curriculum.high),

@@ -11,10 +11,11 @@
         synthesizer: {base_url: ..., model: ...}
         judge: {base_url: ..., model: ...}
       explore: {breadth_steps: 6, depth_steps: 10, window: 3, breadth_temperature: 1.0, depth_temperature: 0.4}
-      synthesis: {max_goals: 4, max_repairs: 4, min_confidence: 0.0, max_tokens: 512, kinds: [goal, lookup]}
+      synthesis: {max_goals: 4, max_repairs: 4, min_confidence: 0.0, max_tokens: 512, kinds: [goal, lookup],
+                  lookup_kinds: train}              # lookups of the kinds and forms the env's train tasks ask
       dedup: {threshold: 0.95, contamination_threshold: 0.9, heldout_splits: [validation, test]}
       mixture: {synthetic_ratio: 0.5, use_original: true}
-      curriculum: {enabled: true, low: 0.2, high: 0.8, window: 8, outside_weight: 0.25}
+      curriculum: {enabled: true, low: 0.2, high: 0.8, window: 8, outside_weight: 0.25, unsolved_after: 32}
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class SynthesisSettings(StrictModel):
     # (questions answered in text, from the exploration's read calls and the profile's `lookups`).
     kinds: list[Literal["goal", "lookup"]] = Field(default_factory=lambda: ["goal"], min_length=1)
     max_lookups: int = Field(default=6, ge=1)  # lookup records asked about per exploration (each in every form)
+    lookup_kinds: Literal["profile", "train"] = Field(default="profile", description=(
+        "which lookups to write: profile, every lookup of the profile in each of query_forms; train, only the "
+        "(kind, form) pairs whose query template writes the query of one of the environment's train tasks, so "
+        "self-questioning asks what the environment asks, as it asks it"))
+    train_queries: int = Field(default=100, ge=1, description="lookup_kinds: train -- the train tasks read")
     min_confidence: float = Field(default=0.0, ge=0, le=1)
     max_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=0.7, ge=0)
@@ -89,6 +95,10 @@ class CurriculumSettings(StrictModel):
     outside_weight: float = Field(default=0.25, ge=0)  # sampling weight of tasks outside the band
     unseen_weight: float = Field(default=1.0, ge=0)  # tasks with no feedback yet
     by_kind: bool = False  # a task with no feedback yet is weighted by its kind's pass rate (lookup kind / goal)
+    unsolved_after: int = Field(default=32, ge=0, description=(
+        "a task kind no rollout has solved in this many tries (with or without a demonstration) weighs "
+        "unsolved_weight; 0: off"))
+    unsolved_weight: float = Field(default=0.05, ge=0, description="the sampling weight of an unsolved kind's tasks")
 
     @model_validator(mode="after")
     def _band(self) -> CurriculumSettings:

@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS pass_rates (
     task_id TEXT PRIMARY KEY,
     recent TEXT NOT NULL,
     total INTEGER NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    solved INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS feedback_requests (
     request_id TEXT PRIMARY KEY,
@@ -99,6 +100,9 @@ class TaskStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(pass_rates)")}
+        if "solved" not in columns:  # a store written before solved rollouts were counted: none counted yet
+            self._db.execute("ALTER TABLE pass_rates ADD COLUMN solved INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         with self._lock:
@@ -247,11 +251,13 @@ class TaskStore:
                 db.execute("INSERT INTO feedback_requests (request_id, updated, at) VALUES (?,?,?)",
                            (request_id, len(outcomes), now))
             for task_id, values in outcomes.items():
-                row = db.execute("SELECT recent, total FROM pass_rates WHERE task_id = ?", (task_id,)).fetchone()
+                row = db.execute("SELECT recent, total, solved FROM pass_rates WHERE task_id = ?",
+                                 (task_id,)).fetchone()
                 recent = (json.loads(row["recent"]) if row else []) + [float(v) for v in values]
                 total = (row["total"] if row else 0) + len(values)
-                db.execute("INSERT OR REPLACE INTO pass_rates (task_id, recent, total, updated_at) VALUES (?,?,?,?)",
-                           (task_id, json.dumps(recent[-window:]), total, now))
+                solved = (row["solved"] if row else 0) + sum(v >= 1.0 for v in values)
+                db.execute("INSERT OR REPLACE INTO pass_rates (task_id, recent, total, solved, updated_at) "
+                           "VALUES (?,?,?,?,?)", (task_id, json.dumps(recent[-window:]), total, solved, now))
         return True
 
     def pass_rates(self) -> dict[str, tuple[float, int]]:
@@ -261,6 +267,11 @@ class TaskStore:
             recent = json.loads(row["recent"])
             out[row["task_id"]] = (sum(recent) / len(recent) if recent else 0.0, int(row["total"]))
         return out
+
+    def tries(self) -> dict[str, tuple[int, int]]:
+        """task_id -> (rollouts seen in total, those that solved it: outcome 1)."""
+        return {row["task_id"]: (int(row["total"]), int(row["solved"]))
+                for row in self._query("SELECT task_id, total, solved FROM pass_rates")}
 
     # ------------------------------------------------------------ held-out evaluation tasks
 

@@ -45,9 +45,9 @@ InjectMode = Literal["text", "turns"]
 
 
 class ExperienceSource(Protocol):
-    async def retrieve(self, query: str) -> Retrieved | tuple[str, list[str]] | None:
-        """Experience for a task query: text and ids (and a demonstration when there is one), None when
-        nothing is relevant."""
+    async def retrieve(self, query: str, task_kind: str | None = None) -> Retrieved | tuple[str, list[str]] | None:
+        """Experience for a task query: text and ids (and a demonstration when there is one, preferably of
+        `task_kind`, the task's kind when known), None when nothing is relevant."""
 
 
 class GroupExperience:
@@ -64,14 +64,18 @@ class GroupExperience:
         self.text_fallbacks = 0  # `turns` rollouts given text because no hit had a demonstration
         self.demos_shortened = 0  # demonstrations shown with their observations cut to fit the context
         self.demos_dropped = 0  # demonstrations that did not fit even cut: the rollout went without
+        # Rollouts shown a demonstration where both kinds are known (the task's and the demonstration's), and
+        # those of them shown one of the task's own kind.
+        self.demos_kind_known = 0
+        self.demos_same_kind = 0
         self._lock = asyncio.Lock()
         self._done = False
         self._value: Retrieved | None = None
 
-    async def get(self, query: str) -> Retrieved | None:
+    async def get(self, query: str, task_kind: str | None = None) -> Retrieved | None:
         async with self._lock:
             if not self._done:
-                got = await self.source.retrieve(query)
+                got = await (self.source.retrieve(query, task_kind) if task_kind else self.source.retrieve(query))
                 self._value = Retrieved(got[0], list(got[1])) if isinstance(got, tuple) else got
                 self.retrievals += 1
                 self._done = True
@@ -91,6 +95,12 @@ class GroupExperience:
         self.turns_injected += fit in ("whole", "shortened")
         self.demos_shortened += fit == "shortened"
         self.demos_dropped += fit == "dropped"
+
+    def record_kind(self, task_kind: str | None, demonstration_kind: str | None) -> None:
+        """Count a shown demonstration against the task's kind (only where both are known)."""
+        if task_kind and demonstration_kind:
+            self.demos_kind_known += 1
+            self.demos_same_kind += task_kind == demonstration_kind
 
 
 class Mechanisms:

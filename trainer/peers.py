@@ -100,11 +100,13 @@ class EnvPeer:
 @dataclass
 class Retrieved:
     """What one retrieval gives a rollout: the rendered text, the experience ids, and the demonstration
-    (chat messages of a solved task) of the best-ranked hit that has one."""
+    (chat messages of a solved task) of the best-ranked hit that has one, with that hit's id and task kind."""
 
     text: str
     ids: list[str]
     demonstration: list[dict[str, Any]] | None = None
+    demonstration_id: str | None = None
+    demonstration_kind: str | None = None
 
 
 @dataclass
@@ -152,15 +154,19 @@ class ExperiencePeer:
     async def start(self) -> None:
         await self.client.create_workspace(self.workspace)  # PUT: idempotent
 
-    async def retrieve(self, query: str) -> Retrieved | None:
+    async def retrieve(self, query: str, task_kind: str | None = None) -> Retrieved | None:
+        """`task_kind`: the task's kind when known (`metadata.task_kind`); the pool ranks its own kind first."""
         got = await self.client.retrieve(self.workspace, query, top_k=self.top_k,
-                                         min_similarity=self.min_similarity)
+                                         min_similarity=self.min_similarity, task_kind=task_kind)
         self.counters.retrievals += 1
         if not got.experience_ids or not got.rendered.strip():
             return None
         self.counters.hits += 1
-        demo = next((e.demonstration for e in got.experiences if e.demonstration), None)
-        return Retrieved(got.rendered, list(got.experience_ids), demo)
+        shown = next((e for e in got.experiences if e.demonstration), None)
+        if shown is None:
+            return Retrieved(got.rendered, list(got.experience_ids))
+        return Retrieved(got.rendered, list(got.experience_ids), shown.demonstration, shown.experience_id,
+                         shown.task_kind)
 
     async def after_step(self, groups: list[list[Trajectory]], *, summarize: bool, feedback: bool,
                          request_id: str) -> None:

@@ -95,6 +95,8 @@ def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_
         "experience_flag": t.experience_flag, "experience_ids": list(t.experience_ids),
         "experience_text": t.metadata.get("experience_text"),
         "experience_demonstration": t.metadata.get("experience_demonstration"),
+        # which demonstration (experience id, task kind) the rollout was shown, and its task's own kind
+        "demonstration": t.metadata.get("demonstration"), "task_kind": t.metadata.get("task_kind"),
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
         "steps": [s.model_dump(mode="json", exclude_none=True) for s in t.steps],
         "labels": [label.model_dump(mode="json") for label in t.labels] if t.labels is not None else None,
@@ -111,6 +113,7 @@ def index_entry(record: dict[str, Any], shard: str, offset: int, length: int) ->
             "group_id": record["group_id"], "synthetic": record["synthetic"], "outcome": record["outcome"],
             "policy_version": record["policy_version"], "staleness": record["staleness"],
             "experience_flag": record["experience_flag"], "experience_ids": record["experience_ids"],
+            "demonstration": record["demonstration"], "task_kind": record["task_kind"],
             "turns": len(record["steps"]), "tokens": len(record["response_ids"]),
             "shard": shard, "offset": offset, "length": length}
 

@@ -64,6 +64,8 @@ class GroupStats:
     text_fallbacks: int = 0  # inject: turns -- rollouts given text because no hit had a demonstration
     demos_shortened: int = 0  # inject: turns -- demonstrations shown with observations cut to fit the context
     demos_dropped: int = 0  # inject: turns -- demonstrations too long even cut: the rollout went without
+    demos_kind_known: int = 0  # demonstrations shown where the task's and the demonstration's kinds are known
+    demos_same_kind: int = 0  # ... and the demonstration was of the task's own kind
     retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
     last_error: str = ""  # the latest rollout failure, named when a step ends up empty
     environment_errors: int = 0  # rollouts that ended in an environment error (the env failed, not the policy)
@@ -124,9 +126,11 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
         chat = [{"role": m.role, "content": m.text()} for m in messages]
         exp_text, exp_ids, demo = None, [], None
         budget = None
+        task_kind = task.metadata.get("task_kind") or None
+        shown: dict[str, Any] | None = None  # the demonstration's experience id and kind
         if experience is not None:
             query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
-            got = await experience.get(query)
+            got = await experience.get(query, task_kind)
             if got:
                 exp_ids = got.ids
                 demo = experience.demonstration_for(got)
@@ -134,11 +138,14 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                 if demo:
                     budget = DemonstrationBudget(config.max_new_tokens, config.max_turns,
                                                  experience.demonstration_observation_tokens)
+                    shown = {"id": got.demonstration_id, "kind": got.demonstration_kind}
         template.start(chat, exp_text, demo, budget)
         if experience is not None and demo:
             experience.record_fit(template.demonstration_fit)
             if template.demonstration_fit == "dropped":  # the rollout saw no experience: it is not flagged
-                demo, exp_ids = None, []
+                demo, exp_ids, shown = None, [], None
+            else:
+                experience.record_kind(task_kind, got.demonstration_kind)
         steps: list[Step] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -178,6 +185,8 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                                 experience_flag=exp_text is not None or demo is not None, experience_ids=exp_ids,
                                 policy_version=min(versions) if versions else 0,
                                 metadata={"policy_versions": versions, "synthetic": task.synthetic,
+                                          **({"task_kind": task_kind} if task_kind else {}),
+                                          **({"demonstration": shown} if shown else {}),
                                           # what the policy saw; stripped from the training context
                                           **({"experience_text": exp_text} if exp_text is not None else {}),
                                           **({"experience_demonstration": demo} if demo is not None else {})})
@@ -267,6 +276,8 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
             stats.text_fallbacks += shared.text_fallbacks
             stats.demos_shortened += shared.demos_shortened
             stats.demos_dropped += shared.demos_dropped
+            stats.demos_kind_known += shared.demos_kind_known
+            stats.demos_same_kind += shared.demos_same_kind
         if any(isinstance(r, BaseException) for r in results):
             stats.dropped_groups += 1
             logger.warning("dropping group of task {}: {} of {} rollouts failed", task.task_id,

@@ -154,6 +154,11 @@ def loop_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
     experience = mechanisms.get("self_navigating")
     rows.append(_counter_check("rollouts with injected experience", experience, "injected_rollouts"))
     rows.append(_counter_check("experience hits (of retrievals)", experience, "hits", of="retrievals"))
+    share, known = (experience or {}).get("same_kind_share"), (experience or {}).get("demonstrations_kind_known")
+    same = (experience or {}).get("demonstrations_same_kind")
+    rows.append(_check("demonstrations of the task's own kind",
+                       f"{share:.3f} ({same} of {known})" if known else "no kinds known",
+                       f">= {SAME_KIND_TARGET}", share >= SAME_KIND_TARGET if known else None))
     rows.append(_counter_check("synthetic tasks sampled (of tasks)", mechanisms.get("self_questioning"),
                                "synthetic_sampled", of="tasks_sampled"))
     collapse = summary.get("collapse")
@@ -162,6 +167,16 @@ def loop_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
                  else f"none in {collapse.get('judged_steps', 0)} judged steps")
         rows.append(_check("collapse", value, "none", not collapse.get("collapsed")))
     return rows
+
+
+SAME_KIND_TARGET = 0.8  # issue 35: a demonstration of another kind teaches the wrong call
+
+
+def same_kind(stats: Any) -> dict[str, Any]:
+    """Demonstrations shown where both kinds are known, those of the task's own kind, and their share."""
+    known, same = stats.demos_kind_known, stats.demos_same_kind
+    return {"demonstrations_kind_known": known, "demonstrations_same_kind": same,
+            "same_kind_share": round(same / known, 4) if known else None}
 
 
 async def _service_stats(peer: Any, name: str) -> dict[str, Any] | None:
@@ -179,6 +194,7 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
         funnel = (stats or {}).get("funnel", {})
         mechanisms["self_questioning"] = {
             **trainer.tasks.summary(), "tasks_proposed": funnel.get("proposed"), "tasks_kept": funnel.get("kept"),
+            "funnel_by_kind": (stats or {}).get("funnel_by_kind"),
             "service": stats}
     if trainer.experience is not None:
         seeding = (mechanisms.get("self_questioning", {}).get("service") or {}).get("seeding") or {}
@@ -190,6 +206,7 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
                                          # demonstrations cut to fit the context, and those that still did not
                                          "demonstrations_shortened": trainer.group_stats.demos_shortened,
                                          "demonstrations_dropped": trainer.group_stats.demos_dropped,
+                                         **same_kind(trainer.group_stats),
                                          # pool seeding from verified synthetic tasks before training
                                          "seeded_trajectories": sum(int(r.get("sent", 0)) for r in seeding.values()),
                                          "seeded_experiences": sum(int(r.get("experiences_created", 0))

@@ -329,3 +329,34 @@ def test_failed_groups_keep_no_demonstration_and_hits_without_one_have_no_field(
     assert merged.status_code == 200, merged.text
     hits = http.post("/v1/workspaces/demo_fail/retrieve", json={"query": paraphrase}).json()["experiences"]
     assert sum("demonstration" in h for h in hits) == 1
+
+
+def test_kinds_are_never_merged_and_retrieval_prefers_the_tasks_own_kind(http):
+    credit, ident = "credit_lookup:get_passenger(name):names", "id_lookup:get_passenger(name):names"
+    asks_credit = "How much travel credit does Ann Lee have? Reply with the amount in USD."
+    call = [("get_passenger", {"name": "Ann Lee"})]
+
+    def seeded(task_id: str, query: str, kind: str) -> dict:
+        return {**chat_trajectory(task_id, query, call, 1.0), "metadata": {"task_kind": kind}}
+
+    # Two credit tasks asking the same (merged: one experience of support 2); the id question, and the same
+    # words as the credit question under the id kind: neither merges into the credit experience.
+    group = [seeded("c1", asks_credit, credit), seeded("c2", asks_credit, credit),
+             seeded("i1", "What is the passenger id of Ann Lee?", ident), seeded("x1", asks_credit, ident)]
+    reply = http.post("/v1/workspaces/kinds/summarize", json={"trajectories": group, "mode": "heuristic"})
+    assert reply.status_code == 200, reply.text
+    made = reply.json()["experiences"]
+    assert sorted((e["task_kind"], e["support"]) for e in made) == [(credit, 2), (ident, 1), (ident, 1)]
+    assert len({e["experience_id"] for e in made}) == 3
+
+    query = "How much travel credit does Bo Chen have? Reply with the amount in USD."
+    plain = http.post("/v1/workspaces/kinds/retrieve", json={"query": query, "top_k": 1}).json()
+    assert plain["experiences"][0]["task_kind"] == credit
+    for kind in (ident, credit):
+        hits = http.post("/v1/workspaces/kinds/retrieve",
+                         json={"query": query, "top_k": 2, "task_kind": kind}).json()["experiences"]
+        assert hits[0]["task_kind"] == kind and hits[0]["demonstration"], hits
+    # A kind the pool has no experience of: the plain ranking.
+    other = http.post("/v1/workspaces/kinds/retrieve", json={"query": query, "top_k": 1,
+                                                             "task_kind": "fare_lookup:search_flight(x):names"}).json()
+    assert other["experience_ids"] == plain["experience_ids"]

@@ -339,17 +339,22 @@ def test_turns_mode_shows_a_retrieved_demonstration_to_generation_only(env_url, 
     from trainer.records import rollout_record
 
     model, tok = tiny
-    task = Task(task_id="signal-train-0000", env_type="signal")
+    own, other = "goal:echo(text):names", "goal:shout(text):ids"  # the task's kind and another
+    task = Task(task_id="signal-train-0000", env_type="signal", metadata={"task_kind": own})
 
     async def seed(em_url, env):
         created = await env.create("signal", task)
         await env.release(created.instance_id)
         query = next(m.text() for m in created.messages if m.role == "user")
-        solved = [{"role": "user", "content": query}, {"role": "assistant", "content": DEMO_ANSWER}]
+        solved = [{"role": "user", "content": f"{query} Please."}, {"role": "assistant", "content": DEMO_ANSWER}]
+        # Another kind's demonstration of the very query ranks higher on text alone: the task's kind decides.
+        closer = [{"role": "user", "content": query}, {"role": "assistant", "content": "another kind"}]
         async with ExperienceClient(em_url) as client:
             for ws, outcome in (("demos", 1.0), ("no_demos", 0.0)):
-                await client.summarize(ws, [Trajectory(task_id="signal-train-0009", messages=solved, outcome=outcome)],
-                                       mode="heuristic")
+                await client.summarize(ws, [Trajectory(task_id="signal-train-0009", messages=solved, outcome=outcome,
+                                                       metadata={"task_kind": own})], mode="heuristic")
+            await client.summarize("demos", [Trajectory(task_id="signal-train-0008", messages=closer, outcome=1.0,
+                                                        metadata={"task_kind": other})], mode="heuristic")
 
     async def collect(em_url, env, workspace, policy, stats):
         peer = ExperiencePeer(em_url, workspace)
@@ -389,6 +394,10 @@ def test_turns_mode_shows_a_retrieved_demonstration_to_generation_only(env_url, 
     record = rollout_record(1, flagged[0], [0.0] * len(flagged[0].trajectory.response_ids), lambda ids: [])
     assert record["experience_demonstration"][-1] == {"role": "assistant", "content": DEMO_ANSWER}
     assert record["experience_text"] is None
+    # The record names the demonstration shown (its experience, of the task's own kind) and the task's kind.
+    assert record["demonstration"]["kind"] == own == record["task_kind"]
+    assert record["demonstration"]["id"] in flagged[0].trajectory.experience_ids
+    assert (stats.demos_kind_known, stats.demos_same_kind) == (1, 1)
 
     # A failed source keeps no demonstration: the flagged rollout gets the text, counted as a fallback.
     assert plain_stats.turns_injected == 0 and plain_stats.text_fallbacks == 1

@@ -105,7 +105,9 @@ def _constructed_summary():
         "training": {"steps": 2, "steps_with_nonzero_grad": 2, "every_step_nonzero_grad": True, "groups": 4,
                      "mixed_outcome_groups": 3, "mixed_outcome_share": 0.75},
         "mechanisms": {"self_questioning": {"tasks_sampled": 4, "synthetic_sampled": 4},
-                       "self_navigating": {"retrievals": 4, "hits": 3, "injected_rollouts": 8},
+                       "self_navigating": {"retrievals": 4, "hits": 3, "injected_rollouts": 8,
+                                           "demonstrations_kind_known": 8, "demonstrations_same_kind": 7,
+                                           "same_kind_share": 0.875},
                        "self_attributing": {"steps_labelled": 100, "parsed_labels": 99, "parse_rate": 0.99}},
     }
 
@@ -122,6 +124,7 @@ def test_loop_checks_meet_every_bar_of_a_run_that_learned_and_print_them(capsys,
     assert all(row["met"] is True for row in checks.values()), checks
     assert checks["groups with mixed outcomes"]["value"] == "3 of 4 (0.75)"
     assert checks["judge parse rate"]["value"] == "0.990 (99 of 100 labels)"
+    assert checks["demonstrations of the task's own kind"]["value"] == "0.875 (7 of 8)"
 
     summary["mechanisms"]["self_attributing"]["parse_rate"] = 0.98
     del summary["mechanisms"]["self_navigating"]

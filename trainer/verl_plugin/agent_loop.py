@@ -100,12 +100,12 @@ class FreshExperienceRetrieval:
     def __init__(self, settings: ExperienceSettings, timeout: float, outage: Any = None) -> None:
         self.settings, self.timeout, self.outage = settings, timeout, outage
 
-    async def retrieve(self, query: str) -> Retrieved | None:
+    async def retrieve(self, query: str, task_kind: str | None = None) -> Retrieved | None:
         s = self.settings
         peer = ExperiencePeer(s.url, s.workspace, top_k=s.top_k, min_similarity=s.min_similarity,
                               timeout=self.timeout, outage=self.outage)
         try:
-            return await peer.retrieve(query)
+            return await peer.retrieve(query, task_kind)
         finally:
             await peer.aclose()
 
