@@ -101,7 +101,8 @@ async def seed_pool_from_self_questioning(env_url: str, em_url: str, tmp: Path, 
 
     (tmp / "tm.yaml").write_text(yaml.safe_dump({"task_manager": {
         "env_url": env_url, "store_dir": str(tmp / "tm"), "environments": ["flights"], "experience_url": em_url,
-        "synthesis": {"query_forms": args.query_forms.split(","), "kinds": ["lookup"]}}}))
+        # The kinds and form the environment's own train tasks ask (never a held-out task's content).
+        "synthesis": {"query_forms": args.query_forms.split(","), "kinds": ["lookup"], "lookup_kinds": "train"}}}))
     with run_service("task_manager", ["--conf", str(tmp / "tm.yaml"), "--log-level", "WARNING"], timeout=300) as tm:
         async with TaskClient(tm.url) as client:
             job = await client.submit_job("flights", episodes=args.pool_episodes, seed=args.seed)
