@@ -7,6 +7,11 @@ is taken, so each state actually reached can later become a goal (hindsight synt
 
 Two explorers share this loop: `RandomExplorer` (no LLM: samples well-formed calls from the
 tool docs, the profile and values seen in observations) and `LLMExplorer` (a chat role).
+
+An environment without tool docs (the gym adapter, text games) is explored through its action schema
+instead (`action_schema`): a discrete list of action words, the operations its profile names (the gym
+adapter lists each game's actions), sent as the assistant message itself; or, with no operations either,
+free text, which only the LLM explorer can write.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +51,7 @@ class ExplorerView:
     temperature: float
     window: int
     pool: ValuePool = field(default_factory=ValuePool)
+    actions: list[str] = field(default_factory=list)  # discrete action words, for an env without tool docs
 
     def recent(self) -> list[ExploreStep]:
         return self.steps[-self.window:] if self.window else []
@@ -55,6 +62,16 @@ class Explorer(Protocol):
 
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
         """The next assistant message, and the calls it makes when the explorer knows them."""
+
+
+def action_schema(profile: EnvProfile, seed_task_id: str) -> list[str]:
+    """The discrete actions of an environment without tool docs: the operations of the profile's entity
+    that the task belongs to (the gym adapter names an entity per game, and a task id starts with the
+    game's id), else every operation of the profile. Empty: the actions are free text."""
+    entities = [e for e in profile.entities if e.opts]
+    own = [e for e in entities if seed_task_id.startswith(f"{e.name}/")]
+    chosen = own[:1] or entities
+    return list(dict.fromkeys(op.name for entity in chosen for op in entity.opts))
 
 
 def softmax_choice(rng: random.Random, options: list[Any], scores: list[float], temperature: float) -> Any:
@@ -74,6 +91,8 @@ class RandomExplorer:
         self.optional_probability = optional_probability
 
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
+        if view.actions and not view.tools:
+            return self.choose_action(view)
         refused = {c.key() for s in view.steps if s.failed for c in s.calls}
         call = self.sample(view)
         for _ in range(5):  # a call the environment already refused teaches nothing new
@@ -82,10 +101,27 @@ class RandomExplorer:
             call = self.sample(view)
         return call.render(), [call]
 
+    def choose_action(self, view: ExplorerView) -> tuple[str, list[Call]]:
+        """One action word: breadth favours actions not taken yet, depth ones that changed the state."""
+        visits: dict[str, int] = {}
+        changed: dict[str, int] = {}
+        for step in view.steps:
+            for call in step.calls:
+                visits[call.name] = visits.get(call.name, 0) + 1
+                changed[call.name] = changed.get(call.name, 0) + int(step.state_changed)
+        if view.phase == "depth":
+            scores = [0.5 * changed.get(a, 0) - 0.1 * visits.get(a, 0) for a in view.actions]
+        else:
+            scores = [-1.0 * visits.get(a, 0) for a in view.actions]
+        action = softmax_choice(self.rng, view.actions, scores, view.temperature)
+        return action, [Call(name=action)]
+
     def sample(self, view: ExplorerView) -> Call:
         functions = [tool_function(doc) for doc in view.tools if tool_name(doc)]
         if not functions:
-            raise ValueError("the environment documents no tools; the random explorer needs tool docs")
+            raise ValueError("the environment documents no tools and its profile names no operations (a discrete "
+                             "action list): its actions are free text, which the random explorer cannot write; use "
+                             "the LLM explorer (task_manager.llm.explorer)")
         depth = view.phase == "depth"
         since = view.steps[-view.window].index if depth and len(view.steps) >= view.window > 0 else (0 if depth else None)
         visits: dict[str, int] = {}
@@ -168,6 +204,11 @@ class LLMExplorer:
 
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
         messages = self.messages(view)
+        if not view.tools:  # an action word or free text: the reply is the action
+            result = await self.llm.chat(messages, temperature=view.temperature, max_tokens=self.max_tokens)
+            text = result.text.strip() or "(no action)"
+            named = [a for a in view.actions if re.search(rf"\b{re.escape(a)}\b", text, re.IGNORECASE)]
+            return (named[0], [Call(name=named[0])]) if len(named) == 1 else (text, [])
         text = ""
         # Where the endpoint has structured outputs, the reply is one call of a documented tool, its arguments
         # drawn from the values met so far (the request, the docs' examples, observations) where there are
@@ -211,9 +252,14 @@ class LLMExplorer:
         else:
             phase = ("PHASE 2, depth: build on the last observations: use the ids and values they returned to go "
                      "further (change things, follow up on results).")
-        system = (f"You are exploring an environment to discover what can be done in it.\n{view.profile.instruction()}\n"
-                  f"## Tools\n{tools}\n{phase}\nReply with exactly one tool call such as "
-                  '<tool_call>{"name": "tool", "arguments": {"arg": "value"}}</tool_call> and nothing else.')
+        if view.tools:
+            how = (f"## Tools\n{tools}\n{phase}\nReply with exactly one tool call such as "
+                   '<tool_call>{"name": "tool", "arguments": {"arg": "value"}}</tool_call> and nothing else.')
+        elif view.actions:
+            how = f"## Actions\n{', '.join(view.actions)}\n{phase}\nReply with exactly one action and nothing else."
+        else:
+            how = f"{phase}\nReply with the one thing you do next, as a short command, and nothing else."
+        system = f"You are exploring an environment to discover what can be done in it.\n{view.profile.instruction()}\n{how}"
         context = next((m.get("content", "") for m in view.initial_messages if m.get("role") == "user"), "")
         messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                           {"role": "user", "content": f"Situation: {context}\nStart exploring."}]
@@ -242,6 +288,7 @@ async def explore_episode(access: EnvAccess, explorer: Explorer, profile: EnvPro
                           seed_task_id: str, config: ExploreConfig) -> Exploration:
     """Run one exploration episode in a fresh instance of `seed_task_id`."""
     tools = await access.tool_docs(env_type, seed_task_id)
+    actions = [] if tools else action_schema(profile, seed_task_id)
     pool = ValuePool()
     for doc in tools:
         for schema in ((tool_function(doc).get("parameters") or {}).get("properties") or {}).values():
@@ -260,7 +307,7 @@ async def explore_episode(access: EnvAccess, explorer: Explorer, profile: EnvPro
         for index, phase in enumerate(phases):
             temperature = config.breadth_temperature if phase == "breadth" else config.depth_temperature
             view = ExplorerView(profile, tools, instance.messages, exploration.steps, phase, temperature,
-                                config.window, pool)
+                                config.window, pool, actions)
             action, calls = await explorer.act(view)
             outcome = await instance.step(action)
             snapshot = await instance.snapshot()

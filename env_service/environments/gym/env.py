@@ -157,7 +157,8 @@ class GymEnvironment(Environment):
         return {"name": self.name, "background": "Classic gymnasium toy-text games played through text.",
                 "entities": [{"name": gid, "description": game.text.description,
                               "attrs": {"observation": "a text map of the board"},
-                              "opts": [{"name": a, "description": f"action {i}"}
+                              # The task manager's discrete action schema: these words, sent as the action.
+                              "opts": [{"name": a, "description": f"action {i}", "template": f"play {a}"}
                                        for i, a in enumerate(game.text.actions)]}
                              for gid, game in self.games.items()],
                 "task_preference": {"num_entities": 1, "num_opts": 1, "relation_difficulty": 1}}

@@ -1,0 +1,55 @@
+"""Self-questioning on an environment without tool docs: the gym adapter's discrete actions (its profile's
+operations) are the action schema; the random explorer plays them and hindsight keeps verified goals."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from evolver_launcher.synthesis import SynthesisGate
+from task_manager.explore import action_schema
+from task_manager.profile import EnvProfile
+from tests.helpers import run_service
+
+CORRIDOR = "EvolverTest/Corridor-v0"
+
+
+def test_the_action_schema_is_the_operations_of_the_tasks_own_game():
+    profile = EnvProfile.model_validate({"name": "gym", "entities": [
+        {"name": "FrozenLake-v1", "opts": [{"name": "left"}, {"name": "down"}]},
+        {"name": CORRIDOR, "opts": [{"name": "back"}, {"name": "onward"}]}]})
+    assert action_schema(profile, f"{CORRIDOR}/train-0003") == ["back", "onward"]
+    assert action_schema(profile, "other-0001") == ["left", "down", "back", "onward"]  # no game of its own: all
+    assert action_schema(EnvProfile(name="textgame", entities=[{"name": "w", "opts": []}]), "t-1") == []  # free text
+
+
+@pytest.mark.slow
+def test_self_questioning_keeps_verified_tasks_on_a_gym_adapter_environment(tmp_path):
+    conf = tmp_path / "run.yaml"
+    conf.write_text(f"""
+env_service:
+  plugins: {{corridor: tests.env_service.corridor_plugin}}
+  environments: {{gym: {{envs: [{CORRIDOR}], splits: {{train: 4, validation: 2, test: 2}}}}}}
+task_manager:
+  environments: [gym]
+  store_dir: {tmp_path / 'tm'}
+  explore: {{explorer: random, breadth_steps: 3, depth_steps: 3}}
+  synthesis: {{synthesizer: hindsight, max_goals: 2}}
+  dedup: {{embeddings: false}}
+""")
+    with run_service("env_service", ["--conf", str(conf)]) as env, \
+            run_service("task_manager", ["--conf", str(conf), "--env-url", env.url]) as tm:
+        gate = SynthesisGate(tm.url, ["gym"], episodes=2, timeout_s=120, say=lambda line: None)
+        deadline = time.monotonic() + 150
+        while not gate():
+            assert time.monotonic() < deadline, "the synthesis job did not finish"
+            time.sleep(0.3)
+        funnel = gate.results["gym"]
+        assert funnel["episodes_done"] == 2 and funnel["kept"] >= 1, funnel
+        tasks = httpx.get(f"{tm.url}/v1/tasks", params={"env_type": "gym", "synthetic": True}, timeout=30).json()
+    # The reference is the actions played; hindsight's query spells them out ("Play onward. Then play back.").
+    assert tasks["total"] == funnel["kept"]
+    for task in tasks["tasks"]:
+        assert task["seed_task_id"].startswith(f"{CORRIDOR}/train-") and task["query"].startswith("Play ")
