@@ -33,7 +33,9 @@ from trainer.templates import Segment, make_template
 from trainer.update import make_scheduler
 
 if TYPE_CHECKING:
+    from task_manager.client import TaskClient
     from trainer.local import LocalTrainer
+    from trainer.peers import EnvPeer
 
 
 @dataclass
@@ -79,20 +81,38 @@ def render(task: SolvedTask, tokenizer: Any, rollout: RolloutConfig) -> list[Seg
     return template.segments()
 
 
-async def gather(trainer: LocalTrainer) -> tuple[list[SolvedTask], dict[str, Any]]:
+async def gather(settings: WarmStartConfig, env_name: str, env: EnvPeer, tasks: TaskClient | None
+                 ) -> tuple[list[SolvedTask], dict[str, Any]]:
     """The configured source's solved tasks, and what the source reported about them."""
-    cfg = trainer.config
-    settings, env = cfg.warm_start, cfg.rollout.env
-    assert trainer.env is not None
     if settings.source == "synthetic":
-        assert trainer.tasks is not None, "warm_start.source=synthetic needs services.task_url"
-        served = await trainer.tasks.client.training_references(env, limit=settings.max_tasks or 100_000)
+        if tasks is None:
+            raise ValueError("warm_start.source=synthetic needs services.task_url (the task manager)")
+        served = await tasks.training_references(env_name, limit=settings.max_tasks or 100_000)
         report = served.model_dump(exclude={"trajectories", "env"})
         return [from_trajectory(t) for t in served.trajectories], report
-    train_ids = await trainer.env.task_ids(env, "train")
+    train_ids = await env.task_ids(env_name, "train")
     chosen = train_ids[: settings.max_tasks] if settings.max_tasks else train_ids
-    solved = [from_messages(task_id, await trainer.env.reference_episode(env, task_id)) for task_id in chosen]
+    solved = [from_messages(task_id, await env.reference_episode(env_name, task_id)) for task_id in chosen]
     return solved, {"train_tasks": len(train_ids)}
+
+
+def training_data(solved: list[SolvedTask], tokenizer: Any, rollout: RolloutConfig
+                  ) -> tuple[list[Segment], dict[str, Any]]:
+    """The samples of the solved tasks that fit the rollout's context whole, and their counts."""
+    samples: list[Segment] = []
+    task_ids: list[str] = []
+    too_long = 0
+    for task in solved:
+        segments = render(task, tokenizer, rollout)
+        if any(len(s.prompt_ids) + len(s.response_ids) > rollout.max_context for s in segments):
+            too_long += 1  # a rollout could never have seen it whole
+            continue
+        samples += segments
+        task_ids.append(task.task_id)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    assistant = sum(sum(s.loss_mask) for s in samples)
+    return samples, {"tasks": len(task_ids), "samples": len(samples), "too_long": too_long, "tokens": tokens,
+                     "assistant_tokens": assistant, "task_ids": task_ids}
 
 
 def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStartConfig, device: torch.device,
@@ -152,29 +172,18 @@ async def warm_start(trainer: LocalTrainer) -> dict[str, Any]:
     KL reference, which is the policy RL starts from). Returns the report for the summary."""
     cfg = trainer.config
     settings = cfg.warm_start
-    assert trainer.policy is not None
-    solved, source_report = await gather(trainer)
-    samples: list[Segment] = []
-    task_ids: list[str] = []
-    too_long = 0
-    for task in solved:
-        segments = render(task, trainer.tokenizer, cfg.rollout)
-        if any(len(s.prompt_ids) + len(s.response_ids) > cfg.rollout.max_context for s in segments):
-            too_long += 1  # a rollout could never have seen it whole
-            continue
-        samples += segments
-        task_ids.append(task.task_id)
+    assert trainer.policy is not None and trainer.env is not None
+    solved, source_report = await gather(settings, cfg.rollout.env, trainer.env,
+                                         trainer.tasks.client if trainer.tasks is not None else None)
+    samples, data = training_data(solved, trainer.tokenizer, cfg.rollout)
     if not samples:
         raise RuntimeError(f"warm_start (source: {settings.source}) found no solved task to train on "
-                           f"(source: {source_report}; {too_long} longer than rollout.max_context)")
-    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    assistant = sum(sum(s.loss_mask) for s in samples)
-    logger.info("warm start on {} solved {} tasks ({} samples, {} tokens, {} trained)", len(task_ids),
-                settings.source, len(samples), tokens, assistant)
+                           f"(source: {source_report}; {data['too_long']} longer than rollout.max_context)")
+    logger.info("warm start on {} solved {} tasks ({} samples, {} tokens, {} trained)", data["tasks"],
+                settings.source, data["samples"], data["tokens"], data["assistant_tokens"])
     trained = await asyncio.to_thread(fine_tune, trainer.model, samples, settings, trainer.device, cfg.seed)
     await trainer.policy.load_weights(lora.serving_view(trainer.model))
     if trainer.updater.ref_model is not None:
         trainer.updater.ref_model.load_state_dict(lora.merged_state_dict(trainer.model))
-    return {"source": settings.source, "tasks": len(task_ids), "samples": len(samples), "too_long": too_long,
-            "tokens": tokens, "assistant_tokens": assistant, "epochs": settings.epochs, "lr": settings.lr,
-            "batch_size": settings.batch_size, **trained, "source_report": source_report, "task_ids": task_ids}
+    return {"source": settings.source, "epochs": settings.epochs, "lr": settings.lr,
+            "batch_size": settings.batch_size, **trained, **data, "source_report": source_report}
