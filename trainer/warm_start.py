@@ -148,6 +148,7 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
                 optimizer.step()
                 scheduler.step()
                 curve.append(step_loss)
+                logger.debug("warm start step {}: loss {:.4f}", len(curve), step_loss)
                 token_loss, token_count = token_loss + step_loss * trained, token_count + trained
             epoch_loss.append(token_loss / max(token_count, 1))
             logger.info("warm start epoch {}/{}: loss {:.4f}", epoch + 1, settings.epochs, epoch_loss[-1])
