@@ -1,10 +1,10 @@
 """`trainer.warm_start` measured (issue 35 part 7): SmolLM2 on flights tier-1 validation, greedy, no experience,
 zero-shot and after a warm start from each source.
 
-    .venv/bin/python benchmarks/warm_start.py --name NAME [--episodes 48] [--env-tasks 90] [--eval-tasks 40]
+    .venv/bin/python benchmarks/warm_start.py --name NAME [--version 2] [--episodes 48] [--env-tasks 90] [--eval-tasks 40]
         [--sources synthetic,environment] [--out benchmarks/results/warm_start]
 
-1. Starts an env service (`flights: {tiers: [1]}`) and a task manager configured like the quickstart's
+1. Starts an env service (`flights: {tiers: [1], version: V}`) and a task manager configured like the quickstart's
    (random explorer, hindsight lookups in the ids and names forms, `pool_share` 0.3) that serves references,
    and runs one synthesize job of `--episodes` explorations.
 2. `zero_shot`: the first `--eval-tasks` validation tasks, greedy, one episode each (`trainer.evaluate_policy`,
@@ -40,7 +40,6 @@ from tests.helpers import run_service  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-ENV_CONFIG = {"tiers": [1]}
 
 
 def task_manager_section(env_url: str, store: Path) -> dict[str, Any]:
@@ -59,7 +58,7 @@ async def evaluate(model: Any, tokenizer: Any, env: EnvPeer, flights: FlightsEnv
 
     from trainer.local import rollout_dtype
     from trainer.policy import InProcessPolicy
-    from trainer.rollout import Rollout, evaluate_policy
+    from trainer.rollout import Rollout, evaluate_policy, made_tool_call
     from trainer.settings import RolloutConfig
 
     config = RolloutConfig(env="flights", template="linear", max_turns=args.max_turns, max_context=args.max_context,
@@ -77,7 +76,7 @@ async def evaluate(model: Any, tokenizer: Any, env: EnvPeer, flights: FlightsEnv
     for rollout in sorted(episodes, key=lambda r: r.trajectory.task_id):
         trajectory = rollout.trajectory
         kind = flights.task(trajectory.task_id).kind
-        called = any(step.info.get("calls") for step in trajectory.steps)
+        called = made_tool_call(trajectory.steps)
         success = float(trajectory.outcome or 0.0) >= 1.0
         counts = by_kind.setdefault(kind, {"tasks": 0, "success": 0, "with_call": 0, "success_with_call": 0})
         counts["tasks"] += 1
@@ -140,13 +139,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from task_manager.client import TaskClient
 
     torch.set_num_threads(args.threads)
-    flights = FlightsEnvironment(ENV_CONFIG)
-    result: dict[str, Any] = {"benchmark": "warm_start", "name": args.name, "env_config": ENV_CONFIG,
-                              "flights_version": args.flights_version, "split": "validation", "greedy": True,
+    env_config = {"tiers": [1], "version": args.version}
+    flights = FlightsEnvironment(env_config)
+    result: dict[str, Any] = {"benchmark": "warm_start", "name": args.name, "env_config": env_config, "split": "validation", "greedy": True,
                               "experience": False, "args": vars(args), "load_avg_start": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": ENV_CONFIG}}}))
+        (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config}}}))
         with run_service("env_service", ["--conf", str(tmp / "env.yaml"), "--log-level", "WARNING"],
                          timeout=300) as env_service:
             (tmp / "tm.yaml").write_text(yaml.safe_dump(task_manager_section(env_service.url, tmp / "tm")))
@@ -195,7 +194,7 @@ def _say(args: argparse.Namespace, what: str, value: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True)
-    parser.add_argument("--flights-version", default="v1", help="recorded in the output (v1 or v2)")
+    parser.add_argument("--version", type=int, default=2, choices=[1, 2], help="flights version (2: a world per task)")
     parser.add_argument("--episodes", type=int, default=48, help="explorations of the synthesize job")
     parser.add_argument("--env-tasks", type=int, default=90, help="train references of the environment source")
     parser.add_argument("--phases", default="zero_shot,synthetic,environment",
