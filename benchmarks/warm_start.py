@@ -104,13 +104,14 @@ async def warm_started(source: str, env: EnvPeer, tm_url: str, args: argparse.Na
     from trainer.warm_start import fine_tune, gather, training_data
 
     settings = WarmStartConfig(enabled=True, source=source,  # type: ignore[arg-type]
-                               max_tasks=args.env_tasks if source == "environment" else None)
+                               max_tasks=args.env_tasks if source == "environment" else args.synthetic_tasks)
     rollout = RolloutConfig(env="flights", template="linear", max_turns=args.max_turns, max_context=args.max_context,
                             max_new_tokens=args.max_new_tokens)
     async with TaskClient(tm_url, timeout=900) as tasks:
         solved, source_report = await gather(settings, "flights", env, tasks)
     model, tokenizer = load_model("smollm2")
     samples, data = training_data(solved, tokenizer, rollout)
+    _say(args, f"{source} data", {**data, "source_report": source_report})
     started = time.monotonic()
     trained = await asyncio.to_thread(fine_tune, model, samples, settings, torch.device("cpu"), args.seed)
     kinds: dict[str, int] = {}
@@ -197,6 +198,8 @@ def main() -> None:
     parser.add_argument("--version", type=int, default=2, choices=[1, 2], help="flights version (2: a world per task)")
     parser.add_argument("--episodes", type=int, default=48, help="explorations of the synthesize job")
     parser.add_argument("--env-tasks", type=int, default=90, help="train references of the environment source")
+    parser.add_argument("--synthetic-tasks", type=int, default=None,
+                        help="at most this many of the trainable synthetic tasks (default: all)")
     parser.add_argument("--phases", default="zero_shot,synthetic,environment",
                         help="in this order: zero_shot, and the warm start sources (synthetic, environment)")
     parser.add_argument("--eval-tasks", type=int, default=40)
