@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def task_manager_section(env_url: str, store: Path) -> dict[str, Any]:
     return {"task_manager": {
-        "env_url": env_url, "store_dir": str(store), "environments": ["flights"], "serve_references": True,
+        "env_url": env_url, "store_dir": str(store), "environments": ["flights"], "serve_training_references": True,
         "explore": {"explorer": "random", "breadth_steps": 6, "depth_steps": 8},
         "synthesis": {"synthesizer": "hindsight", "kinds": ["lookup"], "query_forms": ["ids", "names"]},
         "mixture": {"synthetic_ratio": 1.0, "use_original": False, "pool_share": 0.3},
