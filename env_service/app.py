@@ -130,6 +130,23 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
             raise ServiceError(404, "unknown_task", f"environment {env!r} has no task {task_id!r}") from None
         return ORJSONResponse({"env": env, "task_id": task_id, "tools": tools})
 
+    @app.get("/v1/environments/{env}/tasks/{task_id}/reference", tags=["environments"])
+    async def reference_episode(env: str, task_id: str) -> ORJSONResponse:
+        """A train task solved by its reference (`Environment.reference_episode`): the data of a warm start from
+        the environment's own tasks. Held-out tasks' references are never served."""
+        environment = manager.environment(env)
+        if task_id not in await run_in_threadpool(environment.task_ids, "train"):
+            held_out = [s for s in SPLITS if s != "train" and task_id in environment.task_ids(s)]
+            if held_out:
+                raise ServiceError(403, "held_out_task", f"task {task_id!r} is a {held_out[0]} task of {env!r}: "
+                                   "only train tasks' references are served")
+            raise ServiceError(404, "unknown_task", f"environment {env!r} has no task {task_id!r}")
+        messages = await run_in_threadpool(environment.reference_episode, task_id)
+        if messages is None:
+            raise ServiceError(404, "no_reference", f"environment {env!r} publishes no reference solutions")
+        return ORJSONResponse({"env": env, "task_id": task_id,
+                               "messages": [m.model_dump(mode="json", exclude_none=True) for m in messages]})
+
     @app.get("/v1/instances", tags=["instances"], response_model=InstanceList)
     async def list_instances() -> ORJSONResponse:
         return ORJSONResponse({"stats": manager.stats(), "instances": manager.live()})

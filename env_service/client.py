@@ -52,6 +52,11 @@ class EnvClient(ServiceClient):
         body = await self.get(f"/v1/environments/{env}/tasks", params={"split": split}, model=TaskList)
         return body.task_ids
 
+    async def reference_episode(self, env: str, task_id: str) -> list[ChatMessage]:
+        """A train task solved by its reference: [system, user], then each action and its observation."""
+        body = await self.get(f"/v1/environments/{env}/tasks/{task_id}/reference")
+        return [ChatMessage.model_validate(m) for m in body["messages"]]
+
     async def profile(self, env: str) -> dict[str, Any]:
         return await self.get(f"/v1/environments/{env}/profile")
 

@@ -306,6 +306,9 @@ def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[st
             raise ConfigError("task_manager.env_url: no env_service in launcher.services, so give its URL")
         if "experience_manager" in services:  # where pool seeding writes (launcher.synthesis.seed_experience)
             _set_default(tm, "experience_url", urls["experience_manager"])
+        warm_start = (data.get("trainer") or {}).get("warm_start") or {}
+        if warm_start.get("enabled") and warm_start.get("source", "synthetic") == "synthetic":
+            _set_default(tm, "serve_training_references", True)  # the trainer's warm start reads them (POST /v1/training_references)
     if "experience_manager" in services:
         em = data["experience_manager"]
         if em.get("qdrant_url") is None:

@@ -2,6 +2,9 @@
 
 Nothing the trainer calls can carry a reference solution: tasks travel as `common.schemas.Task`. The one
 exception, `ReferenceResponse`, is served to the judge (reference-guided attribution), which returns only labels.
+The other, `TrainingReferencesResponse` (`POST /v1/training_references`, served only with
+`serve_training_references: true`), holds the replayed references of the trainable synthetic tasks: the data
+of the trainer's warm start.
 """
 
 from __future__ import annotations
@@ -144,3 +147,23 @@ class ReferenceResponse(WireModel):
     actions: list[str]  # the reference's assistant messages, in order
     calls: list[ReferenceCall] | None = None  # the same as structured calls, when known
     answer: str | None = None  # a lookup's answer (its closing reply must state it)
+
+
+class TrainingReferencesRequest(WireModel):
+    """The trainable synthetic tasks of `env` solved by their verified references (the warm start's data)."""
+
+    env: str = Field(min_length=1)
+    limit: int = Field(default=10_000, ge=1, le=100_000)
+
+
+class TrainingReferencesResponse(WireModel):
+    env: str
+    trainable: int  # synthetic tasks batches sample (grown from train tasks, not the pool's, not withheld)
+    pool_held: int  # left out: they seed the experience pool (mixture.pool_share)
+    withheld: int  # left out: a pool demonstration shows their answer
+    refused: int  # left out: not grown from a train task, or without a verified reference
+    replayed: int
+    replay_failed: int  # the reference no longer reaches its verified end state
+    # Each replayed in a fresh instance of its seed task started with its query, as the trainer starts it:
+    # the opening [system, user] messages, then each reference action and the observation it got.
+    trajectories: list[Trajectory]

@@ -11,6 +11,7 @@
 | `POST /v1/feedback` | recent rollout outcomes per task (curriculum) |
 | `POST /v1/seed_experience` | seed an experience pool from verified synthetic tasks (never held-out ones) |
 | `GET /v1/references/{id}` | a synthetic task's verified reference: for the judge only, never the trainer |
+| `POST /v1/training_references` | trainable synthetic tasks solved by their references (the trainer's warm start; only with `serve_training_references`) |
 | `GET /v1/stats` | counts, funnel, pass-rate summary |
 """
 
@@ -37,6 +38,8 @@ from task_manager.api import (
     SeedResponse,
     TaskDetail,
     TaskPage,
+    TrainingReferencesRequest,
+    TrainingReferencesResponse,
 )
 from task_manager.service import TaskManager
 from task_manager.settings import TaskManagerSettings
@@ -116,6 +119,9 @@ def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> F
         """The verified reference of a synthetic task, for reference-guided attribution: only the judge calls
         this, and it sends back labels, never the reference; the trainer must not."""
         return manager.reference(task_id)
+    @app.post("/v1/training_references", response_model=TrainingReferencesResponse, tags=["training"])
+    async def training_references(body: TrainingReferencesRequest) -> Any:
+        return await manager.training_references(body)
 
     @app.get("/v1/stats", tags=["service"])
     async def stats() -> Any:

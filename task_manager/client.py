@@ -27,6 +27,7 @@ from task_manager.api import (
     SeedResponse,
     TaskDetail,
     TaskPage,
+    TrainingReferencesResponse,
 )
 
 
@@ -105,6 +106,13 @@ class TaskClient(ServiceClient):
     async def reference(self, task_id: str) -> ReferenceResponse:
         """A synthetic task's verified reference. For the judge only (it returns labels, never this)."""
         return await self.get(f"/v1/references/{task_id}", model=ReferenceResponse)
+
+    async def training_references(self, env: str, *, limit: int = 10_000,
+                                  timeout: float | None = 900.0) -> TrainingReferencesResponse:
+        """The trainable synthetic tasks solved by their replayed references (the warm start's data; the task
+        manager serves them only with `serve_training_references: true`)."""
+        return await self.post("/v1/training_references", json={"env": env, "limit": limit},
+                               model=TrainingReferencesResponse, idempotent=True, timeout=timeout)
 
     async def stats(self) -> dict[str, Any]:
         return await self.get("/v1/stats")

@@ -18,7 +18,14 @@ from loguru import logger
 from common.llm import LLMClient
 from common.schemas import Task, new_id
 from common.service import ServiceError
-from task_manager.api import BatchRequest, FeedbackRequest, GradeRequest, JobRequest, SeedRequest
+from task_manager.api import (
+    BatchRequest,
+    FeedbackRequest,
+    GradeRequest,
+    JobRequest,
+    SeedRequest,
+    TrainingReferencesRequest,
+)
 from task_manager.curriculum import sample_batch, task_key, task_kind
 from task_manager.dedup import DedupIndex
 from task_manager.envs import EnvAccess
@@ -33,6 +40,7 @@ from task_manager.seeding import (
     SeedingRefused,
     SeedReport,
     check_seedable,
+    reference_trajectory,
     seed_pool,
     seedable_tasks,
     split_for_pool,
@@ -428,6 +436,39 @@ class TaskManager:
                 row(str(kind))["tries"] += seen[0]
                 row(str(kind))["solved"] += seen[1]
         return dict(sorted(rows.items()))
+
+    async def training_references(self, request: TrainingReferencesRequest) -> dict[str, Any]:
+        """The trainable synthetic tasks (what batches sample, grown from train tasks) solved by their references.
+
+        Never a task of the pool's share or withheld because the pool shows its answer, never one grown from a
+        held-out task: `check_seedable` guards every task that is replayed."""
+        if not self.settings.serve_training_references:
+            raise ServiceError(403, "references_not_served", "this task manager does not serve references; set "
+                               "task_manager.serve_training_references: true (trainer.warm_start with source: synthetic "
+                               "needs it; the launcher sets it)")
+        if request.env not in self.settings.environments:
+            raise ServiceError(404, "unknown_environment", f"environment {request.env!r} is not served; "
+                               f"configured: {', '.join(self.settings.environments)}")
+        train_ids = {t.task_id for t in self.originals.get(request.env, [])}
+        synthetic = self.synthetic_tasks().get(request.env, [])
+        training = self.training_tasks(request.env)
+        ids = seedable_tasks(training, train_ids)
+        stored = [self.store.get(i) for i in ids]
+        verified = [check_seedable(s, i, train_ids) for s, i in zip(stored, ids, strict=True)
+                    if s is not None and s.reference is not None]
+        chosen = verified[: request.limit]
+        trajectories = []
+        for item in chosen:
+            trajectory = await reference_trajectory(self.access, item)
+            if trajectory is not None:
+                trajectories.append(trajectory)
+        logger.info("served {} replayed references of {} trainable synthetic {} tasks", len(trajectories),
+                    len(chosen), request.env)
+        return {"env": request.env, "trainable": len(verified),
+                "pool_held": sum(t.task_id in self._pool_only for t in synthetic),
+                "withheld": sum(t.task_id in self._withheld for t in synthetic),
+                "refused": len(training) - len(verified), "replayed": len(trajectories),
+                "replay_failed": len(chosen) - len(trajectories), "trajectories": trajectories}
 
     def stats(self) -> dict[str, Any]:
         rates = self.store.pass_rates()

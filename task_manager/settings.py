@@ -125,3 +125,7 @@ class TaskManagerSettings(ServiceSettings):
     mixture: MixtureSettings = Field(default_factory=MixtureSettings)
     curriculum: CurriculumSettings = Field(default_factory=CurriculumSettings)
     max_episodes_per_job: int = Field(default=10_000, ge=1)
+    serve_training_references: bool = Field(default=False, description=(
+        "POST /v1/training_references: the trainable synthetic tasks solved by their replayed references, for the "
+        "trainer's warm start (trainer.warm_start, source: synthetic; the launcher turns it on then). Off, the "
+        "route answers 403: references then reach only the experience pool and the judge"))

@@ -8,7 +8,14 @@ from pydantic import Field, model_validator
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel
-from trainer.settings import CollapseSettings, LoraSettings, OptimConfig, PolicyLossConfig, RolloutConfig
+from trainer.settings import (
+    CollapseSettings,
+    LoraSettings,
+    OptimConfig,
+    PolicyLossConfig,
+    RolloutConfig,
+    WarmStartConfig,
+)
 
 
 class PolicyConfig(StrictModel):
@@ -134,12 +141,16 @@ class TrainerConfig(StrictModel):
     ray: RayConfig = Field(default_factory=RayConfig)
     collapse: CollapseSettings = Field(default_factory=CollapseSettings, description=(
         "collapse detectors on the rollouts without injected experience: a collapsed run stops with exit 4"))
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
 
     @model_validator(mode="after")
     def _peers_for_mechanisms(self) -> TrainerConfig:
         if self.advantage.needs_step_labels and not self.services.judge_url:
             raise ValueError(f"advantage.estimator={self.advantage.estimator} needs step labels: set "
                              "services.judge_url (the judge service), or use an estimator without them (grpo, gigpo)")
+        if self.warm_start.enabled and self.warm_start.source == "synthetic" and not self.services.task_url:
+            raise ValueError("warm_start.source=synthetic fine-tunes on the task manager's synthetic tasks: set "
+                             "services.task_url, or use warm_start.source: environment")
         if self.rollout.experience_ratio > 0 and not self.services.experience_url:
             raise ValueError("rollout.experience_ratio > 0 needs services.experience_url (the experience manager)")
         return self

@@ -57,6 +57,7 @@ from trainer.rollout import (
 )
 from trainer.summary import mixed_outcome_groups, run_summary, write_summary
 from trainer.update import PolicyUpdater, TrainSample, UpdateProgress
+from trainer.warm_start import warm_start
 
 
 def resolve_device(name: str) -> torch.device:
@@ -163,6 +164,7 @@ class LocalTrainer:
         self.step_counters = StepCounters()
         self.evaluations: dict[str, EvalSummary] = {}  # "before" / "after"
         self.collapse = CollapseDetector(config.collapse)
+        self.warm_start_report: dict[str, Any] | None = None  # trainer.warm_start, before the first RL step
         self._saved_outages: dict[str, dict[str, Any]] = {}
         # `overlap`: the next step's batch, collected while this step updates, and the cursor before it.
         self._prefetch: asyncio.Task[CollectedStep] | None = None
@@ -237,6 +239,7 @@ class LocalTrainer:
         self.group_stats = GroupStats(**state.get("group_stats", {}))
         # The held-out "before" result: without it a resumed run's summary has no before/after change.
         self.evaluations = {label: EvalSummary(**saved) for label, saved in state.get("evaluations", {}).items()}
+        self.warm_start_report = state.get("warm_start")
         assert self.mechanisms is not None
         self.mechanisms.load_counters(state.get("mechanisms", {}))
         resilience = state.get("resilience", {})
@@ -257,7 +260,8 @@ class LocalTrainer:
                    "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
                    "resilience": {"steps": self._step_counters(),
                                   "outages": {name: vars(c) for name, c in self._outage_counters().items()}},
-                   "collapse": self.collapse.state_dict(), "config": self.config.model_dump()}
+                   "collapse": self.collapse.state_dict(), "warm_start": self.warm_start_report,
+                   "config": self.config.model_dump()}
         if lora.is_peft(self.model):
             payload["lora"] = self.model.state_dict()
         path = save_checkpoint(self.out / "checkpoints", self.step, payload, keep=self.config.checkpoint.keep)
@@ -496,6 +500,10 @@ class LocalTrainer:
                 history.append({"step": 0, **before})
                 logger.info("eval before training: {}", _short(before))
                 if cfg.checkpoint.every:  # a run killed in step 1 then resumes without evaluating again
+                    self.save()
+            if cfg.warm_start.enabled and self.step == 0 and self.warm_start_report is None:
+                self.warm_start_report = await warm_start(self)
+                if cfg.checkpoint.every:  # a resumed run starts from the warm-started weights
                     self.save()
             progress = _progress(cfg.progress, cfg.steps, self.step)
             while self.step < cfg.steps:

@@ -34,7 +34,7 @@ from loguru import logger
 from advantage.client import JudgeClient, apply_judgments
 from advantage.judge.parsing import fallback_labels
 from common.http import OutageCounters, PeerUnavailable, ServiceCallError, ServiceClient
-from common.schemas import Task, Trajectory
+from common.schemas import ChatMessage, Task, Trajectory
 from env_service.client import EnvClient
 from env_service.protocol import CreateResponse, EvaluateResponse, StepResponse
 from experience_manager.client import ExperienceClient, FeedbackItem
@@ -89,6 +89,10 @@ class EnvPeer:
 
     async def task_ids(self, env: str, split: str) -> list[str]:
         return await self.client.task_ids(env, split)  # type: ignore[arg-type]
+
+    async def reference_episode(self, env: str, task_id: str) -> list[ChatMessage]:
+        """A train task solved by the environment's reference (the warm start's `source: environment`)."""
+        return await self.client.reference_episode(env, task_id)
 
     def outage_counters(self) -> OutageCounters:
         return self.client.outage_counters

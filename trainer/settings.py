@@ -106,3 +106,22 @@ class CollapseSettings(StrictModel):
     reply_length_bloat: float = Field(default=3.0, ge=1, description=(
         "long_replies breaches when the median reply is at least this multiple of the baseline's median "
         "(replies are capped at rollout.max_new_tokens: a baseline near the cap cannot bloat that far)"))
+
+
+class WarmStartConfig(StrictModel):
+    """Supervised fine-tuning of the policy on solved tasks before the first RL step."""
+
+    enabled: bool = Field(default=False, description="fine-tune on references before RL")
+    source: Literal["synthetic", "environment"] = Field(default="synthetic", description=(
+        "synthetic: the task manager's trainable synthetic tasks (what batches sample; never the pool's share, "
+        "never one grown from a held-out task), their verified references replayed (needs services.task_url and "
+        "task_manager.serve_training_references, which the launcher sets); environment: the environment's own train "
+        "tasks' references (env service GET /v1/environments/{env}/tasks/{id}/reference), for comparison"))
+    max_tasks: int | None = Field(default=None, ge=1, description="use at most this many solved tasks (None: all)")
+    epochs: int = Field(default=2, ge=1, description="passes over the solved tasks")
+    batch_size: int = Field(default=4, ge=1, description="solved tasks per optimizer step")
+    lr: float = Field(default=3e-5, gt=0, description="AdamW peak learning rate")
+    schedule: Literal["constant", "cosine", "linear"] = Field(default="cosine", description="decay over all steps")
+    warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up")
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0, description="max gradient norm per step")

@@ -226,6 +226,7 @@ async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any
         "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after"),
                            split=trainer.config.eval.split),
         "training": training_signal(trainer.metrics.records()),
+        "warm_start": trainer.warm_start_report,  # trainer.warm_start: data, token counts, loss curve
         "mechanisms": mechanisms,
         "resilience": trainer.resilience_summary(),
         "collapse": trainer.collapse.summary(),

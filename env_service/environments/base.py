@@ -96,3 +96,10 @@ class Environment(ABC):
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "splits": {s: len(self.task_ids(s)) for s in SPLITS}}
+
+    def reference_episode(self, task_id: str) -> list[ChatMessage] | None:
+        """The task solved by its reference, as the episode's messages ([system, user], then each action and the
+        observation it got; the closing reply ends it), run in a fresh instance; None when the environment
+        publishes no references. The server serves it for train tasks only (`trainer.warm_start`,
+        `source: environment`). Raises KeyError for an unknown task id."""
+        return None

@@ -9,6 +9,8 @@ manager's summarization into its pool. Those rollouts are also judged by judges 
 task's reference from the task manager (the reference rule, and an LLM given the reference whose
 every analysis quotes it). The canary must appear in no response, no INFO log line of the task
 manager, no rollout, no experience and no judge response, stats or metrics.
+The route that serves references to the trainer (`POST /v1/training_references`, its warm start)
+is off unless the task manager is configured to serve them, and refuses here.
 """
 
 from __future__ import annotations
@@ -152,6 +154,10 @@ def test_canary_never_leaves_the_task_manager(flights_env: ServiceProcess, tmp_p
             for body in ({"task_id": TASK_ID}, {"task_id": TASK_ID, "trajectory": {"task_id": TASK_ID}},
                          {"task_id": TASK_ID, "state": {"comparable": {"orders": []}}}):
                 seen.append(http.post("/v1/grade", json=body).text)
+            # The warm start's references are served only with `serve_training_references: true`, never by default.
+            refused = http.post("/v1/training_references", json={"env": "flights"})
+            assert refused.status_code == 403 and "serve_training_references" in refused.text
+            seen.append(refused.text)
             detail = http.get(f"/v1/tasks/{TASK_ID}").json()
             assert detail["pass_rate"] == 0.5 and set(detail["task"]) == set(Task.model_fields)
         log = tm.log()

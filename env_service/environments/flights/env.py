@@ -295,6 +295,23 @@ class FlightsEnvironment(Environment):
                 "tiers": {s: {str(t): n for t, n in c.items()} for s, c in self.tier_counts.items()}
                 if self.tier_counts else None}
 
+    def reference_episode(self, task_id: str) -> list[ChatMessage] | None:
+        """The reference's calls (as the `<tool_call>` blocks the task manager's references write) and a closing
+        reply ("The answer is X." for a lookup), each stepped in a fresh instance; order ids are this run's."""
+        task = self.task(task_id)
+        instance = self.create(task_id)
+        messages = instance.reset()
+        for name, arguments in task.reference:
+            call = json.dumps({"name": name, "arguments": resolve_order_refs(instance.desk, arguments)})
+            action = ChatMessage(role="assistant", content=f"<tool_call>{call}</tool_call>")
+            messages += [action, instance.step(action).observation]
+        closing = ChatMessage(role="assistant",
+                              content=f"The answer is {task.answer}." if task.answer is not None else "Done.")
+        instance.step(closing)
+        if instance.evaluate().score != 1.0:
+            raise RuntimeError(f"the reference of flights task {task_id} does not solve it")
+        return [*messages, closing]
+
 
 def resolve_order_refs(desk: FlightDesk, arguments: dict[str, Any]) -> dict[str, Any]:
     """Replace "$order:<passenger>:<flight>" placeholders by that active order's generated id."""

@@ -1,0 +1,143 @@
+"""`trainer.warm_start`: fine-tuning on solved tasks before RL, in the rollout template's token layout.
+
+The loss mask is checked token by token against the chat template's own rendering of the whole exchange.
+Over real services (env service, task manager with a pool share, a synthesize job): the warm start's data
+holds only trainable synthetic tasks (none of the pool's share, none withheld, none grown from or belonging
+to a held-out split, though such tasks are planted in the store), and a real run of the tiny model through
+the trainer trains on them and reports the loss curve and token counts in its summary; `source:
+environment` trains on the environment's own train references, which the env service refuses for a
+held-out task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import httpx
+
+from common.models import load_model
+from common.schemas import Task
+from task_manager.models import Call, Reference, StoredTask
+from task_manager.seeding import split_for_pool
+from task_manager.store import TaskStore
+from tests.helpers import ServiceProcess, run_service
+from tests.task_manager.conftest import flights_env, write_conf  # noqa: F401 (a fixture)
+from trainer.config import TrainerConfig
+from trainer.local import LocalTrainer
+from trainer.settings import RolloutConfig
+from trainer.warm_start import SolvedTask, render
+
+OPENING = [{"role": "system", "content": "You are an airline desk."},
+           {"role": "user", "content": "How much travel credit does Ann Lee have?"}]
+CALL = '<tool_call>{"name": "get_passenger", "arguments": {"name": "Ann Lee"}}</tool_call>'
+
+
+def test_the_loss_covers_exactly_the_actions_in_the_chat_templates_layout():
+    _, tokenizer = load_model("tiny")
+    task = SolvedTask("t", OPENING, [(CALL, '{"passenger_id": "P1001", "travel_credit": 800}'),
+                                     ("The answer is 800.", None)])
+    [segment] = render(task, tokenizer, RolloutConfig(env="flights"))
+    whole = OPENING + [{"role": "assistant", "content": CALL},
+                       {"role": "user", "content": '{"passenger_id": "P1001", "travel_credit": 800}'},
+                       {"role": "assistant", "content": "The answer is 800."}]
+    expected = tokenizer.encode(tokenizer.apply_chat_template(whole, tokenize=False), add_special_tokens=False)
+    assert segment.prompt_ids + segment.response_ids == expected
+    # Mask 1 on each action's tokens and the end-of-turn token after it (what a generation ends with), else 0.
+    eos = tokenizer.eos_token_id
+    trained = [tokenizer.encode(CALL, add_special_tokens=False) + [eos],
+               tokenizer.encode("The answer is 800.", add_special_tokens=False) + [eos]]
+    runs, current = [], []
+    for token, mask in zip(segment.response_ids, segment.loss_mask, strict=True):
+        if mask:
+            current.append(token)
+        elif current:
+            runs, current = runs + [current], []
+    runs += [current] if current else []
+    assert runs == trained
+    assert sum(segment.loss_mask) == sum(map(len, trained)) < len(expected)
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(OPENING, tokenize=False, add_generation_prompt=True),
+                              add_special_tokens=False)
+    assert segment.prompt_ids == prompt  # the rollout's prompt: the opening and the generation prompt
+
+
+def _plant_held_out(store_dir: Path) -> list[str]:
+    """Synthetic tasks that must never be trained on: one grown from a validation task, one in the test split."""
+    store = TaskStore(store_dir / "tasks.sqlite")
+    planted = []
+    for task_id, split, seed in (("syn-heldout-seed0001", "train", "validation-0000"),
+                                 ("syn-heldout-split001", "test", "train-0000")):
+        call = Call(name="get_passenger", arguments={"passenger_id": "P1001"})
+        task = Task(task_id=task_id, env_type="flights", split=split, synthetic=True, seed_task_id=seed,
+                    query="How much travel credit does passenger P1001 have?",
+                    metadata={"kind": "lookup", "lookup": "credit_lookup", "synthesizer": "lookup"})
+        store.add_task(StoredTask(task=task, reference=Reference(actions=[call.render(), "The answer is 800."],
+                                                                      calls=[call], answer="800"),
+                                  signature=f"sig-{task_id}", synthesizer="lookup"), goal_key=f"goal-{task_id}")
+        planted.append(task_id)
+    store.close()
+    return planted
+
+
+def _config(out: Path, env_url: str, task_url: str | None, warm_start: dict) -> TrainerConfig:
+    return TrainerConfig.model_validate({
+        "model": "tiny", "seed": 3, "steps": 1, "tasks_per_step": 1, "output_dir": str(out), "torch_threads": 1,
+        "progress": False, "tensorboard": False, "plot": False,
+        "rollout": {"env": "flights", "n": 2, "max_turns": 1, "max_new_tokens": 4, "max_context": 4096},
+        "optim": {"lr": 1e-4, "minibatches": 1, "micro_batch_size": 2},
+        "services": {"env_url": env_url, "task_url": task_url},
+        "eval": {"before": False, "after": False}, "ray": {"enabled": False},
+        "warm_start": {"enabled": True, "epochs": 2, "batch_size": 4, "lr": 1e-3, **warm_start}})
+
+
+def test_a_warm_start_trains_only_on_trainable_synthetic_tasks(flights_env: ServiceProcess,  # noqa: F811
+                                                               tmp_path: Path) -> None:
+    store_dir = tmp_path / "tm"
+    planted = _plant_held_out(store_dir)
+    conf = write_conf(tmp_path / "tm.yaml", flights_env.url, store_dir, dedup={"embeddings": False},
+                      synthesis={"kinds": ["lookup"], "query_forms": ["names"]},
+                      mixture={"synthetic_ratio": 1.0, "use_original": False, "pool_share": 0.3},
+                      curriculum={"enabled": False}, serve_training_references=True)
+    with run_service("task_manager", ["--conf", str(conf)]) as tm:
+        async def synthesize() -> None:
+            from task_manager.client import TaskClient
+
+            async with TaskClient(tm.url) as tasks:
+                job = await tasks.wait_job((await tasks.submit_job("flights", episodes=6)).job_id, timeout=120)
+                assert job.status == "done" and job.progress["kept"] > 0, job
+
+        asyncio.run(synthesize())
+        result = asyncio.run(LocalTrainer(_config(tmp_path / "run", flights_env.url, tm.url, {})).run())
+
+    split = split_for_pool(TaskStore(store_dir / "tasks.sqlite").tasks(synthetic=True), 0.3)  # as the service does
+    report = result["warm_start"]
+    data = set(report["task_ids"])
+    assert split.pool and data, (split, report)  # the pool's share is not empty: the exclusion is exercised
+    assert data <= split.training and not data & (split.pool | split.withheld | set(planted))
+    served = report["source_report"]
+    assert served["pool_held"] == len(split.pool) and served["withheld"] == len(split.withheld)
+    # The planted tasks are training tasks by the pool split, so only the held-out check keeps them out.
+    assert set(planted) <= split.training and served["refused"] >= len(planted)
+    assert report["tasks"] == served["replayed"] == served["trainable"] == len(data)
+    # The loss curve: one loss per optimizer step, epochs x batches; the tiny model learns its data.
+    assert report["steps"] == len(report["loss_curve"]) == 2 * math.ceil(report["samples"] / 4)
+    assert len(report["epoch_loss"]) == 2 and report["epoch_loss"][1] < report["epoch_loss"][0]
+    assert 0 < report["assistant_tokens"] < report["tokens"]
+    assert result["steps"] == 1  # then RL ran from the warm-started weights
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["warm_start"]["loss_curve"] == report["loss_curve"]
+
+
+def test_a_warm_start_from_the_environments_train_references(flights_env: ServiceProcess,  # noqa: F811
+                                                             tmp_path: Path) -> None:
+    with httpx.Client(base_url=flights_env.url, timeout=30) as http:
+        refused = http.get("/v1/environments/flights/tasks/validation-0000/reference")
+        assert refused.status_code == 403 and "validation" in refused.json()["error"]["message"]
+        episode = http.get("/v1/environments/flights/tasks/train-0000/reference").json()["messages"]
+    assert [m["role"] for m in episode[:3]] == ["system", "user", "assistant"] and episode[-1]["role"] == "assistant"
+    config = _config(tmp_path / "run", flights_env.url, None, {"source": "environment", "max_tasks": 3, "epochs": 1})
+    report = asyncio.run(LocalTrainer(config).run())["warm_start"]
+    assert report["task_ids"] == ["train-0000", "train-0001", "train-0002"] and report["steps"] == 1
+    assert report["source_report"]["train_tasks"] > 3 and 0 < report["assistant_tokens"] < report["tokens"]

@@ -1,0 +1,190 @@
+"""`trainer.warm_start`: supervised fine-tuning of the policy on solved tasks before the first RL step.
+
+The data (`source`):
+- `synthetic`: the task manager's trainable synthetic tasks (the ones its batches sample: grown from train
+  tasks, never the pool's share nor a task whose answer a pool demonstration shows), each solved by its
+  verified reference, replayed by the task manager in a fresh instance of its seed task started with the
+  synthetic query, as the trainer starts it, so the observations are the environment's own. Self-questioning
+  made them: zero human data. The references reach the trainer only here, as training text; rollouts,
+  grading and batches still never carry one.
+- `environment`: the environment's own train tasks solved by its references (for comparison).
+
+Each solved task is rendered by the rollout's own context template, turn by turn as an episode is: the
+opening messages, then each action as the tokens the policy would have generated (the action's tokens and
+the end-of-turn token) and the observation after it. So the model learns the exact token layout it
+generates in, and the loss mask is the rollout's: 1 on the action tokens, 0 on everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from loguru import logger
+
+from common.schemas import ChatMessage, Trajectory
+from trainer import lora
+from trainer.settings import OptimConfig, RolloutConfig, WarmStartConfig
+from trainer.templates import Segment, make_template
+from trainer.update import make_scheduler
+
+if TYPE_CHECKING:
+    from task_manager.client import TaskClient
+    from trainer.local import LocalTrainer
+    from trainer.peers import EnvPeer
+
+
+@dataclass
+class SolvedTask:
+    task_id: str
+    opening: list[dict[str, str]]  # the instance's first messages (system, user), as rollouts start from
+    steps: list[tuple[str, str | None]]  # (action, the observation after it; None where the episode ended)
+
+
+def from_trajectory(trajectory: Trajectory) -> SolvedTask:
+    """A replayed reference from the task manager (`seeding.reference_trajectory`)."""
+    first_action = next(i for i, m in enumerate(trajectory.messages) if m.role == "assistant")
+    opening = [{"role": m.role, "content": m.text()} for m in trajectory.messages[:first_action]]
+    steps = [(s.action.text(), s.observation.text() if s.observation is not None else None) for s in trajectory.steps]
+    return SolvedTask(trajectory.task_id, opening, steps)
+
+
+def from_messages(task_id: str, messages: list[ChatMessage]) -> SolvedTask:
+    """An environment's reference episode: opening messages, then each action and the observation after it
+    (none after the closing reply)."""
+    first_action = next(i for i, m in enumerate(messages) if m.role == "assistant")
+    opening = [{"role": m.role, "content": m.text()} for m in messages[:first_action]]
+    steps: list[tuple[str, str | None]] = []
+    for message in messages[first_action:]:
+        if message.role == "assistant":
+            steps.append((message.text(), None))
+        elif steps and steps[-1][1] is None:
+            steps[-1] = (steps[-1][0], message.text())
+        else:
+            raise ValueError(f"reference episode of {task_id}: two observations in a row")
+    return SolvedTask(task_id, opening, steps)
+
+
+def render(task: SolvedTask, tokenizer: Any, rollout: RolloutConfig) -> list[Segment]:
+    """The solved task as the rollout template renders an episode: each action's tokens end with the
+    end-of-turn token, as a generation does, and are the only tokens with loss mask 1."""
+    template = make_template(rollout.template, tokenizer, rollout.max_context, **rollout.template_options)
+    template.start(task.opening)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for index, (action, observation) in enumerate(task.steps):
+        template.add_turn(index, template.encode(action) + eos, action)
+        template.add_observation(observation)
+    return template.segments()
+
+
+async def gather(settings: WarmStartConfig, env_name: str, env: EnvPeer, tasks: TaskClient | None
+                 ) -> tuple[list[SolvedTask], dict[str, Any]]:
+    """The configured source's solved tasks, and what the source reported about them."""
+    if settings.source == "synthetic":
+        if tasks is None:
+            raise ValueError("warm_start.source=synthetic needs services.task_url (the task manager)")
+        served = await tasks.training_references(env_name, limit=settings.max_tasks or 100_000)
+        report = served.model_dump(exclude={"trajectories", "env"})
+        return [from_trajectory(t) for t in served.trajectories], report
+    train_ids = await env.task_ids(env_name, "train")
+    chosen = train_ids[: settings.max_tasks] if settings.max_tasks else train_ids
+    solved = [from_messages(task_id, await env.reference_episode(env_name, task_id)) for task_id in chosen]
+    return solved, {"train_tasks": len(train_ids)}
+
+
+def training_data(solved: list[SolvedTask], tokenizer: Any, rollout: RolloutConfig
+                  ) -> tuple[list[Segment], dict[str, Any]]:
+    """The samples of the solved tasks that fit the rollout's context whole, and their counts."""
+    samples: list[Segment] = []
+    task_ids: list[str] = []
+    too_long = 0
+    for task in solved:
+        segments = render(task, tokenizer, rollout)
+        if any(len(s.prompt_ids) + len(s.response_ids) > rollout.max_context for s in segments):
+            too_long += 1  # a rollout could never have seen it whole
+            continue
+        samples += segments
+        task_ids.append(task.task_id)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    assistant = sum(sum(s.loss_mask) for s in samples)
+    return samples, {"tasks": len(task_ids), "samples": len(samples), "too_long": too_long, "tokens": tokens,
+                     "assistant_tokens": assistant, "task_ids": task_ids}
+
+
+def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStartConfig, device: torch.device,
+              seed: int) -> dict[str, Any]:
+    """AdamW over `samples` (shuffled per epoch), the loss the mean cross-entropy over a batch's mask-1 tokens.
+
+    Returns the loss of every step (the curve) and of every epoch."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    per_epoch = math.ceil(len(samples) / settings.batch_size)
+    scheduler = make_scheduler(optimizer, OptimConfig(lr=settings.lr, schedule=settings.schedule,
+                                                      warmup_steps=settings.warmup_steps), settings.epochs * per_epoch)
+    rng = random.Random(seed)
+    curve: list[float] = []
+    epoch_loss: list[float] = []
+    was_training = model.training
+    model.train()
+    try:
+        for epoch in range(settings.epochs):
+            order = list(range(len(samples)))
+            rng.shuffle(order)
+            token_loss, token_count = 0.0, 0
+            for start in range(0, len(order), settings.batch_size):
+                batch = [samples[i] for i in order[start:start + settings.batch_size]]
+                trained = sum(sum(s.loss_mask) for s in batch)
+                optimizer.zero_grad(set_to_none=True)
+                step_loss = 0.0
+                for sample in batch:  # one unpadded forward per sample; gradients add up over the batch
+                    loss = _summed_loss(model, sample, device) / trained
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                curve.append(step_loss)
+                logger.debug("warm start step {}: loss {:.4f}", len(curve), step_loss)
+                token_loss, token_count = token_loss + step_loss * trained, token_count + trained
+            epoch_loss.append(token_loss / max(token_count, 1))
+            logger.info("warm start epoch {}/{}: loss {:.4f}", epoch + 1, settings.epochs, epoch_loss[-1])
+    finally:
+        model.train(was_training)
+    return {"steps": len(curve), "loss_curve": curve, "epoch_loss": epoch_loss}
+
+
+def _summed_loss(model: torch.nn.Module, sample: Segment, device: torch.device) -> torch.Tensor:
+    """Sum of the cross-entropy of the sample's mask-1 tokens given everything before them."""
+    ids = torch.tensor([sample.prompt_ids + sample.response_ids], device=device)
+    labels = torch.tensor([[-100] * len(sample.prompt_ids)
+                           + [t if m else -100 for t, m in zip(sample.response_ids, sample.loss_mask, strict=True)]],
+                          device=device)
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+
+
+async def warm_start(trainer: LocalTrainer) -> dict[str, Any]:
+    """Fine-tune the trainer's model on the configured source, then load the weights into the policy (and the
+    KL reference, which is the policy RL starts from). Returns the report for the summary."""
+    cfg = trainer.config
+    settings = cfg.warm_start
+    assert trainer.policy is not None and trainer.env is not None
+    solved, source_report = await gather(settings, cfg.rollout.env, trainer.env,
+                                         trainer.tasks.client if trainer.tasks is not None else None)
+    samples, data = training_data(solved, trainer.tokenizer, cfg.rollout)
+    if not samples:
+        raise RuntimeError(f"warm_start (source: {settings.source}) found no solved task to train on "
+                           f"(source: {source_report}; {data['too_long']} longer than rollout.max_context)")
+    logger.info("warm start on {} solved {} tasks ({} samples, {} tokens, {} trained)", data["tasks"],
+                settings.source, data["samples"], data["tokens"], data["assistant_tokens"])
+    trained = await asyncio.to_thread(fine_tune, trainer.model, samples, settings, trainer.device, cfg.seed)
+    await trainer.policy.load_weights(lora.serving_view(trainer.model))
+    if trainer.updater.ref_model is not None:
+        trainer.updater.ref_model.load_state_dict(lora.merged_state_dict(trainer.model))
+    return {"source": settings.source, "epochs": settings.epochs, "lr": settings.lr,
+            "batch_size": settings.batch_size, **trained, **data, "source_report": source_report}
