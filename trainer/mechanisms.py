@@ -177,7 +177,16 @@ class Mechanisms:
         return {name: peer for name, peer in peers.items() if peer is not None}
 
     def metrics(self) -> dict[str, float]:
-        return {f"{name}/{k}": float(v) for name, peer in self.peers().items() for k, v in peer.summary().items()}
+        """Every peer's counters as flat metrics; a counter that is a mapping (labels by source) gives one metric
+        per key (`judge/labels_by_source/rule`)."""
+        out: dict[str, float] = {}
+        for name, peer in self.peers().items():
+            for key, value in peer.summary().items():
+                if isinstance(value, dict):
+                    out.update({f"{name}/{key}/{sub}": float(v) for sub, v in value.items()})
+                else:
+                    out[f"{name}/{key}"] = float(value)
+        return out
 
     def counters(self) -> dict[str, dict[str, Any]]:
         return {name: dict(vars(peer.counters)) for name, peer in self.peers().items()}
