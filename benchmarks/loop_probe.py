@@ -248,7 +248,12 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
                               stdout=log, stderr=subprocess.STDOUT, timeout=args.train_timeout_min * 60).returncode
     seconds = time.monotonic() - started
     if code != 0 or not (out / "summary.json").is_file():
-        return {"exit": code, "seconds": round(seconds, 1), "log": str(out.parent / f"{args.name}.log")}
+        failed = {"exit": code, "seconds": round(seconds, 1), "log": str(out.parent / f"{args.name}.log")}
+        if (out / "summary.json").is_file():  # a collapse stop (exit 4) writes its summary: say which signal
+            summary = json.loads((out / "summary.json").read_text())
+            failed.update({k: summary.get(k) for k in ("status", "steps", "collapse")},
+                          eval_before=(summary.get("eval") or {}).get("rows"))
+        return failed
     summary = json.loads((out / "summary.json").read_text())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = {r["step"]: r for r in records if r.get("step", 0) > 0}
@@ -266,8 +271,7 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
 
 async def demonstrations_shown(em_url: str, workspace: str, flights: FlightsEnvironment, run_dir: Path,
                                synthetic_kinds: dict[str, str]) -> dict[str, Any]:
-    """Which demonstration kind every training rollout given experience was shown (from the run's rollout index
-    and the pool's provenance): counts per (task kind, shown kind) and the same-kind share."""
+    """Which demonstration kind every training rollout given experience was shown, against its task's kind."""
     from experience_manager.client import ExperienceClient
 
     async with ExperienceClient(em_url) as pool:
@@ -275,8 +279,16 @@ async def demonstrations_shown(em_url: str, workspace: str, flights: FlightsEnvi
 
     def kind(task_id: str) -> str:  # a seeded synthetic task's kind is its lookup's (fare_lookup, ...)
         return synthetic_kinds[task_id] if task_id in synthetic_kinds else flights.task(task_id).kind
-    kinds_of = {e.experience_id: sorted({kind(t) for t in e.provenance.task_ids}) for e in experiences}
-    index = run_dir / "rollouts" / "index.jsonl"
+    provenance = {e.experience_id: sorted({kind(t) for t in e.provenance.task_ids}) for e in experiences}
+    return count_demonstrations(run_dir / "rollouts" / "index.jsonl", flights, provenance)
+
+
+def count_demonstrations(index: Path, flights: FlightsEnvironment,
+                         provenance: dict[str, list[str]]) -> dict[str, Any]:
+    """Counts per (task kind, shown kind) and the same-kind share. The shown demonstration is the index's
+    `demonstration` (its kind label starts with the task kind); an older index without it names only the
+    retrieved experiences, whose kinds are read from their provenance (an experience merged from several
+    kinds is never same-kind)."""
     pairs: dict[str, int] = {}
     shown = same = 0
     for line in index.read_text().splitlines() if index.is_file() else []:
@@ -284,7 +296,10 @@ async def demonstrations_shown(em_url: str, workspace: str, flights: FlightsEnvi
         if not entry["experience_flag"]:
             continue
         kind = flights.task(entry["task_id"]).kind
-        demo = [k for e in entry["experience_ids"] for k in kinds_of.get(e, ["unknown"])]
+        if entry.get("demonstration"):
+            demo = [str(entry["demonstration"]["kind"]).split(":")[0]]
+        else:
+            demo = [k for e in entry["experience_ids"][:1] for k in provenance.get(e, ["unknown"])]
         shown += 1
         same += int(demo == [kind])
         key = f"{kind} <- {'+'.join(demo) or 'none'}"
