@@ -27,6 +27,7 @@ from env_service.protocol import (
     EvaluateResponse,
     InstanceDescription,
     InstanceList,
+    ReferenceEpisode,
     ReleaseResponse,
     StateResponse,
     StepRequest,
@@ -130,7 +131,8 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
             raise ServiceError(404, "unknown_task", f"environment {env!r} has no task {task_id!r}") from None
         return ORJSONResponse({"env": env, "task_id": task_id, "tools": tools})
 
-    @app.get("/v1/environments/{env}/tasks/{task_id}/reference", tags=["environments"])
+    @app.get("/v1/environments/{env}/tasks/{task_id}/reference", tags=["environments"],
+             response_model=ReferenceEpisode)
     async def reference_episode(env: str, task_id: str) -> ORJSONResponse:
         """A train task solved by its reference (`Environment.reference_episode`): the data of a warm start from
         the environment's own tasks. Held-out tasks' references are never served."""

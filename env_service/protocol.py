@@ -153,6 +153,21 @@ class ToolList(WireModel):
     tools: list[dict[str, Any]] = Field(description="OpenAI function schemas; empty for an environment without tools")
 
 
+class ReferenceEpisode(WireModel):
+    model_config = _example({"env": "flights", "task_id": "train-t1-0000", "messages": [
+        {"role": "system", "content": "You are a travel agent..."},
+        {"role": "user", "content": "How much travel credit does Chen Okafor have?"},
+        {"role": "assistant", "content": "<tool_call>{\"name\": \"get_passenger\", \"arguments\": "
+                                         "{\"name\": \"Chen Okafor\"}}</tool_call>"},
+        {"role": "tool", "content": "{\"passenger_id\": \"P4821\", \"travel_credit\": 4295}"},
+        {"role": "assistant", "content": "The answer is 4295."}]})
+
+    env: str
+    task_id: str
+    messages: list[dict[str, Any]] = Field(description="the train task solved by its reference calls, observations "
+                                                       "as the environment answered them, and the closing reply")
+
+
 class InstanceDescription(WireModel):
     model_config = _example({"instance_id": "inst_3f2a9c", "env": "flights", "task_id": "flights-train-0001",
                              "age_s": 2.5, "idle_s": 0.4, "steps": 3, "host": None})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from common.schemas import Task, Trajectory, WireModel
 
@@ -62,7 +62,7 @@ class BatchRequest(WireModel):
     batch_size: int = Field(ge=1, le=4096)
     env: str | None = None  # default: every configured environment
     synthetic_ratio: float | None = Field(default=None, ge=0, le=1)  # default: mixture.synthetic_ratio
-    seed: int | None = None
+    seed: StrictInt | None = None  # strict: `true` is not a seed
 
 
 class BatchResponse(WireModel):
