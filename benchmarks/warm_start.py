@@ -2,7 +2,7 @@
 zero-shot and after a warm start from each source.
 
     .venv/bin/python benchmarks/warm_start.py --name NAME [--version 2] [--episodes 48] [--env-tasks 90] [--eval-tasks 40]
-        [--sources synthetic,environment] [--out benchmarks/results/warm_start]
+        [--phases zero_shot,synthetic,environment] [--lookup-kinds profile|train] [--out benchmarks/results/warm_start]
 
 1. Starts an env service (`flights: {tiers: [1], version: V}`) and a task manager configured like the quickstart's
    (random explorer, hindsight lookups in the ids and names forms, `pool_share` 0.3) that serves references,
@@ -42,11 +42,12 @@ from trainer.peers import EnvPeer  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-def task_manager_section(env_url: str, store: Path) -> dict[str, Any]:
+def task_manager_section(env_url: str, store: Path, lookup_kinds: str = "profile") -> dict[str, Any]:
     return {"task_manager": {
         "env_url": env_url, "store_dir": str(store), "environments": ["flights"], "serve_training_references": True,
         "explore": {"explorer": "random", "breadth_steps": 6, "depth_steps": 8},
-        "synthesis": {"synthesizer": "hindsight", "kinds": ["lookup"], "query_forms": ["ids", "names"]},
+        "synthesis": {"synthesizer": "hindsight", "kinds": ["lookup"], "query_forms": ["ids", "names"],
+                      "lookup_kinds": lookup_kinds},
         "mixture": {"synthetic_ratio": 1.0, "use_original": False, "pool_share": 0.3},
         "curriculum": {"by_kind": True}}}
 
@@ -149,7 +150,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config}}}))
         with run_service("env_service", ["--conf", str(tmp / "env.yaml"), "--log-level", "WARNING"],
                          timeout=300) as env_service:
-            (tmp / "tm.yaml").write_text(yaml.safe_dump(task_manager_section(env_service.url, tmp / "tm")))
+            (tmp / "tm.yaml").write_text(yaml.safe_dump(task_manager_section(env_service.url, tmp / "tm", args.lookup_kinds)))
             with run_service("task_manager", ["--conf", str(tmp / "tm.yaml"), "--log-level", "WARNING"],
                              timeout=300) as tm:
                 async with TaskClient(tm.url, timeout=900) as tasks:
@@ -202,6 +203,8 @@ def main() -> None:
                         help="at most this many of the trainable synthetic tasks (default: all)")
     parser.add_argument("--phases", default="zero_shot,synthetic,environment",
                         help="in this order: zero_shot, and the warm start sources (synthetic, environment)")
+    parser.add_argument("--lookup-kinds", default="profile", choices=["profile", "train"],
+                        help="synthesis.lookup_kinds (train: only the kinds and query forms the train tasks ask)")
     parser.add_argument("--eval-tasks", type=int, default=40)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
