@@ -25,10 +25,7 @@ from typing import Any
 from loguru import logger
 
 from advantage.estimators import builtin
-from advantage.estimators.spec import NEEDS, EstimatorSpec, Need, spec_of
-
-__all__ = ["NEEDS", "BUILTINS", "BUILTIN_NAMES", "EstimatorSpec", "Need", "add", "builtin_specs", "from_verl_name", "get_spec",
-           "names", "needs", "verl_name"]
+from advantage.estimators.spec import EstimatorSpec, spec_of
 
 ENTRY_POINT_GROUP = "evolver.estimators"
 VERL_PREFIX = "evolver_"  # our names in veRL's registry: veRL refuses to re-register its own `grpo`
