@@ -19,9 +19,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from benchmarks.rollout import build_prompts  # noqa: E402
-from common.kv_slots import SlotCache  # noqa: E402
-from common.lean_llama import LeanLlama  # noqa: E402
-from common.models import load_model  # noqa: E402
+from engine.kv_slots import SlotCache  # noqa: E402
+from engine.lean_llama import LeanLlama  # noqa: E402
+from engine.models import load_model  # noqa: E402
 
 torch.set_num_threads(1)
 clock = time.process_time

@@ -26,9 +26,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from benchmarks.rollout import build_prompts  # noqa: E402
-from common.kv_slots import ATTENTION, SlotCache  # noqa: E402
-from common.models import load_model  # noqa: E402
-from common.sampling import sample_rows  # noqa: E402
+from engine.kv_slots import ATTENTION, SlotCache  # noqa: E402
+from engine.models import load_model  # noqa: E402
+from engine.sampling import sample_rows  # noqa: E402
 
 
 class SpanCache(SlotCache):

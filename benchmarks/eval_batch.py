@@ -32,8 +32,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
 
-from common.models import load_model  # noqa: E402
 from common.schemas import Task  # noqa: E402
+from engine.models import load_model  # noqa: E402
 from tests.helpers import REPO, run_service  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
 from trainer.policy import InProcessPolicy, engine_usage  # noqa: E402

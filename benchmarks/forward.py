@@ -7,7 +7,7 @@ Decode: one step (forward over the slot cache to logits) at each `--rows` count,
 benchmark's ~330-token context (held fixed). Prefill: `--prefill-prompts` distinct ~330-token prompts in one
 right-padded forward (the engine's prefill group), to the last position's logits. Each variant is
 dtype x forward (`hf`: the transformers model with the slot attention, the engine before; `lean`:
-`common.lean_llama`); variants alternate within each repeat and the minimum over repeats is reported, so a
+`engine.lean_llama`); variants alternate within each repeat and the minimum over repeats is reported, so a
 loaded machine slows all alike. `--cpu-time` (with `--threads 1`) times by the process's CPU time instead
 of the wall clock: on a machine loaded by other jobs, a 2-thread op waits for its descheduled thread, and the
 wall clock then measures the scheduler more than the op. Also reports the best bf16/fp32 GEMM rate of the prefill's largest matmul
@@ -31,9 +31,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from benchmarks.rollout import build_prompts  # noqa: E402
-from common.kv_slots import ATTENTION, SlotCache  # noqa: E402
-from common.lean_llama import LeanLlama  # noqa: E402
-from common.models import load_model  # noqa: E402
+from engine.kv_slots import ATTENTION, SlotCache  # noqa: E402
+from engine.lean_llama import LeanLlama  # noqa: E402
+from engine.models import load_model  # noqa: E402
 
 
 def gemm_gflops(dtype: torch.dtype, tokens: int = 2048, reps: int = 5) -> float:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from common.models import load_model  # noqa: E402
+from engine.models import load_model  # noqa: E402
 from trainer.policy import InProcessPolicy, Sampling  # noqa: E402
 from trainer.settings import OptimConfig, PolicyLossConfig  # noqa: E402
 from trainer.update import PolicyUpdater, TrainSample  # noqa: E402

@@ -70,7 +70,7 @@ def _llguidance(tokenizer: Any, answer_ids: dict[str, list[int]], repeats: int) 
     import llguidance
     import torch
 
-    from common.grammar import ll_tokenizer
+    from engine.grammar import ll_tokenizer
 
     start = time.perf_counter()
     lltok = ll_tokenizer(tokenizer, [tokenizer.eos_token_id])
@@ -130,7 +130,7 @@ def _apply_cost(vocab: int, repeats: int = 200) -> float:
     """Microseconds to apply one packed bitmask row to one row of logits (llm_server's own kernel)."""
     import torch
 
-    from common.grammar import apply_bitmask
+    from engine.grammar import apply_bitmask
 
     logits = torch.randn(1, vocab)
     bitmask = torch.randint(-2**31, 2**31 - 1, (1, (vocab + 31) // 32), dtype=torch.int32)
@@ -154,7 +154,7 @@ def main() -> None:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from common.models import resolve_model_dir
+    from engine.models import resolve_model_dir
 
     torch.set_num_threads(1)
     model_dir = resolve_model_dir(args.model)

@@ -123,7 +123,7 @@ async def fit_report(env: EnvPeer, flights: FlightsEnvironment, args: argparse.N
     validation task of that kind, and how it fits the context (SmolLM2's tokenizer, no model)."""
     from transformers import AutoTokenizer
 
-    from common.models import resolve_model_dir
+    from engine.models import resolve_model_dir
     from trainer.templates import DemonstrationBudget, demonstration_turns, make_template
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir("smollm2")), local_files_only=True)
@@ -164,7 +164,7 @@ async def start_phase(env: EnvPeer, flights: FlightsEnvironment, em_url: str, wo
     """Validation tasks with experience on every rollout (the experience-given rollouts of the trainer)."""
     import torch
 
-    from common.models import load_model
+    from engine.models import load_model
     from trainer.policy import InProcessPolicy
     from trainer.rollout import GroupStats, collect_groups
     from trainer.settings import RolloutConfig

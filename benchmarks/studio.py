@@ -30,8 +30,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common.models import build_tiny_tokenizer  # noqa: E402
 from common.schemas import ChatMessage, Experience, Step, StepLabel, Trajectory  # noqa: E402
+from engine.models import build_tiny_tokenizer  # noqa: E402
 from trainer.records import RolloutRecords  # noqa: E402
 from trainer.templates import Segment  # noqa: E402
 from trainer.update import TrainSample  # noqa: E402

@@ -315,7 +315,7 @@ def checkpoint(out: str | None, result: dict[str, Any]) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from common.models import load_model
+    from engine.models import load_model
     from trainer.policy import InProcessPolicy
 
     tiers = [int(t) for t in args.tiers.split(",")]

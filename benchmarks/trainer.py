@@ -37,8 +37,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.trainer_vs_trl import SIGNAL as LOOKUP_SIGNAL  # noqa: E402
-from common.models import load_model  # noqa: E402
 from common.schemas import Task  # noqa: E402
+from engine.models import load_model  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer import lora  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402

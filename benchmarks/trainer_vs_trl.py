@@ -38,8 +38,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.models import load_model  # noqa: E402
 from common.schemas import ChatMessage, Task  # noqa: E402
+from engine.models import load_model  # noqa: E402
 from env_service.environments.signal import SignalEnvironment  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402

@@ -99,7 +99,7 @@ async def warm_started(source: str, env: EnvPeer, tm_url: str, args: argparse.Na
     """SmolLM2 fine-tuned by the warm start from `source`, and its report."""
     import torch
 
-    from common.models import load_model
+    from engine.models import load_model
     from task_manager.client import TaskClient
     from trainer.settings import RolloutConfig, WarmStartConfig
     from trainer.warm_start import fine_tune, gather, training_data
@@ -137,7 +137,7 @@ def _kind_of(task: Any) -> str:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from common.models import load_model
+    from engine.models import load_model
     from task_manager.client import TaskClient
 
     torch.set_num_threads(args.threads)

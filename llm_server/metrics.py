@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from common.generation import Engine
+from engine.generation import Engine
 
 
 class EngineCollector:

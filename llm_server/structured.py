@@ -1,5 +1,5 @@
 """Structured outputs on the wire: OpenAI `response_format`, vLLM `structured_outputs` (and its older
-`guided_*` fields), and forced tool calls, turned into one grammar for `common.grammar`.
+`guided_*` fields), and forced tool calls, turned into one grammar for `engine.grammar`.
 
 Every problem with the constraint itself is a 400 naming the field and what is wrong. `strict` in a
 `json_schema` response format is accepted either way and the schema is always enforced, as vLLM does.
@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common.grammar import (
+from common.service import ServiceError
+from engine.grammar import (
     ENGINE,
     CompiledGrammar,
     GrammarCompiler,
@@ -25,7 +26,6 @@ from common.grammar import (
     regex_grammar,
     tool_call_grammar,
 )
-from common.service import ServiceError
 
 FORMATS = ("json_schema", "json_object", "regex", "choice", "grammar")
 

@@ -1,5 +1,5 @@
 """Tool calls in generated text: Hermes-style `<tool_call>{json}</tool_call>` blocks, as rendered by
-the chat template in common.models, parsed back into OpenAI `tool_calls`."""
+the chat template in engine.models, parsed back into OpenAI `tool_calls`."""
 
 from __future__ import annotations
 

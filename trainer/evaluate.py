@@ -28,8 +28,8 @@ from typing import Any
 from loguru import logger
 
 from common.llm import LLMClient, LLMRoleConfig
-from common.models import ModelLoadError
 from common.schemas import ChatMessage, Step, Task
+from engine.models import ModelLoadError
 from trainer.peers import EnvPeer
 from trainer.rollout import (
     EvalSummary,
@@ -82,7 +82,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def load_checkpoint_model(path: str | Path, model_spec: str | None = None) -> tuple[Any, Any, int]:
     """(model, tokenizer, step) from a trainer checkpoint file or folder."""
-    from common.models import load_model
+    from engine.models import load_model
     from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
     path = Path(path)
@@ -202,7 +202,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await llm.aclose()
             meta["policy"] = {"endpoint": args.endpoint, "chat": True}
         else:
-            from common.models import load_model
+            from engine.models import load_model
             from trainer.policy import EndpointPolicy, InProcessPolicy, engine_usage
 
             if args.endpoint:

@@ -25,8 +25,8 @@ import torch
 from loguru import logger
 
 from advantage.estimators import batch_from_trajectories, estimate, split_row
-from common.models import export_model, load_model, native_bf16
 from common.schemas import Task
+from engine.models import export_model, load_model, native_bf16
 from trainer import lora
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.collapse import CollapseDetector, RunCollapsed, replies_of_trajectory

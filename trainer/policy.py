@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import torch
 from loguru import logger
 
-from common.generation import Engine, SamplingParams
 from common.http import ServiceCallError, ServiceClient
+from engine.generation import Engine, SamplingParams
 from llm_server.protocol import DEFAULT_WEIGHTS_DIR
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from loguru import logger
 
-from common.kv_slots import return_freed_memory
+from engine.kv_slots import return_freed_memory
 from trainer.loss import behaviour_weights, gradient_is_zero, policy_loss
 from trainer.settings import OptimConfig, PolicyLossConfig
 

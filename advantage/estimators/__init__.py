@@ -4,9 +4,9 @@
     batch = batch_from_trajectories(trajectories)
     adv = compute_advantages("adca_grpo", batch, AdcaGrpoConfig(alpha=0.1), training_step=step)  # (B, T)
 
-The settings models and the catalog (names, needs) import no torch; the math (everything else
-exported here) is imported on first use, so `from advantage.estimators import AdvantageConfig` stays
-light enough for the launcher.
+The settings models, the built-in estimators' modules and the catalog (names, needs) import no torch;
+the batch and the registry (the rest exported here) are imported on first use, so
+`from advantage.estimators import AdvantageConfig` stays light enough for the launcher.
 """
 
 from __future__ import annotations
@@ -14,28 +14,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from advantage.estimators.catalog import EstimatorSpec
-from advantage.estimators.config import (
-    AdcaGrpoConfig,
-    AdvantageConfig,
-    GigpoConfig,
-    GrpoConfig,
-    StdConvention,
-)
+from advantage.estimators.builtin.adca import AdcaGrpoConfig, alpha_at
+from advantage.estimators.builtin.gigpo import GigpoConfig
+from advantage.estimators.builtin.grpo import GrpoConfig
+from advantage.estimators.config import AdvantageConfig
+from advantage.estimators.grouping import StdConvention
+from advantage.estimators.result import AdvantageResult, BatchError
+from advantage.estimators.spec import EstimatorSpec, estimator
 
 # name -> the module that defines it (imported lazily: these pull in torch)
 _LAZY = {
-    "alpha_at": "adca",
-    "AdvantageBatch": "batch", "BatchError": "batch", "anchor_keys_for": "batch",
+    "AdvantageBatch": "batch", "anchor_keys_for": "batch",
     "batch_from_trajectories": "batch", "label_values": "batch", "normalize_observation": "batch",
-    "AdvantageResult": "registry", "Estimator": "registry", "compute_advantages": "registry",
+    "Estimator": "registry", "compute_advantages": "registry",
     "estimate": "registry", "get_estimator": "registry", "list_estimators": "registry",
     "register_estimator": "registry",
     "join_segments": "segments", "split_row": "segments",
 }
 
 __all__ = [
-    "AdcaGrpoConfig", "AdvantageConfig", "EstimatorSpec", "GigpoConfig", "GrpoConfig", "StdConvention", *_LAZY,
+    "AdcaGrpoConfig", "AdvantageConfig", "AdvantageResult", "BatchError", "EstimatorSpec", "GigpoConfig",
+    "GrpoConfig", "StdConvention", "alpha_at", "estimator", *_LAZY,
 ]
 
 

@@ -15,11 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from advantage.estimators.result import BatchError
 from common.schemas import Trajectory
-
-
-class BatchError(ValueError):
-    """The batch handed to an estimator is inconsistent; the message names the row and field."""
 
 
 @dataclass

@@ -3,10 +3,10 @@
 This is the single source of truth the trainer config, the launcher, the mechanisms layer and the
 veRL plugin read. It imports no torch: the launcher validates a run's estimator name against it and
 asks what the estimator needs (step labels from the judge, anchor keys) without loading the math.
-The math is imported lazily, on the first `EstimatorSpec.load()`.
 
-Where estimators come from:
-- the built-ins below (their functions live in `grpo.py`, `adca.py`, `gigpo.py`);
+Where estimators come from, each declared once by its `EstimatorSpec` (`spec.py`):
+- the built-ins: every `@estimator` function of the modules in `advantage/estimators/builtin/`
+  (torch-free at import; torch loads when an estimator runs);
 - the entry-point group `evolver.estimators` of any installed package: `name = "pkg.module:SPEC"`,
   where SPEC is an `EstimatorSpec` (keep that module's top level free of torch, so the launcher stays
   light; the function it names is imported only when the estimator runs);
@@ -16,70 +16,40 @@ Where estimators come from:
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from types import ModuleType
+from typing import Any
 
 from loguru import logger
-from pydantic import BaseModel
 
-from advantage.estimators.config import AdcaGrpoConfig, GigpoConfig, GrpoConfig
+from advantage.estimators import builtin
+from advantage.estimators.spec import EstimatorSpec, spec_of
 
-Need = Literal["step_labels", "anchor_keys"]
-NEEDS: tuple[Need, ...] = ("step_labels", "anchor_keys")
 ENTRY_POINT_GROUP = "evolver.estimators"
 VERL_PREFIX = "evolver_"  # our names in veRL's registry: veRL refuses to re-register its own `grpo`
 
 
-@dataclass
-class EstimatorSpec:
-    """What an estimator is: its name, its settings model, what it needs per step, and its function.
-
-    `needs`: "step_labels" (judge GOOD/BAD per step: the trainer calls the judge once per batch) and/or
-    "anchor_keys" (the state each step acted in). `target` is "module:function", imported on `load()`;
-    or `fn` is given directly (an estimator registered in-process).
-    """
-
-    name: str
-    config_model: type[BaseModel]
-    needs: frozenset[str] = frozenset()
-    target: str | None = None
-    fn: Callable[..., Any] | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self.needs = frozenset(self.needs)
-        unknown = sorted(self.needs - set(NEEDS))
-        if unknown:
-            raise ValueError(f"estimator {self.name!r} declares unknown needs {unknown}; known: {list(NEEDS)}")
-        if self.fn is None and self.target is None:
-            raise ValueError(f"estimator {self.name!r} needs a function or a 'module:function' target")
-
-    @property
-    def needs_step_labels(self) -> bool:
-        return "step_labels" in self.needs
-
-    @property
-    def verl_name(self) -> str:
-        return verl_name(self.name)
-
-    def load(self) -> Callable[..., Any]:
-        """The estimator function (imports its module the first time)."""
-        if self.fn is None:
-            assert self.target is not None
-            module, _, attr = self.target.partition(":")
-            self.fn = getattr(importlib.import_module(module), attr)
-        return self.fn
+def declared_in(module: ModuleType) -> list[EstimatorSpec]:
+    """The specs of the `@estimator` functions defined in `module` (not those it imports)."""
+    return [spec for value in vars(module).values()
+            if callable(value) and getattr(value, "__module__", None) == module.__name__
+            and (spec := spec_of(value)) is not None]
 
 
-_BUILTIN = (
-    EstimatorSpec("grpo", GrpoConfig, frozenset(), "advantage.estimators.grpo:grpo"),
-    EstimatorSpec("adca_grpo", AdcaGrpoConfig, frozenset({"step_labels"}), "advantage.estimators.adca:adca_grpo"),
-    EstimatorSpec("gigpo", GigpoConfig, frozenset({"anchor_keys"}), "advantage.estimators.gigpo:gigpo"),
-)
-BUILTIN_NAMES = frozenset(spec.name for spec in _BUILTIN)
+def builtin_specs(package: ModuleType = builtin) -> tuple[EstimatorSpec, ...]:
+    """The estimators declared in the modules of `package` (the built-ins), in module-name order."""
+    specs: list[EstimatorSpec] = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        specs += declared_in(importlib.import_module(f"{package.__name__}.{info.name}"))
+    return tuple(specs)
 
-_CATALOG: dict[str, EstimatorSpec] = {spec.name: spec for spec in _BUILTIN}
+
+BUILTINS = builtin_specs()
+BUILTIN_NAMES = frozenset(spec.name for spec in BUILTINS)
+
+_CATALOG: dict[str, EstimatorSpec] = {}
 _entry_points_loaded = False
 
 
@@ -109,9 +79,6 @@ def add(spec: EstimatorSpec) -> EstimatorSpec:
     if existing is None:
         _CATALOG[spec.name] = spec
         return spec
-    if spec.fn is not None and existing.fn is None and existing.target == _target_of(spec.fn):
-        existing.fn = spec.fn  # the built-in module's decorator binding its own function
-        return existing
     same_fn = spec.fn is not None and existing.fn is spec.fn
     same_target = spec.target is not None and spec.target == existing.target
     if (same_fn or same_target) and spec.config_model is existing.config_model and spec.needs == existing.needs:
@@ -122,6 +89,10 @@ def add(spec: EstimatorSpec) -> EstimatorSpec:
 
 def _target_of(fn: Callable[..., Any] | None) -> str | None:
     return None if fn is None else f"{fn.__module__}:{fn.__qualname__}"
+
+
+for _spec in BUILTINS:
+    add(_spec)  # two built-ins under one name fail here, at import
 
 
 def get_spec(name: str) -> EstimatorSpec:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
-from advantage.estimators.config import StdConvention
+# How a group's spread is measured.
+# - population: sqrt(mean((x - mean)^2)); a group of one or with zero spread gets 0.
+# - unbiased:   sqrt(sum((x - mean)^2) / (n - 1)); a group of one or with zero spread gets 0.
+# - verl:       veRL's `grpo` exactly: unbiased std plus `epsilon` in the denominator, and a group
+#               of one is normalised with mean 0 and std 1 (so it keeps its raw score).
+StdConvention = Literal["population", "unbiased", "verl"]
 
 
 def has_spread(values: np.ndarray) -> bool:

@@ -4,7 +4,6 @@ that registers a new estimator in-process. Used by the local trainer and the veR
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -12,18 +11,9 @@ from pydantic import BaseModel
 
 from advantage.estimators import catalog
 from advantage.estimators.batch import AdvantageBatch
-from advantage.estimators.catalog import EstimatorSpec
+from advantage.estimators.result import AdvantageResult
+from advantage.estimators.spec import EstimatorSpec, estimator, spec_of
 from common.config import validate
-
-
-@dataclass
-class AdvantageResult:
-    """Token-level advantages (B, T), 0 on masked tokens, plus per-step values and scalar metrics."""
-
-    advantages: torch.Tensor
-    step_advantages: list[list[float]] = field(default_factory=list)  # per row, K_i values (empty for grpo)
-    metrics: dict[str, float] = field(default_factory=dict)
-
 
 EstimatorFn = Callable[[AdvantageBatch, Any, int], AdvantageResult]
 Estimator = EstimatorSpec  # the registry's entries are the catalog's specs
@@ -38,8 +28,11 @@ def register_estimator(name: str, config_model: type[BaseModel], *, needs: Itera
     """
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
-        catalog.add(EstimatorSpec(name, config_model, frozenset(needs), fn=fn))
-        return fn
+        declared = estimator(name, config_model, needs=needs)(fn)
+        spec = spec_of(declared)
+        assert spec is not None
+        catalog.add(spec)
+        return declared
 
     return decorator
 

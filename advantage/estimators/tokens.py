@@ -1,23 +1,34 @@
-"""Broadcasting per-trajectory and per-step values onto response tokens."""
+"""Broadcasting per-trajectory and per-step values onto response tokens.
+
+torch is imported when a function runs, not with the module: the built-in estimator modules import these
+helpers, and the launcher imports those modules (for their specs) without torch.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from advantage.estimators.batch import AdvantageBatch
+if TYPE_CHECKING:
+    import torch
+
+    from advantage.estimators.batch import AdvantageBatch
 
 
 def broadcast_rows(batch: AdvantageBatch, per_row: np.ndarray) -> torch.Tensor:
     """One value per trajectory onto all of its tokens (masking happens in `estimate`)."""
+    import torch
+
     values = torch.as_tensor(per_row, dtype=torch.float32, device=batch.response_mask.device)
     return values.unsqueeze(-1).expand(batch.response_mask.shape).clone()
 
 
 def broadcast_steps(batch: AdvantageBatch, per_step: Sequence[Sequence[float]]) -> torch.Tensor:
     """Step t's value onto the tokens with step id t; tokens in no step (-1) get 0."""
+    import torch
+
     b = batch.size
     width = max((len(row) for row in per_step), default=0)
     table = torch.zeros((b, max(width, 1)), dtype=torch.float32)

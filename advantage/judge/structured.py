@@ -22,7 +22,7 @@ from advantage.judge.parsing import MAX_REASON_CHARS, Label, ParsedOutput
 ANALYSIS_PATTERN = r"^[ !#-\[\]-~]*$"
 # Below this an analysis says nothing: the answer drops the field (judgments only).
 MIN_ANALYSIS_CHARS = 20
-# `json.dumps` with these separators writes what the grammar allows (`common.grammar.JSON_LAYOUT`).
+# `json.dumps` with these separators writes what the grammar allows (`engine.grammar.JSON_LAYOUT`).
 _SEPARATORS = (", ", ": ")
 # What an analysis adds to its step's object besides its text: `"analysis": "", `.
 _ANALYSIS_OVERHEAD = len('"analysis": "", ')

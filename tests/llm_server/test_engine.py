@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from common.generation import Engine, SamplingParams
-from common.models import load_model
+from engine.generation import Engine, SamplingParams
+from engine.models import load_model
 from llm_server.tools import parse_tool_calls
 
 TIMEOUT = 300  # seconds; generous for a loaded shared machine
@@ -150,7 +150,7 @@ def test_parse_tool_calls() -> None:
 def test_prefill_groups_respect_the_token_budget() -> None:
     import concurrent.futures as cf
 
-    from common.generation import _Job, _prefill_groups
+    from engine.generation import _Job, _prefill_groups
 
     jobs = [_Job([1] * n, SamplingParams(max_tokens=1), cf.Future()) for n in (50, 10, 30, 12, 200)]
     groups = _prefill_groups(jobs, budget=64)
@@ -247,7 +247,7 @@ def test_distinct_prompts_compute_their_shared_prefix_once(engine: Engine) -> No
 
 
 def test_shared_prefix_clusters() -> None:
-    from common.generation import _shared_prefixes
+    from engine.generation import _shared_prefixes
 
     a = tuple(range(40))
     prompts = [a + (1, 2), (7,) * 50, a + (3,), a[:35] + (9, 9), (7,) * 20 + (1,), (5, 5)]

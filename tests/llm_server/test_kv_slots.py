@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from common.kv_slots import SlotCache, slot_attention
+from engine.kv_slots import SlotCache, slot_attention
 
 CONFIG = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=1, num_attention_heads=2, head_dim=2, hidden_size=4)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.generation import Engine, SamplingParams
-from common.kv_slots import ATTENTION, SlotCache
-from common.lean_llama import LeanLlama, _can_pack, lean_support
-from common.models import load_model
+from engine.generation import Engine, SamplingParams
+from engine.kv_slots import ATTENTION, SlotCache
+from engine.lean_llama import LeanLlama, _can_pack, lean_support
+from engine.models import load_model
 
 
 def _reference_logits(model: torch.nn.Module, sequences: list[list[int]]) -> list[torch.Tensor]:

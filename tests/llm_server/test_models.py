@@ -1,4 +1,4 @@
-"""common.models: the tiny model and tokenizer, the chat template, export and load."""
+"""engine.models: the tiny model and tokenizer, the chat template, export and load."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.models import (
+from engine.models import (
     SMOLLM2_SYSTEM,
     ModelLoadError,
     chatml_template,

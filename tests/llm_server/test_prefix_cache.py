@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.generation import Engine, SamplingParams
-from common.models import load_model
+from engine.generation import Engine, SamplingParams
+from engine.models import load_model
 
 TIMEOUT = 300
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""Batched inverse-CDF sampling (`common.sampling`): hand-computed distributions, greedy and top-p rows."""
+"""Batched inverse-CDF sampling (`engine.sampling`): hand-computed distributions, greedy and top-p rows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from common.sampling import sample_rows
+from engine.sampling import sample_rows
 
 
 def _gens(count: int, seed: int = 0) -> list[torch.Generator]:

@@ -60,7 +60,7 @@ async def test_concurrent_requests_are_batched(smollm2_server: ServiceProcess) -
 def test_token_ids_decode_to_text_and_logprobs(smollm2_server: ServiceProcess) -> None:
     from transformers import AutoTokenizer
 
-    from common.models import resolve_model_dir
+    from engine.models import resolve_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir("smollm2")))
     client = _client(smollm2_server)

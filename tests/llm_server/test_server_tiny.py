@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from common.http import ServiceCallError
-from common.models import export_model, load_model
+from engine.models import export_model, load_model
 from llm_server.client import LLMServerClient
 from tests.helpers import ServiceProcess
 

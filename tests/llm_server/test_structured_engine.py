@@ -13,8 +13,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from common.generation import Engine, SamplingParams
-from common.grammar import (
+from common.service import ServiceError
+from engine.generation import Engine, SamplingParams
+from engine.grammar import (
     GrammarCompiler,
     GrammarError,
     GrammarTimeout,
@@ -25,8 +26,7 @@ from common.grammar import (
     regex_grammar,
     tool_call_grammar,
 )
-from common.models import load_model
-from common.service import ServiceError
+from engine.models import load_model
 from llm_server.structured import compile_grammar
 
 TIMEOUT = 300

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from common.models import build_tiny_tokenizer
 from common.schemas import ChatMessage, Step, StepLabel, Trajectory
+from engine.models import build_tiny_tokenizer
 from trainer.records import RolloutRecords, rollout_advantages, shard_paths
 from trainer.templates import Segment
 from trainer.update import TrainSample

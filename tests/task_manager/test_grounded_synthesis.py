@@ -14,8 +14,8 @@ import jsonschema
 import llguidance
 import pytest
 
-from common.grammar import json_schema_grammar
 from common.llm import LLMClient, LLMRoleConfig
+from engine.grammar import json_schema_grammar
 from env_service.client import EnvClient
 from env_service.environments.flights.desk import tool_docs
 from task_manager.envs import EnvAccess

@@ -9,7 +9,7 @@ import llguidance
 import pytest
 
 from advantage.judge.structured import label_schema
-from common.grammar import json_schema_grammar
+from engine.grammar import json_schema_grammar
 from env_service.environments.flights.desk import tool_docs
 from experience_manager.summarize import MERGE_SCHEMA, experience_schema, parse_items
 from task_manager.explore import _structured_call

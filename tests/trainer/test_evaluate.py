@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from common.models import export_model, load_model
+from engine.models import export_model, load_model
 from tests.helpers import REPO, run_env_service, run_service
 from trainer.checkpoint import save_checkpoint
 from trainer.evaluate import main

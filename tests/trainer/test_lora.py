@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from common.models import load_model
+from engine.models import load_model
 from tests.helpers import run_env_service
 from trainer import lora
 from trainer.config import TrainerConfig

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from common.models import load_model
+from engine.models import load_model
 from tests.helpers import run_env_service
 from tests.trainer.test_learning import ENV_YAML  # the cue task: rewards vary within a group from the start
 from trainer.config import TrainerConfig

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from common.models import load_model
+from engine.models import load_model
 from tests.helpers import run_env_service
 from tests.trainer.test_learning import ENV_YAML
 from trainer.config import TrainerConfig

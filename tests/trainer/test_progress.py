@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from common.models import load_model
 from common.schemas import Task
+from engine.models import load_model
 from tests.helpers import run_env_service
 from trainer.peers import EnvPeer
 from trainer.policy import InProcessPolicy

@@ -6,7 +6,7 @@ layout `<|im_start|>role\\ncontent<|im_end|>\\n`), not snapshots of the code's o
 
 import pytest
 
-from common.models import build_tiny_tokenizer
+from engine.models import build_tiny_tokenizer
 from trainer.templates import make_template
 
 

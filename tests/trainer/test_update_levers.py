@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from common.models import load_model
+from engine.models import load_model
 from trainer.loss import PolicyLossConfig
 from trainer.policy import InProcessPolicy, Sampling
 from trainer.update import (

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from common.models import load_model
+from engine.models import load_model
 from trainer.loss import PolicyLossConfig
 from trainer.update import OptimConfig, PolicyUpdater, TrainSample
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from common.models import load_model
 from common.schemas import Task
+from engine.models import load_model
 from task_manager.models import Call, Reference, StoredTask
 from task_manager.seeding import split_for_pool
 from task_manager.store import TaskStore

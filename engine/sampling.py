@@ -1,4 +1,4 @@
-"""Batched next-token sampling for `common.generation`: one draw per row, from that row's own generator.
+"""Batched next-token sampling for `engine.generation`: one draw per row, from that row's own generator.
 
 Why not `torch.multinomial` per row: it draws one exponential per vocabulary entry (49k for SmolLM2), and
 that was ~1 ms per row, about a tenth of a 32-row decode step (profiled). Inverse-CDF sampling needs one

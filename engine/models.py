@@ -115,7 +115,7 @@ def resolve_model_dir(spec: str) -> Path:
         raise ModelLoadError(f"model {spec!r}: not `smollm2`, `tiny` or an existing local HF directory")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model directory {path} has no config.json; export one with "
-                             f"common.models.export_model(model, tokenizer, dir)")
+                             f"engine.models.export_model(model, tokenizer, dir)")
     return path
 
 

@@ -17,16 +17,51 @@ Because labels are z-scored, only their sign pattern matters: GOOD=+1/BAD=-1 and
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
+from pydantic import Field, model_validator
 
-from advantage.estimators.batch import AdvantageBatch, BatchError
-from advantage.estimators.config import AdcaGrpoConfig
+from advantage.estimators.builtin.grpo import GrpoConfig, grpo
 from advantage.estimators.grouping import has_spread, normalize_in_groups
-from advantage.estimators.grpo import grpo
-from advantage.estimators.registry import AdvantageResult, register_estimator
+from advantage.estimators.result import AdvantageResult, BatchError
+from advantage.estimators.spec import estimator
 from advantage.estimators.tokens import broadcast_steps, suffix_sums
+from common.config import StrictModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from advantage.estimators.batch import AdvantageBatch
+
+
+class AdcaGrpoConfig(StrictModel):
+    """AgentEvolver's decoupled ADCA-GRPO: judge labels (GOOD=+1/BAD=-1) plus the group outcome."""
+
+    alpha: float = Field(default=0.1, ge=0, description="weight of the standardised attribution reward")
+    alpha_schedule: Literal["constant", "cosine"] = "constant"
+    alpha_min: float = Field(default=0.0, ge=0, description="alpha reached at total_steps under cosine decay")
+    total_steps: int | None = Field(default=None, ge=1, description="training steps the cosine decay spans")
+    prm_steps: int | None = Field(
+        default=None, ge=0,
+        description="attribution only while training_step < prm_steps, then plain GRPO; None: always")
+    outcome_placement: Literal["last_step", "all_steps"] = "last_step"
+    length_normalization: bool = Field(default=False, description="scale each step reward by 1/sqrt(K)")
+    outcome_std: Literal["population", "unbiased"] = "population"
+    when_outcomes_equal: Literal["keep", "skip"] = Field(default="keep", description=(
+        "a group whose outcomes are all equal has no outcome advantage, so its z-scored labels are its whole "
+        "advantage. keep: use them (AgentEvolver's behaviour); skip: such a group gets no advantage at all"))
+    after_prm: GrpoConfig = Field(default_factory=GrpoConfig,
+                                  description="the GRPO used once training_step >= prm_steps")
+
+    @model_validator(mode="after")
+    def _schedule_complete(self) -> AdcaGrpoConfig:
+        if self.alpha_schedule == "cosine":
+            if self.total_steps is None:
+                raise ValueError("alpha_schedule=cosine needs total_steps (the training steps the decay spans)")
+            if self.alpha_min > self.alpha:
+                raise ValueError(f"alpha_min ({self.alpha_min}) must not exceed alpha ({self.alpha})")
+        return self
 
 
 def alpha_at(config: AdcaGrpoConfig, training_step: int) -> float:
@@ -57,7 +92,7 @@ def standardize_labels(labels: list[np.ndarray], groups: list[list[int]]) -> lis
     return out
 
 
-@register_estimator("adca_grpo", AdcaGrpoConfig)
+@estimator("adca_grpo", AdcaGrpoConfig, needs=("step_labels",))
 def adca_grpo(batch: AdvantageBatch, config: AdcaGrpoConfig, training_step: int) -> AdvantageResult:
     if config.prm_steps is not None and training_step >= config.prm_steps:
         result = grpo(batch, config.after_prm, training_step)

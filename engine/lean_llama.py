@@ -1,4 +1,4 @@
-"""A lean forward for Llama-architecture models over the slot KV cache (`common.kv_slots`), for `common.generation`.
+"""A lean forward for Llama-architecture models over the slot KV cache (`engine.kv_slots`), for `engine.generation`.
 
 Why: a transformers forward is generic. Per decode step it builds masks and position embeddings, dispatches
 through attention interfaces and output dataclasses, and runs 7 separate projections per layer; at one row
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from common.kv_slots import SlotCache
+from engine.kv_slots import SlotCache
 
 
 def lean_support(model: Any) -> str | None:

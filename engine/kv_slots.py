@@ -1,4 +1,4 @@
-"""A preallocated KV cache with one slot per running row, and the attention that reads it (for `common.generation`).
+"""A preallocated KV cache with one slot per running row, and the attention that reads it (for `engine.generation`).
 
 Why not HF's DynamicCache: it concatenates every layer's keys and values on every decode step, and joining
 rows of different lengths left-pads and concatenates the whole cache again; with an attention mask, HF's

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
-from advantage.estimators.batch import AdvantageBatch
-from advantage.estimators.config import GrpoConfig
-from advantage.estimators.grouping import normalize_in_groups
-from advantage.estimators.registry import AdvantageResult, register_estimator
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from advantage.estimators.grouping import StdConvention, normalize_in_groups
+from advantage.estimators.result import AdvantageResult
+from advantage.estimators.spec import estimator
 from advantage.estimators.tokens import broadcast_rows
+from common.config import StrictModel
+
+if TYPE_CHECKING:
+    from advantage.estimators.batch import AdvantageBatch
+
+
+class GrpoConfig(StrictModel):
+    """Outcome z-scored within each task group, broadcast to every policy token."""
+
+    std: StdConvention = "unbiased"
+    normalize_by_std: bool = Field(default=True, description="False: Dr. GRPO, subtract the group mean only")
+    epsilon: float = Field(default=1e-6, ge=0, description="added to the std in the `verl` convention only")
 
 
 def grpo_scores(batch: AdvantageBatch, config: GrpoConfig):
@@ -16,7 +31,7 @@ def grpo_scores(batch: AdvantageBatch, config: GrpoConfig):
                                epsilon=config.epsilon)
 
 
-@register_estimator("grpo", GrpoConfig)
+@estimator("grpo", GrpoConfig)
 def grpo(batch: AdvantageBatch, config: GrpoConfig, training_step: int) -> AdvantageResult:
     scores = grpo_scores(batch, config)
     groups = batch.groups()

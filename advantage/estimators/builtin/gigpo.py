@@ -15,13 +15,29 @@ A task group of one: under `std="verl"` E_i is the raw outcome (mean 0, std 1, a
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-from advantage.estimators.batch import AdvantageBatch, BatchError
-from advantage.estimators.config import GigpoConfig
-from advantage.estimators.grouping import has_spread, normalize_in_groups
-from advantage.estimators.registry import AdvantageResult, register_estimator
+import numpy as np
+from pydantic import Field
+
+from advantage.estimators.grouping import StdConvention, has_spread, normalize_in_groups
+from advantage.estimators.result import AdvantageResult, BatchError
+from advantage.estimators.spec import estimator
 from advantage.estimators.tokens import broadcast_steps
+from common.config import StrictModel
+
+if TYPE_CHECKING:
+    from advantage.estimators.batch import AdvantageBatch
+
+
+class GigpoConfig(StrictModel):
+    """verl-agent's GiGPO: episode-level group advantage + weighted anchor-state step advantage."""
+
+    step_weight: float = Field(default=1.0, ge=0, description="weight of the step-level (anchor) advantage")
+    gamma: float = Field(default=0.95, ge=0, le=1, description="discount of the per-step returns")
+    std: StdConvention = "unbiased"
+    normalize_by_std: bool = Field(default=False, description="verl-agent's default mode is mean_norm (False)")
+    epsilon: float = Field(default=1e-6, ge=0, description="added to the std in the `verl` convention only")
 
 
 def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
@@ -33,7 +49,7 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
     return returns
 
 
-@register_estimator("gigpo", GigpoConfig)
+@estimator("gigpo", GigpoConfig, needs=("anchor_keys",))
 def gigpo(batch: AdvantageBatch, config: GigpoConfig, training_step: int) -> AdvantageResult:
     if batch.anchor_keys is None or any(row is None for row in batch.anchor_keys):
         raise BatchError("gigpo needs anchor_keys (the state each step acted in) for every row")
