@@ -1,5 +1,6 @@
-"""Self-questioning on an environment without tool docs: the gym adapter's discrete actions (its profile's
-operations) are the action schema; the random explorer plays them and hindsight keeps verified goals."""
+"""Self-questioning on environments without tool docs: the gym adapter's discrete actions (its profile's
+operations) are the action schema, a text game's are the commands its state lists as `valid_actions`; the
+random explorer plays them and hindsight keeps verified goals."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import httpx
 import pytest
 
 from evolver_launcher.synthesis import SynthesisGate
-from task_manager.explore import action_schema
+from task_manager.explore import action_schema, published_actions
 from task_manager.profile import EnvProfile
 from tests.helpers import run_service
 
@@ -23,6 +24,25 @@ def test_the_action_schema_is_the_operations_of_the_tasks_own_game():
     assert action_schema(profile, f"{CORRIDOR}/train-0003") == ["back", "onward"]
     assert action_schema(profile, "other-0001") == ["left", "down", "back", "onward"]  # no game of its own: all
     assert action_schema(EnvProfile(name="textgame", entities=[{"name": "w", "opts": []}]), "t-1") == []  # free text
+
+
+def test_a_state_publishes_the_actions_valid_in_it():
+    assert published_actions({"room": "cellar", "valid_actions": ["go north", "", 3, "take coin"]}) == [
+        "go north", "take coin"]
+    assert published_actions({"room": "cellar"}) == [] and published_actions(None) == []
+
+
+def synthesize(conf, env: str, episodes: int) -> tuple[dict, dict]:
+    """env_service and task_manager as processes, one synthesis job on `env`: (its funnel, the kept tasks)."""
+    with run_service("env_service", ["--conf", str(conf)]) as env_service, \
+            run_service("task_manager", ["--conf", str(conf), "--env-url", env_service.url]) as tm:
+        gate = SynthesisGate(tm.url, [env], episodes=episodes, timeout_s=120, say=lambda line: None)
+        deadline = time.monotonic() + 150
+        while not gate():
+            assert time.monotonic() < deadline, "the synthesis job did not finish"
+            time.sleep(0.3)
+        tasks = httpx.get(f"{tm.url}/v1/tasks", params={"env": env, "synthetic": True}, timeout=30).json()
+    return gate.results[env], tasks
 
 
 @pytest.mark.slow
@@ -39,17 +59,35 @@ task_manager:
   synthesis: {{synthesizer: hindsight, max_goals: 2}}
   dedup: {{embeddings: false}}
 """)
-    with run_service("env_service", ["--conf", str(conf)]) as env, \
-            run_service("task_manager", ["--conf", str(conf), "--env-url", env.url]) as tm:
-        gate = SynthesisGate(tm.url, ["gym"], episodes=2, timeout_s=120, say=lambda line: None)
-        deadline = time.monotonic() + 150
-        while not gate():
-            assert time.monotonic() < deadline, "the synthesis job did not finish"
-            time.sleep(0.3)
-        funnel = gate.results["gym"]
-        assert funnel["episodes_done"] == 2 and funnel["kept"] >= 1, funnel
-        tasks = httpx.get(f"{tm.url}/v1/tasks", params={"env_type": "gym", "synthetic": True}, timeout=30).json()
+    funnel, tasks = synthesize(conf, "gym", episodes=2)
+    assert funnel["episodes_done"] == 2 and funnel["kept"] >= 1, funnel
     # The reference is the actions played; hindsight's query spells them out ("Play onward. Then play back.").
     assert tasks["total"] == funnel["kept"]
     for task in tasks["tasks"]:
         assert task["seed_task_id"].startswith(f"{CORRIDOR}/train-") and task["query"].startswith("Play ")
+
+
+@pytest.mark.slow
+def test_self_questioning_keeps_verified_tasks_on_a_text_game(tmp_path):
+    # A two-room TextWorld game, generated offline at the env service's start (a few seconds, no download).
+    game = "custom-R2-O2-Q2"
+    conf = tmp_path / "run.yaml"
+    conf.write_text(f"""
+env_service:
+  environments:
+    textworld: {{envs: [{game}], pregenerate: true, games_dir: {tmp_path / 'games'},
+                splits: {{train: 1, validation: 0, test: 0}}}}
+task_manager:
+  environments: [textworld]
+  store_dir: {tmp_path / 'tm'}
+  explore: {{explorer: random, breadth_steps: 3, depth_steps: 3}}
+  synthesis: {{synthesizer: hindsight, max_goals: 2}}
+  dedup: {{embeddings: false}}
+""")
+    funnel, tasks = synthesize(conf, "textworld", episodes=1)
+    assert funnel["episodes_done"] == 1 and funnel["verified"] >= 1 and funnel["kept"] >= 1, funnel
+    assert tasks["total"] == funnel["kept"]
+    # The reference is the admissible commands played; the query spells out the ones that changed the state.
+    for task in tasks["tasks"]:
+        assert task["seed_task_id"] == f"{game}/train-0000" and task["query"].endswith("."), task
+        assert "use " not in task["query"], task["query"]
