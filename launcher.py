@@ -223,7 +223,7 @@ def _final_words(plan, code: int, seconds: float) -> None:
     print(f"[launcher] run {plan.experiment!r} {verdict} after {seconds / 60:.1f} min; everything it started is "
           f"stopped", flush=True)
     print(f"[launcher] run folder: {plan.run_dir} (config.yaml, manifest.json, logs/)")
-    print(f"[launcher] browse it: python -m studio --runs {plan.run_dir.parent}")
+    print(f"[launcher] browse it: {sys.executable} -m studio --runs {plan.run_dir.parent}")
     if plan.launcher.trainer:
         out = Path(plan.data["trainer"]["output_dir"])
         print(f"[launcher] TensorBoard: tensorboard --logdir {_tensorboard_dir(plan)}")

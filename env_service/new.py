@@ -2,7 +2,8 @@
 
 Writes a runnable environment (tools, train/validation/test tasks, an evaluator, `state`), a `run.yaml`
 that trains on it for 2 steps with the tiny model (with self-questioning where the task manager can explore
-it), a pytest file that runs the conformance kit against it, and a README saying how to run each.
+it), a pytest file that runs the conformance kit against it and checks that run.yaml's 2 steps have a
+non-zero gradient, and a README saying how to run each.
 
 - `plugin`: an `Environment` subclass that env_service imports and serves in-process;
 - `remote`: a FastAPI server of its own (you start it) speaking the /v1 protocol, reached through `remote`;
@@ -50,6 +51,7 @@ def project_files(name: str, kind: str) -> dict[str, str]:
         served = "gym"
     files[f"test_{name}.py"] = template("test_header.py.txt") + template(f"test_{kind}.py.txt")
     files["README.md"] = template(f"readme_{kind}.md.txt")
+    files["pytest.ini"] = template("pytest.ini.txt")
     values = {"TASK_MANAGER": task_manager, "TRAINER": trainer, "ROLLOUT_ENV": served, "SERVED_ENV": served,
               "GYM_ID": f"{class_name(name)}-v0", "name": name, "Class": class_name(name)}
     rendered = {}

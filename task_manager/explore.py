@@ -10,8 +10,9 @@ tool docs, the profile and values seen in observations) and `LLMExplorer` (a cha
 
 An environment without tool docs (the gym adapter, text games) is explored through its action schema
 instead (`action_schema`): a discrete list of action words, the operations its profile names (the gym
-adapter lists each game's actions), sent as the assistant message itself; or, with no operations either,
-free text, which only the LLM explorer can write.
+adapter lists each game's actions), sent as the assistant message itself; else the commands the state
+snapshot lists as `valid_actions` at each step (TextWorld's admissible commands); or, with neither, free
+text, which only the LLM explorer can write.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ def action_schema(profile: EnvProfile, seed_task_id: str) -> list[str]:
     return list(dict.fromkeys(op.name for entity in chosen for op in entity.opts))
 
 
+def published_actions(snapshot: Any) -> list[str]:
+    """The commands a state snapshot lists as valid now (`valid_actions`, a text game's admissible commands)."""
+    actions = snapshot.get("valid_actions") if isinstance(snapshot, dict) else None
+    if not isinstance(actions, list):
+        return []
+    return [a for a in actions if isinstance(a, str) and a.strip()]
+
+
 def softmax_choice(rng: random.Random, options: list[Any], scores: list[float], temperature: float) -> Any:
     t = max(temperature, 1e-3)
     top = max(scores)
@@ -119,9 +128,9 @@ class RandomExplorer:
     def sample(self, view: ExplorerView) -> Call:
         functions = [tool_function(doc) for doc in view.tools if tool_name(doc)]
         if not functions:
-            raise ValueError("the environment documents no tools and its profile names no operations (a discrete "
-                             "action list): its actions are free text, which the random explorer cannot write; use "
-                             "the LLM explorer (task_manager.llm.explorer)")
+            raise ValueError("the environment documents no tools, its profile names no operations (a discrete "
+                             "action list) and its state lists no valid_actions: its actions are free text, which "
+                             "the random explorer cannot write; use the LLM explorer (task_manager.llm.explorer)")
         depth = view.phase == "depth"
         since = view.steps[-view.window].index if depth and len(view.steps) >= view.window > 0 else (0 if depth else None)
         visits: dict[str, int] = {}
@@ -288,7 +297,7 @@ async def explore_episode(access: EnvAccess, explorer: Explorer, profile: EnvPro
                           seed_task_id: str, config: ExploreConfig) -> Exploration:
     """Run one exploration episode in a fresh instance of `seed_task_id`."""
     tools = await access.tool_docs(env_type, seed_task_id)
-    actions = [] if tools else action_schema(profile, seed_task_id)
+    listed = [] if tools else action_schema(profile, seed_task_id)
     pool = ValuePool()
     for doc in tools:
         for schema in ((tool_function(doc).get("parameters") or {}).get("properties") or {}).values():
@@ -303,9 +312,11 @@ async def explore_episode(access: EnvAccess, explorer: Explorer, profile: EnvPro
         exploration = Exploration(env_type=env_type, seed_task_id=seed_task_id, explorer=explorer.name,
                                   initial_messages=instance.messages, initial_state=initial)
         previous = access.comparable(initial)
+        snapshot = initial
         phases = ["breadth"] * config.breadth_steps + ["depth"] * config.depth_steps
         for index, phase in enumerate(phases):
             temperature = config.breadth_temperature if phase == "breadth" else config.depth_temperature
+            actions = listed or ([] if tools else published_actions(snapshot))
             view = ExplorerView(profile, tools, instance.messages, exploration.steps, phase, temperature,
                                 config.window, pool, actions)
             action, calls = await explorer.act(view)

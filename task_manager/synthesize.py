@@ -179,6 +179,9 @@ def write_query(profile: EnvProfile, sequence: list[ExploreStep], generated: set
             values = {k: (_describe(k, v, records, generated) if str(v) in generated else v)
                       for k, v in call.arguments.items()}
             op = operations.get(call.name)
+            if op is None and not operations and not call.arguments:
+                sentences.append(call.name)  # a text game's command ("take coin") is its own request
+                continue
             if op is not None and op.template:
                 try:
                     sentences.append(op.template.format(**values))

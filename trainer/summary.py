@@ -280,7 +280,7 @@ def print_summary(summary: dict[str, Any]) -> None:
             table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         console.print(table)
     checks = summary.get("checks") or loop_checks(summary)
-    table = Table(title="the self-evolving loop (issue #14 point 7)")
+    table = Table(title="the self-evolving loop's checks (met: yes, NO, or - where the mechanism is off)")
     for column in ("check", "value", "target", "met"):
         table.add_column(column)
     for row in checks:

@@ -2,6 +2,8 @@
 
 A block after `<!-- file: NAME -->` is saved as NAME in the current folder; a `bash` block runs. All of
 them run as one bash script, so `cd` and variables carry over, with EVOLVER pointing at this checkout.
+A `console` block is shown, not run: the scaffold's path, whose commands tests/env_service/test_scaffold.py
+runs (the generated project's own tests, training included).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def tutorial_script(markdown: str) -> str:
             parts.append(f"cat > {block['file']} <<'END_OF_TUTORIAL_FILE'\n{block['body']}END_OF_TUTORIAL_FILE")
         elif block["lang"] == "bash":
             parts.append(block["body"])
+        elif block["lang"] == "console":
+            continue
         else:
             raise AssertionError(f"a {block['lang'] or 'plain'} block that is neither a file nor bash: "
                                  f"{block['body'][:80]!r}")
@@ -36,7 +40,8 @@ def tutorial_script(markdown: str) -> str:
 
 
 def test_tutorial_script_saves_files_and_runs_bash_blocks():
-    page = "text\n<!-- file: a.py -->\n```python\nprint(1)\n```\nmore\n```bash\npython a.py\n```\n"
+    page = ("text\n<!-- file: a.py -->\n```python\nprint(1)\n```\nmore\n```bash\npython a.py\n```\n"
+            "```console\nshown only\n```\n")
     assert tutorial_script(page) == ("set -euo pipefail\ncat > a.py <<'END_OF_TUTORIAL_FILE'\nprint(1)\n"
                                      "END_OF_TUTORIAL_FILE\npython a.py\n\n")
 

@@ -1,9 +1,9 @@
-"""`python -m env_service.new`: every kind it writes passes its own test (the conformance kit over HTTP),
-and the plugin project's run.yaml trains 2 steps with self-questioning, as generated, through launcher.py."""
+"""`python -m env_service.new`: every kind it writes passes its own conformance test (the kit over HTTP),
+and the plugin project's own training test passes: run.yaml trains 2 steps with self-questioning through
+launcher.py, as generated, with a non-zero gradient (the tiny model's rewards differ within a group)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,28 +23,20 @@ def run(argv: list[str], cwd, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_each_kind_passes_its_own_conformance_test_and_the_plugin_trains_2_steps_with_self_questioning(tmp_path):
+def test_each_kind_passes_its_own_conformance_test_and_the_plugin_trains_2_steps_with_a_gradient(tmp_path):
     for kind in KINDS:
         done = run([sys.executable, "-m", "env_service.new", f"my_{kind}", "--kind", kind,
                     "--dir", str(tmp_path / kind)], REPO, 30)
         assert done.returncode == 0, done.stderr
         assert (tmp_path / kind / f"test_my_{kind}.py").exists()
 
-    # Each project's own test: env_service (and, for remote, the user's server) started from its files,
-    # the conformance kit over HTTP against it. One pytest for the three: they are independent files.
+    # The projects' own tests: env_service (and, for remote, the user's server) started from their files, the
+    # conformance kit over HTTP against it; the plugin's also trains (each kind's training test is the same
+    # launcher run, so one of them is enough here). One pytest: the files are independent.
     tests = [str(tmp_path / kind / f"test_my_{kind}.py") for kind in KINDS]
-    done = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], tmp_path, 240)
-    assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout[-6000:]
-
-    project = tmp_path / "plugin"
-    done = run([sys.executable, str(REPO / "launcher.py"), "--conf", "run.yaml"], project, 420)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    summary = json.loads((project / "runs" / "my_plugin" / "trainer" / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == 2
-    questioning = summary["mechanisms"]["self_questioning"]
-    assert questioning["tasks_kept"] >= 1, questioning  # verified synthetic tasks from the random explorer
-    assert questioning["synthetic_sampled"] >= 1, "training batches drew synthetic tasks"
-    assert summary["environment_errors"] == 0
+    done = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
+                "-k", "conforms or test_my_plugin"], tmp_path, 660)
+    assert done.returncode == 0 and "4 passed" in done.stdout, done.stdout[-6000:]
 
 
 def test_the_cli_refuses_a_bad_name_or_a_folder_in_use_and_writes_nothing(tmp_path, capsys):

@@ -102,6 +102,11 @@ class TextGameInstance(EnvInstance):
     def snapshot(self) -> dict[str, Any] | None:
         return None
 
+    def valid_actions(self) -> list[str] | None:
+        """The commands the engine accepts now, where it lists them (None: it does not). Published in the
+        state as `valid_actions`: the task manager's random explorer picks among them."""
+        return None
+
     # ------------------------------------------------------------------ the EnvInstance contract
     def reset(self) -> list[ChatMessage]:
         self.turns = self.mapped = self.invalid = 0
@@ -151,7 +156,9 @@ class TextGameInstance(EnvInstance):
         snapshot = self.snapshot()
         if snapshot is None:
             return None
-        return {"env_id": self.env_id, "seed": self.seed, **snapshot}
+        actions = self.valid_actions()
+        return {"env_id": self.env_id, "seed": self.seed, **snapshot,
+                **({"valid_actions": actions} if actions is not None else {})}
 
 
 class SuiteEnvironment(Environment):

@@ -2,7 +2,8 @@
 
 A reply is mapped to the nearest admissible command (TextWorld lists them each turn), so the
 mapped-action rate shows how much of the play came from our matching rather than the model.
-The state snapshot is the room description, the inventory and the score (what the game shows).
+The state snapshot is the room description, the inventory and the score (what the game shows), and
+the admissible commands as `valid_actions` (what self-questioning's random explorer plays).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class TextWorldInstance(TextGameInstance):
             self.game = self.env.reset()
         system = ("You play a text adventure. Each turn, reply with one command, e.g. 'Action: go north' or "
                   "'Action: take apple'.")
-        return system, self._with_commands(clean(f"{self.game.objective}\n\n{self.game.description}"))
+        # A synthetic task's query (put first by reset) is the goal: the game's own objective would contradict it.
+        opening = self.game.description if self.query else f"{self.game.objective}\n\n{self.game.description}"
+        return system, self._with_commands(clean(opening))
 
     def parse(self, text: str) -> Parsed[str]:
         return match_choice(text, {c: c for c in self._commands()})
@@ -78,6 +81,9 @@ class TextWorldInstance(TextGameInstance):
 
     def invalid_hint(self) -> str:
         return f"That is not a command here. Valid commands: {', '.join(self._commands())}."
+
+    def valid_actions(self) -> list[str] | None:
+        return self._commands() if self.game is not None else None
 
     def snapshot(self) -> dict[str, Any] | None:
         if self.game is None:
