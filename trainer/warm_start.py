@@ -158,14 +158,18 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
 
 
 def _summed_loss(model: torch.nn.Module, sample: Segment, device: torch.device) -> torch.Tensor:
-    """Sum of the cross-entropy of the sample's mask-1 tokens given everything before them."""
-    ids = torch.tensor([sample.prompt_ids + sample.response_ids], device=device)
-    labels = torch.tensor([[-100] * len(sample.prompt_ids)
-                           + [t if m else -100 for t, m in zip(sample.response_ids, sample.loss_mask, strict=True)]],
-                          device=device)
-    logits = model(input_ids=ids).logits[:, :-1].float()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                             ignore_index=-100, reduction="sum")
+    """Sum of the cross-entropy of the sample's mask-1 tokens given everything before them.
+
+    The logits are computed only at the positions that predict a mask-1 token (`logits_to_keep`): the
+    vocabulary projection over every position was about a fifth of the step, for the few action tokens."""
+    ids = sample.prompt_ids + sample.response_ids
+    start = len(sample.prompt_ids)
+    targets = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
+    # The token at position p is predicted by the logits at p - 1.
+    predicting = [start + j - 1 for j, m in enumerate(sample.loss_mask) if m]
+    logits = model(input_ids=torch.tensor([ids], device=device),
+                   logits_to_keep=torch.tensor(predicting, device=device)).logits[0].float()
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(targets, device=device), reduction="sum")
 
 
 async def warm_start(trainer: LocalTrainer) -> dict[str, Any]:

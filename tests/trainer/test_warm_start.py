@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 import httpx
+import pytest
 
 from common.schemas import Task
 from engine.models import load_model
@@ -61,6 +62,26 @@ def test_the_loss_covers_exactly_the_actions_in_the_chat_templates_layout():
     prompt = tokenizer.encode(tokenizer.apply_chat_template(OPENING, tokenize=False, add_generation_prompt=True),
                               add_special_tokens=False)
     assert segment.prompt_ids == prompt  # the rollout's prompt: the opening and the generation prompt
+
+
+def test_the_loss_is_the_cross_entropy_of_the_action_tokens_only():
+    """The loss from the kept logits equals the cross-entropy computed from every position's logits."""
+    import torch
+
+    from trainer.warm_start import _summed_loss
+
+    model, tokenizer = load_model("tiny")
+    task = SolvedTask("t", OPENING, [(CALL, '{"passenger_id": "P1001", "travel_credit": 800}'),
+                                     ("The answer is 800.", None)])
+    [segment] = render(task, tokenizer, RolloutConfig(env="flights"))
+    ids = segment.prompt_ids + segment.response_ids
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+        start = len(segment.prompt_ids)
+        by_hand = -sum(float(log_probs[start + j - 1, token])
+                       for j, (token, mask) in enumerate(zip(segment.response_ids, segment.loss_mask, strict=True))
+                       if mask)
+        assert float(_summed_loss(model, segment, torch.device("cpu"))) == pytest.approx(by_hand, rel=1e-5)
 
 
 def _plant_held_out(store_dir: Path) -> list[str]:
