@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from common.schemas import Task
-from task_manager.api import JobRequest
 from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, explore_episode
 from task_manager.kinds import proposal_kind
 from task_manager.lookups import LookupSynthesizer
 from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
+from task_manager.protocol import JobRequest
 from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
 from task_manager.verify import verify
 

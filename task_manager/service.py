@@ -18,14 +18,6 @@ from loguru import logger
 from common.llm import LLMClient
 from common.schemas import Task, new_id
 from common.service import ServiceError
-from task_manager.api import (
-    BatchRequest,
-    FeedbackRequest,
-    GradeRequest,
-    JobRequest,
-    SeedRequest,
-    TrainingReferencesRequest,
-)
 from task_manager.curriculum import sample_batch, task_key, task_kind
 from task_manager.dedup import DedupIndex
 from task_manager.envs import EnvAccess
@@ -36,6 +28,14 @@ from task_manager.kinds import asked_kinds, classify, lookup_kinds
 from task_manager.lookups import grade_answer
 from task_manager.models import StoredTask
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
+from task_manager.protocol import (
+    BatchRequest,
+    FeedbackRequest,
+    GradeRequest,
+    JobRequest,
+    SeedRequest,
+    TrainingReferencesRequest,
+)
 from task_manager.seeding import (
     SeedingRefused,
     SeedReport,
