@@ -1,4 +1,5 @@
-"""Typed client of the judge service, and the glue between trajectories and judgments.
+"""Typed client of the judge service, the glue between trajectories and judgments, and the fingerprint of the
+judge's prompt that a run's manifest records.
 
     async with JudgeClient("http://127.0.0.1:8005") as judge:
         response = await judge.judge_trajectories(trajectories)   # list[Trajectory]
@@ -7,6 +8,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 
 from advantage.judge.schemas import (
@@ -24,8 +27,22 @@ from common.schemas import ChatMessage, Trajectory
 
 __all__ = [
     "BatchUsage", "JudgeClient", "JudgeRequest", "JudgeResponse", "JudgeStats", "JudgeStep", "JudgeTrajectory",
-    "LabelRates", "TrajectoryJudgment", "apply_judgments", "render_action", "to_judge_trajectory",
+    "LabelRates", "TrajectoryJudgment", "apply_judgments", "prompt_hashes", "render_action", "to_judge_trajectory",
 ]
+
+
+def prompt_hashes() -> dict[str, str]:
+    """sha256 of the judge's system prompt, and of a fixed trajectory rendered with the full template."""
+    from advantage.judge.prompt import SYSTEM_PROMPT, build_messages
+    from advantage.judge.settings import JudgeSettings
+
+    defaults = JudgeSettings()
+    probe = JudgeTrajectory(trajectory_id="manifest-probe", query="book the cheapest flight",
+                            steps=[JudgeStep(action="search_flight()", observation="3 flights")], outcome=1.0)
+    rendered = build_messages(probe, max_step_chars=defaults.max_step_chars, max_query_chars=defaults.max_query_chars,
+                              success_threshold=defaults.success_threshold)
+    return {"system_prompt_sha256": hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest(),
+            "rendered_template_sha256": hashlib.sha256(json.dumps(rendered, sort_keys=True).encode()).hexdigest()}
 
 
 def render_action(message: ChatMessage) -> str:

@@ -49,8 +49,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common.actions import ActionParseError, ParsedCall, parse_actions, parse_python_calls  # noqa: E402
 from common.schemas import ChatMessage  # noqa: E402
-from env_service.actions import ActionParseError, ParsedCall, parse_actions, parse_python_calls  # noqa: E402
 from env_service.environments.base import EnvInstance  # noqa: E402
 
 VERSION = 1

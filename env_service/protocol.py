@@ -51,7 +51,7 @@ class StepRequest(WireModel):
 
     action: ChatMessage = Field(description=(
         "the policy's assistant message: OpenAI `tool_calls`, or text holding `<tool_call>{json}</tool_call>` "
-        "or Python-style calls; env_service/actions.py parses all three"))
+        "or Python-style calls; common/actions.py parses all three"))
 
 
 class StepResponse(WireModel):

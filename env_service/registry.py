@@ -1,4 +1,4 @@
-"""The allowlist of environments: names map to fixed `module:Class` paths, chosen by config only.
+"""Loading the allowlisted environments: names map to fixed `module:Class` paths, chosen by config only.
 
 A request names an environment, and the server looks that name up among the environments it
 loaded at start; nothing a request sends is ever imported. Operators may add their own
@@ -14,49 +14,9 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel
-
-from common.config import ConfigError, validate
+from common.config import ConfigError
 from env_service.environments.base import Environment
-
-BUILTIN_ENVIRONMENTS: dict[str, str] = {
-    "flights": "env_service.environments.flights:FlightsEnvironment",
-    "gym": "env_service.environments.gym:GymEnvironment",
-    "bfcl": "env_service.environments.bfcl:BfclEnvironment",
-    "remote": "env_service.environments.remote:RemoteEnvironment",
-    "signal": "env_service.environments.signal:SignalEnvironment",
-    "gem": "env_service.environments.gem:GemEnvironment",
-    "reasoning_gym": "env_service.environments.reasoning:ReasoningGymEnvironment",
-    "textarena": "env_service.environments.arena:TextArenaEnvironment",
-    "textworld": "env_service.environments.textworld_games:TextWorldEnvironment",
-    "scienceworld": "env_service.environments.scienceworld_tasks:ScienceWorldEnvironment",
-    "babyai": "env_service.environments.babyai:BabyAIEnvironment",
-}
-
-# The settings models of built-in environments whose modules import light (no suite package): the
-# launcher validates these sections before anything starts, so a typo fails in --dry-run.
-CONFIG_MODELS: dict[str, str] = {
-    "remote": "env_service.environments.remote.environment:RemoteConfig",
-    "signal": "env_service.environments.signal.environment:SignalConfig",
-}
-
-
-def config_model(name: str) -> type[BaseModel] | None:
-    """The settings model of built-in environment `name`, when it has a light one."""
-    spec = CONFIG_MODELS.get(name)
-    if spec is None:
-        return None
-    module_name, _, class_name = spec.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
-def validate_environment_configs(enabled: Mapping[str, Mapping[str, Any] | None],
-                                 root: str = "env_service.environments") -> None:
-    """Check each enabled environment's section against its settings model (unknown keys, bad values)."""
-    for name, config in enabled.items():
-        model = config_model(name)
-        if model is not None:
-            validate(model, dict(config or {}), root=f"{root}.{name}")
+from env_service.settings import BUILTIN_ENVIRONMENTS
 
 
 def resolve_class(name: str, plugins: Mapping[str, str] | None = None) -> type[Environment]:

@@ -8,18 +8,62 @@
       max_instances: 2048      # over it, create answers 429 with Retry-After
       instance_ttl_s: 1800     # idle instances are released after this long
       call_timeout_s: 60       # per step/evaluate/state call
+
+It also holds what the launcher checks of the section before anything starts: the built-in environments'
+names (the allowlist `env_service.registry` loads from) and the settings models of the light ones.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from common.config import StrictModel
+from common.config import StrictModel, validate
 from common.service import ServiceSettings
 
 DEFAULT_ENVIRONMENTS: dict[str, dict[str, Any]] = {"flights": {}, "gym": {}, "bfcl": {}}
+
+BUILTIN_ENVIRONMENTS: dict[str, str] = {
+    "flights": "env_service.environments.flights:FlightsEnvironment",
+    "gym": "env_service.environments.gym:GymEnvironment",
+    "bfcl": "env_service.environments.bfcl:BfclEnvironment",
+    "remote": "env_service.environments.remote:RemoteEnvironment",
+    "signal": "env_service.environments.signal:SignalEnvironment",
+    "gem": "env_service.environments.gem:GemEnvironment",
+    "reasoning_gym": "env_service.environments.reasoning:ReasoningGymEnvironment",
+    "textarena": "env_service.environments.arena:TextArenaEnvironment",
+    "textworld": "env_service.environments.textworld_games:TextWorldEnvironment",
+    "scienceworld": "env_service.environments.scienceworld_tasks:ScienceWorldEnvironment",
+    "babyai": "env_service.environments.babyai:BabyAIEnvironment",
+}
+
+# The settings models of built-in environments whose modules import light (no suite package): the
+# launcher validates these sections before anything starts, so a typo fails in --dry-run.
+CONFIG_MODELS: dict[str, str] = {
+    "remote": "env_service.environments.remote.environment:RemoteConfig",
+    "signal": "env_service.environments.signal.environment:SignalConfig",
+}
+
+
+def config_model(name: str) -> type[BaseModel] | None:
+    """The settings model of built-in environment `name`, when it has a light one."""
+    spec = CONFIG_MODELS.get(name)
+    if spec is None:
+        return None
+    module_name, _, class_name = spec.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def validate_environment_configs(enabled: Mapping[str, Mapping[str, Any] | None],
+                                 root: str = "env_service.environments") -> None:
+    """Check each enabled environment's section against its settings model (unknown keys, bad values)."""
+    for name, config in enabled.items():
+        model = config_model(name)
+        if model is not None:
+            validate(model, dict(config or {}), root=f"{root}.{name}")
 
 
 class RaySettings(StrictModel):

@@ -53,19 +53,10 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
             "dirty": bool(status) if status is not None else None}
 
 
-def judge_prompt_hashes() -> dict[str, str]:
-    """sha256 of the judge's system prompt, and of a fixed trajectory rendered with the full template."""
-    from advantage.judge.prompt import SYSTEM_PROMPT, build_messages
-    from advantage.judge.schemas import JudgeStep, JudgeTrajectory
-    from advantage.judge.settings import JudgeSettings
+def _judge_prompt_hashes() -> dict[str, str]:
+    from advantage.client import prompt_hashes
 
-    defaults = JudgeSettings()
-    probe = JudgeTrajectory(trajectory_id="manifest-probe", query="book the cheapest flight",
-                            steps=[JudgeStep(action="search_flight()", observation="3 flights")], outcome=1.0)
-    rendered = build_messages(probe, max_step_chars=defaults.max_step_chars, max_query_chars=defaults.max_query_chars,
-                              success_threshold=defaults.success_threshold)
-    return {"system_prompt_sha256": hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest(),
-            "rendered_template_sha256": hashlib.sha256(json.dumps(rendered, sort_keys=True).encode()).hexdigest()}
+    return prompt_hashes()
 
 
 def _seeds(node: Any, path: str = "") -> dict[str, Any]:
@@ -135,7 +126,7 @@ def build_manifest(plan: Plan, argv: list[str]) -> dict[str, Any]:
         },
         "seeds": _seeds({k: v for k, v in data.items() if k != "launcher"}),
         "models": _models(data),
-        "judge_prompt": judge_prompt_hashes(),
+        "judge_prompt": _judge_prompt_hashes(),
         "ray": {"mode": plan.ray.mode, "address": plan.ray.address, "dashboard": plan.ray.dashboard_url},
         "children": [{"name": c.name, "argv": c.argv, "port": c.port, "threads": c.threads,
                       "log": str(c.log_path)} for c in plan.children],

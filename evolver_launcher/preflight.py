@@ -17,8 +17,7 @@ from typing import Any
 import httpx
 
 from common.config import ConfigError
-from env_service.registry import BUILTIN_ENVIRONMENTS, validate_environment_configs
-from env_service.settings import EnvServiceSettings
+from env_service.settings import BUILTIN_ENVIRONMENTS, EnvServiceSettings, validate_environment_configs
 
 PROBE_TIMEOUT_S = 5.0
 IMPORT_TIMEOUT_S = 120.0

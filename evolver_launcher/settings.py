@@ -198,7 +198,7 @@ def _appworld_available(raw: dict[str, Any]) -> bool:
     import importlib.util
     import os
 
-    from env_service.registry import BUILTIN_ENVIRONMENTS
+    from env_service.settings import BUILTIN_ENVIRONMENTS
 
     plugins = ((raw.get("env_service") or {}).get("plugins") or {})
     registered = "appworld" in BUILTIN_ENVIRONMENTS or "appworld" in plugins

@@ -11,7 +11,7 @@ from typing import Any
 from markupsafe import Markup
 
 from studio.runs import ITEM_ID, JsonLines, Run, not_found
-from trainer.records import INDEX_NAME, SHARD_PREFIX
+from trainer.protocol import INDEX_NAME, SHARD_PREFIX
 
 
 class Rollouts:

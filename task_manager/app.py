@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Query
 
 from common.service import create_app
-from task_manager.api import (
+from task_manager.protocol import (
     BatchRequest,
     BatchResponse,
     FeedbackRequest,

@@ -19,7 +19,7 @@ from typing import Any
 
 from common.http import ServiceClient
 from common.schemas import Task, Trajectory
-from task_manager.api import (
+from task_manager.protocol import (
     BatchResponse,
     GradeResponse,
     JobInfo,

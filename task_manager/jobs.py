@@ -16,22 +16,30 @@ import random
 import signal
 import sqlite3
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from common.schemas import Task
-from task_manager.api import JobRequest
 from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, explore_episode
 from task_manager.kinds import proposal_kind
 from task_manager.lookups import LookupSynthesizer
 from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
+from task_manager.protocol import JobRequest
 from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
 from task_manager.verify import verify
 
 if TYPE_CHECKING:
-    from task_manager.service import TaskManager
+    import numpy as np
+
+    from common.llm import LLMClient
+    from task_manager.dedup import DedupIndex
+    from task_manager.envs import EnvAccess
+    from task_manager.profile import EnvProfile
+    from task_manager.settings import TaskManagerSettings
+    from task_manager.store import TaskStore
 
 FAULT_ENV = "EVOLVER_TM_FAULT"  # "kill_before_commit:<episode>" or "kill_after_commit:<episode>"
 
@@ -60,9 +68,28 @@ def _fault(stage: str, episode: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@dataclass(frozen=True)
+class JobContext:
+    """What a job reads and calls: the store, the environment, the settings, and the service's building
+    blocks (the task manager passes its own methods)."""
+
+    store: TaskStore
+    access: EnvAccess
+    settings: TaskManagerSettings
+    llm: Callable[[str], LLMClient]  # the client of an LLM role: explorer, synthesizer
+    roles: Callable[[JobRequest], tuple[str, str]]  # the explorer and synthesizer kinds a job uses
+    explore_config: Callable[[JobRequest], ExploreConfig]
+    profile: Callable[[str], Awaitable[EnvProfile]]
+    dedup_index: Callable[[str], Awaitable[DedupIndex]]
+    asked_kinds: Callable[[str], Awaitable[dict[tuple[str, str], int]]]
+    recent_queries: Callable[[str], list[str]]
+    embed: Callable[[list[str]], Awaitable[list[np.ndarray] | None]]
+    tasks_changed: Callable[[str], None]  # an environment's stored tasks changed
+
+
 class JobRunner:
-    def __init__(self, manager: TaskManager) -> None:
-        self.manager = manager
+    def __init__(self, context: JobContext) -> None:
+        self.context = context
         self.tasks: dict[str, asyncio.Task] = {}
         self._cancelled: set[str] = set()
 
@@ -80,7 +107,7 @@ class JobRunner:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
     async def _guarded(self, job_id: str) -> None:
-        store = self.manager.store
+        store = self.context.store
         try:
             await self.run(job_id)
         except asyncio.CancelledError:
@@ -90,28 +117,28 @@ class JobRunner:
             store.set_job(job_id, status="failed", error=f"{type(exc).__name__}: {exc}")
 
     async def run(self, job_id: str) -> None:
-        manager, store = self.manager, self.manager.store
+        context, store = self.context, self.context.store
         job = store.job(job_id)
         if job is None:
             return
         request = JobRequest.model_validate(job["params"])
         progress, cursor = job["progress"], job["cursor"]
         store.set_job(job_id, status="running")
-        seeds = request.seed_tasks or await manager.access.task_ids(request.env, "train")
+        seeds = request.seed_tasks or await context.access.task_ids(request.env, "train")
         if not seeds:
             raise ValueError(f"environment {request.env!r} has no train tasks to explore from; pass seed_tasks")
-        config = manager.explore_config(request)
-        profile = await manager.profile(request.env)
-        explorer_kind, synthesizer_kind = manager.roles(request)
-        index = await manager.dedup_index(request.env) if request.kind == "synthesize" else None
-        if request.kind == "synthesize" and manager.settings.synthesis.lookup_kinds == "train":
+        config = context.explore_config(request)
+        profile = await context.profile(request.env)
+        explorer_kind, synthesizer_kind = context.roles(request)
+        index = await context.dedup_index(request.env) if request.kind == "synthesize" else None
+        if request.kind == "synthesize" and context.settings.synthesis.lookup_kinds == "train":
             # What the environment's train tasks ask, by lookup kind and form (the job writes only those).
             progress["asked_kinds"] = {f"{kind}/{form}": n for (kind, form), n in
-                                       (await manager.asked_kinds(request.env)).items()}
+                                       (await context.asked_kinds(request.env)).items()}
         logger.info("job {}: {} on {} from episode {} of {} (explorer {}, synthesizer {})", job_id, request.kind,
                     request.env, cursor, request.episodes, explorer_kind,
                     synthesizer_kind if request.kind == "synthesize" else "-")
-        concurrency = manager.settings.explore.concurrency
+        concurrency = context.settings.explore.concurrency
         failures_in_a_row = 0
         while cursor < request.episodes:
             if job_id in self._cancelled:
@@ -132,35 +159,35 @@ class JobRunner:
 
     async def _episode(self, job_id: str, request: JobRequest, episode: int, seeds: list[str], config: ExploreConfig,
                        profile: Any, explorer_kind: str, synthesizer_kind: str) -> EpisodeResult:
-        manager = self.manager
+        context = self.context
         result = EpisodeResult(episode)
         rng = random.Random(f"{request.seed}:{episode}")
         seed_task = seeds[episode % len(seeds)]
         try:
-            explorer = (LLMExplorer(manager.llm("explorer"), manager.settings.explore.max_tokens)
+            explorer = (LLMExplorer(context.llm("explorer"), context.settings.explore.max_tokens)
                         if explorer_kind == "llm" else RandomExplorer(rng))
-            exploration = await explore_episode(manager.access, explorer, profile, request.env, seed_task, config)
+            exploration = await explore_episode(context.access, explorer, profile, request.env, seed_task, config)
             exploration.job_id, exploration.episode = job_id, episode
             exploration.exploration_id = f"expl-{canonical_hash([job_id, episode])}"
             result.exploration = exploration
             if request.kind != "synthesize":
                 return result
-            synthesis = manager.settings.synthesis
+            synthesis = context.settings.synthesis
             proposals: list[Proposal] = []
             if "goal" in synthesis.kinds and synthesizer_kind == "llm":
-                synthesizer = LLMSynthesizer(manager.llm("synthesizer"), profile, synthesis.max_tokens,
+                synthesizer = LLMSynthesizer(context.llm("synthesizer"), profile, synthesis.max_tokens,
                                              synthesis.temperature, synthesis.min_confidence)
-                tools = await manager.access.tool_docs(request.env, seed_task)
-                proposals, result.stats = await synthesizer.propose(exploration, manager.recent_queries(request.env),
+                tools = await context.access.tool_docs(request.env, seed_task)
+                proposals, result.stats = await synthesizer.propose(exploration, context.recent_queries(request.env),
                                                                     tools)
             elif "goal" in synthesis.kinds:
-                hindsight = HindsightSynthesizer(manager.access, profile, synthesis.max_goals, synthesis.max_repairs,
+                hindsight = HindsightSynthesizer(context.access, profile, synthesis.max_goals, synthesis.max_repairs,
                                                  tuple(synthesis.query_forms))
                 proposals, result.stats = await hindsight.propose(exploration)
             if "lookup" in synthesis.kinds:
                 asked = None
                 if synthesis.lookup_kinds == "train":
-                    asked = await manager.asked_kinds(request.env)
+                    asked = await context.asked_kinds(request.env)
                     if not asked:
                         raise ValueError(f"synthesis.lookup_kinds is 'train' but no train task of {request.env!r} has "
                                          "the wording of a lookup form of its profile (the first "
@@ -172,7 +199,7 @@ class JobRunner:
                 result.stats.parsed += stats.parsed
             result.proposed_kinds.update(proposal_kind(p) for p in proposals)
             for proposal in proposals:
-                reference, reason = await verify(manager.access, proposal)
+                reference, reason = await verify(context.access, proposal)
                 if reference is None:
                     result.rejected[reason] += 1
                 else:
@@ -184,7 +211,7 @@ class JobRunner:
 
     async def _commit(self, job_id: str, request: JobRequest, result: EpisodeResult, progress: dict[str, Any],
                       index: Any) -> None:
-        manager, store = self.manager, self.manager.store
+        context, store = self.context, self.context.store
         candidates = []
         for proposal, reference in result.verified:
             sig = signature(proposal)
@@ -195,7 +222,7 @@ class JobRunner:
                     goal += ["lookup", proposal.lookup.kind, proposal.lookup.identity, proposal.lookup.answer]
                 goal_key = canonical_hash(goal + ["names"] if proposal.query_form == "names" else goal)
             candidates.append((proposal, reference, sig, goal_key))
-        vectors = await manager.embed([p.query for p, *_ in candidates]) if candidates else []
+        vectors = await context.embed([p.query for p, *_ in candidates]) if candidates else []
         _fault("kill_before_commit", result.episode)
         kept: list[Task] = []
         dropped: Counter = Counter()
@@ -227,7 +254,7 @@ class JobRunner:
                 store.insert_exploration(db, result.exploration)
             _update(progress, result, kept, dropped)
             store.update_job(db, job_id, cursor=result.episode + 1, progress=progress)
-        manager.tasks_changed(request.env)
+        context.tasks_changed(request.env)
         _fault("kill_after_commit", result.episode)
         if kept:
             # INFO carries ids and counts only: queries are fine, references never reach a log line.

@@ -18,7 +18,17 @@ from loguru import logger
 from common.llm import LLMClient
 from common.schemas import Task, new_id
 from common.service import ServiceError
-from task_manager.api import (
+from task_manager.curriculum import sample_batch, task_key, task_kind
+from task_manager.dedup import DedupIndex
+from task_manager.envs import EnvAccess
+from task_manager.explore import ExploreConfig
+from task_manager.grading import Grade, GradingError, llm_judge, state_match
+from task_manager.jobs import JobContext, JobRunner, new_progress
+from task_manager.kinds import asked_kinds, classify, lookup_kinds
+from task_manager.lookups import grade_answer
+from task_manager.models import StoredTask
+from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
+from task_manager.protocol import (
     BatchRequest,
     FeedbackRequest,
     GradeRequest,
@@ -26,16 +36,6 @@ from task_manager.api import (
     SeedRequest,
     TrainingReferencesRequest,
 )
-from task_manager.curriculum import sample_batch, task_key, task_kind
-from task_manager.dedup import DedupIndex
-from task_manager.envs import EnvAccess
-from task_manager.explore import ExploreConfig
-from task_manager.grading import Grade, GradingError, llm_judge, state_match
-from task_manager.jobs import JobRunner, new_progress
-from task_manager.kinds import asked_kinds, classify, lookup_kinds
-from task_manager.lookups import grade_answer
-from task_manager.models import StoredTask
-from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
 from task_manager.seeding import (
     SeedingRefused,
     SeedReport,
@@ -57,7 +57,11 @@ class TaskManager:
         self.store = TaskStore(Path(settings.store_dir) / "tasks.sqlite")
         self.access = EnvAccess(env_client, settings.error_pattern, tuple(settings.volatile_state_keys))
         self.env_client = env_client
-        self.jobs = JobRunner(self)
+        self.jobs = JobRunner(JobContext(
+            store=self.store, access=self.access, settings=settings, llm=self.llm, roles=self.roles,
+            explore_config=self.explore_config, profile=self.profile, dedup_index=self.dedup_index,
+            asked_kinds=self.asked_kinds, recent_queries=self.recent_queries, embed=self.embed,
+            tasks_changed=self.tasks_changed))
         self.originals: dict[str, list[Task]] = {}
         self._profiles: dict[str, EnvProfile] = {}
         self._indices: dict[str, DedupIndex] = {}

@@ -55,7 +55,7 @@ from trainer.rollout import (
     evaluation_progress,
     rollout_progress,
 )
-from trainer.summary import mixed_outcome_groups, run_summary, write_summary
+from trainer.summary import RunRecord, mechanisms_summary, mixed_outcome_groups, run_summary, write_summary
 from trainer.update import PolicyUpdater, TrainSample, UpdateProgress
 from trainer.warm_start import warm_start
 
@@ -452,6 +452,18 @@ class LocalTrainer:
                 "dropped_groups": stats.dropped_groups, **self._step_counters(),
                 "degradations": degradations(self.mechanisms)}
 
+    async def summary(self, plot: Path | None) -> dict[str, Any]:
+        """The end-of-run summary: the mechanisms' counters and services first, then this run's record."""
+        mechanisms = await mechanisms_summary(self.tasks, self.experience, self.judge,
+                                              self.config.experience.inject, self.group_stats)
+        record = RunRecord(
+            collapsed=self.collapse.collapsed, steps=self.step, output_dir=self.out, run_id=self.run_id,
+            stats=self.group_stats, plot=plot, before=self.evaluations.get("before"),
+            after=self.evaluations.get("after"), eval_split=self.config.eval.split, metrics=self.metrics.records(),
+            warm_start=self.warm_start_report, resilience=self.resilience_summary(),
+            collapse=self.collapse.summary())
+        return run_summary(record, mechanisms)
+
     @property
     def tasks(self) -> TaskPeer | None:
         return self.mechanisms.tasks if self.mechanisms is not None else None
@@ -502,7 +514,11 @@ class LocalTrainer:
                 if cfg.checkpoint.every:  # a run killed in step 1 then resumes without evaluating again
                     self.save()
             if cfg.warm_start.enabled and self.step == 0 and self.warm_start_report is None:
-                self.warm_start_report = await warm_start(self)
+                assert self.policy is not None and self.env is not None
+                self.warm_start_report = await warm_start(
+                    cfg.warm_start, cfg.rollout, cfg.seed, env=self.env,
+                    tasks=self.tasks.client if self.tasks is not None else None, tokenizer=self.tokenizer,
+                    model=self.model, device=self.device, policy=self.policy, ref_model=self.updater.ref_model)
                 if cfg.checkpoint.every:  # a resumed run starts from the warm-started weights
                     self.save()
             progress = _progress(cfg.progress, cfg.steps, self.step)
@@ -518,14 +534,14 @@ class LocalTrainer:
                     self.save()
                 progress(self.step, metrics)
                 if self.collapse.collapsed:
-                    write_summary(self.out, await run_summary(self, self.metrics.plot() if cfg.plot else None))
+                    write_summary(self.out, await self.summary(self.metrics.plot() if cfg.plot else None))
                     raise RunCollapsed(self.collapse.collapse["message"])
             if self.experience is not None:  # what waited for the experience manager, with the full budget
                 await self.experience.deliver_pending(wait=True)
             if cfg.export_dir:
                 export_model(lora.merged_copy(self.model), self.tokenizer, cfg.export_dir)
             plot = self.metrics.plot() if cfg.plot else None
-            summary = await run_summary(self, plot)
+            summary = await self.summary(plot)
             write_summary(self.out, summary)
             return {**summary, "history": history}
         finally:

@@ -32,7 +32,7 @@ from typing import Any
 from loguru import logger
 
 from advantage.client import JudgeClient, apply_judgments
-from advantage.judge.parsing import fallback_labels
+from advantage.judge.schemas import fallback_labels
 from common.http import OutageCounters, PeerUnavailable, ServiceCallError, ServiceClient
 from common.schemas import ChatMessage, Task, Trajectory
 from env_service.client import EnvClient

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from advantage.estimators.segments import join_segments
-
-SHARD_PREFIX = "shard-"
-INDEX_NAME = "index.jsonl"
+from trainer.protocol import INDEX_NAME, SHARD_PREFIX
 
 
 class _Tokenizer(Protocol):

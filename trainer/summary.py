@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loguru import logger
 
-from trainer.rollout import EvalSummary, Rollout
-
-if TYPE_CHECKING:
-    from trainer.local import LocalTrainer
+from trainer.peers import ExperiencePeer, JudgePeer, TaskPeer
+from trainer.rollout import EvalSummary, GroupStats, Rollout
 
 Z95 = 1.959964
 
@@ -187,49 +186,73 @@ async def _service_stats(peer: Any, name: str) -> dict[str, Any] | None:
         return None
 
 
-async def run_summary(trainer: LocalTrainer, plot: Path | None) -> dict[str, Any]:
+async def mechanisms_summary(tasks: TaskPeer | None, experience: ExperiencePeer | None, judge: JudgePeer | None,
+                             inject: str, stats: GroupStats) -> dict[str, Any]:
+    """What each mechanism did: its peer's counters, and the statistics its service reports now."""
     mechanisms: dict[str, Any] = {}
-    if trainer.tasks is not None:
-        stats = await _service_stats(trainer.tasks, "task manager")
-        funnel = (stats or {}).get("funnel", {})
+    if tasks is not None:
+        service = await _service_stats(tasks, "task manager")
+        funnel = (service or {}).get("funnel", {})
         mechanisms["self_questioning"] = {
-            **trainer.tasks.summary(), "tasks_proposed": funnel.get("proposed"), "tasks_kept": funnel.get("kept"),
-            "funnel_by_kind": (stats or {}).get("funnel_by_kind"),
-            "service": stats}
-    if trainer.experience is not None:
+            **tasks.summary(), "tasks_proposed": funnel.get("proposed"), "tasks_kept": funnel.get("kept"),
+            "funnel_by_kind": (service or {}).get("funnel_by_kind"),
+            "service": service}
+    if experience is not None:
         seeding = (mechanisms.get("self_questioning", {}).get("service") or {}).get("seeding") or {}
-        mechanisms["self_navigating"] = {**trainer.experience.summary(),
+        mechanisms["self_navigating"] = {**experience.summary(),
                                          # inject: turns -- demonstrations shown as turns, and text fallbacks
-                                         "inject": trainer.config.experience.inject,
-                                         "turns_injected": trainer.group_stats.turns_injected,
-                                         "text_fallbacks": trainer.group_stats.text_fallbacks,
+                                         "inject": inject,
+                                         "turns_injected": stats.turns_injected,
+                                         "text_fallbacks": stats.text_fallbacks,
                                          # demonstrations cut to fit the context, and those that still did not
-                                         "demonstrations_shortened": trainer.group_stats.demos_shortened,
-                                         "demonstrations_dropped": trainer.group_stats.demos_dropped,
-                                         **same_kind(trainer.group_stats),
+                                         "demonstrations_shortened": stats.demos_shortened,
+                                         "demonstrations_dropped": stats.demos_dropped,
+                                         **same_kind(stats),
                                          # pool seeding from verified synthetic tasks before training
                                          "seeded_trajectories": sum(int(r.get("sent", 0)) for r in seeding.values()),
                                          "seeded_experiences": sum(int(r.get("experiences_created", 0))
                                                                    for r in seeding.values()),
-                                         "pool": await _service_stats(trainer.experience, "experience manager")}
-    if trainer.judge is not None:
-        mechanisms["self_attributing"] = {**trainer.judge.summary(),
-                                          "service": await _service_stats(trainer.judge, "judge")}
-    stats = trainer.group_stats
+                                         "pool": await _service_stats(experience, "experience manager")}
+    if judge is not None:
+        mechanisms["self_attributing"] = {**judge.summary(),
+                                          "service": await _service_stats(judge, "judge")}
+    return mechanisms
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the summary reads of a run, as plain values (the trainer fills it in at the end)."""
+
+    collapsed: bool
+    steps: int
+    output_dir: Path
+    run_id: str
+    stats: GroupStats
+    plot: Path | None
+    before: EvalSummary | None  # held-out evaluation before the first step
+    after: EvalSummary | None  # and after the last
+    eval_split: str | None
+    metrics: list[dict[str, Any]]  # the metrics log, one record per step
+    warm_start: dict[str, Any] | None  # trainer.warm_start: data, token counts, loss curve
+    resilience: dict[str, Any]
+    collapse: dict[str, Any]
+
+
+def run_summary(run: RunRecord, mechanisms: dict[str, Any]) -> dict[str, Any]:
+    stats = run.stats
     summary = {
         # collapsed: the collapse detectors stopped the run (`collapse` names the signal)
-        "status": "collapsed" if trainer.collapse.collapsed else "finished",
-        "steps": trainer.step, "output_dir": str(trainer.out), "run_id": trainer.run_id,
+        "status": "collapsed" if run.collapsed else "finished",
+        "steps": run.steps, "output_dir": str(run.output_dir), "run_id": run.run_id,
         "dropped_groups": stats.dropped_groups, "failed_attempts": stats.failed_attempts, "rollouts": stats.rollouts,
         "environment_errors": stats.environment_errors,  # rollouts the environment failed, not the policy
-        "plot": str(plot) if plot else None,
-        "eval": eval_table(trainer.evaluations.get("before"), trainer.evaluations.get("after"),
-                           split=trainer.config.eval.split),
-        "training": training_signal(trainer.metrics.records()),
-        "warm_start": trainer.warm_start_report,  # trainer.warm_start: data, token counts, loss curve
+        "plot": str(run.plot) if run.plot else None,
+        "eval": eval_table(run.before, run.after, split=run.eval_split),
+        "training": training_signal(run.metrics),
+        "warm_start": run.warm_start,
         "mechanisms": mechanisms,
-        "resilience": trainer.resilience_summary(),
-        "collapse": trainer.collapse.summary(),
+        "resilience": run.resilience,
+        "collapse": run.collapse,
     }
     summary["checks"] = loop_checks(summary)
     return summary

@@ -34,8 +34,8 @@ from trainer.update import make_scheduler
 
 if TYPE_CHECKING:
     from task_manager.client import TaskClient
-    from trainer.local import LocalTrainer
     from trainer.peers import EnvPeer
+    from trainer.policy import Policy
 
 
 @dataclass
@@ -172,23 +172,21 @@ def _summed_loss(model: torch.nn.Module, sample: Segment, device: torch.device) 
     return torch.nn.functional.cross_entropy(logits, torch.tensor(targets, device=device), reduction="sum")
 
 
-async def warm_start(trainer: LocalTrainer) -> dict[str, Any]:
+async def warm_start(settings: WarmStartConfig, rollout: RolloutConfig, seed: int, *, env: EnvPeer,
+                     tasks: TaskClient | None, tokenizer: Any, model: torch.nn.Module, device: torch.device,
+                     policy: Policy, ref_model: torch.nn.Module | None) -> dict[str, Any]:
     """Fine-tune the trainer's model on the configured source, then load the weights into the policy (and the
     KL reference, which is the policy RL starts from). Returns the report for the summary."""
-    cfg = trainer.config
-    settings = cfg.warm_start
-    assert trainer.policy is not None and trainer.env is not None
-    solved, source_report = await gather(settings, cfg.rollout.env, trainer.env,
-                                         trainer.tasks.client if trainer.tasks is not None else None)
-    samples, data = training_data(solved, trainer.tokenizer, cfg.rollout)
+    solved, source_report = await gather(settings, rollout.env, env, tasks)
+    samples, data = training_data(solved, tokenizer, rollout)
     if not samples:
         raise RuntimeError(f"warm_start (source: {settings.source}) found no solved task to train on "
                            f"(source: {source_report}; {data['too_long']} longer than rollout.max_context)")
     logger.info("warm start on {} solved {} tasks ({} samples, {} tokens, {} trained)", data["tasks"],
                 settings.source, data["samples"], data["tokens"], data["assistant_tokens"])
-    trained = await asyncio.to_thread(fine_tune, trainer.model, samples, settings, trainer.device, cfg.seed)
-    await trainer.policy.load_weights(lora.serving_view(trainer.model))
-    if trainer.updater.ref_model is not None:
-        trainer.updater.ref_model.load_state_dict(lora.merged_state_dict(trainer.model))
+    trained = await asyncio.to_thread(fine_tune, model, samples, settings, device, seed)
+    await policy.load_weights(lora.serving_view(model))
+    if ref_model is not None:
+        ref_model.load_state_dict(lora.merged_state_dict(model))
     return {"source": settings.source, "epochs": settings.epochs, "lr": settings.lr,
             "batch_size": settings.batch_size, **trained, **data, "source_report": source_report}

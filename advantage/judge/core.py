@@ -17,7 +17,7 @@ from pathlib import Path
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter
 
-from advantage.judge.parsing import ParsedOutput, complete_labels, fallback_labels, parse_judgments, reconcile
+from advantage.judge.parsing import ParsedOutput, complete_labels, parse_judgments, reconcile
 from advantage.judge.prompt import build_messages, is_success, retry_messages, truncate
 from advantage.judge.reference_rule import label_steps
 from advantage.judge.references import FetchedReference, ReferenceSource
@@ -28,6 +28,7 @@ from advantage.judge.schemas import (
     JudgeTrajectory,
     LabelSource,
     TrajectoryJudgment,
+    fallback_labels,
 )
 from advantage.judge.settings import JudgeSettings
 from advantage.judge.structured import analysis_chars, answer_tokens, label_schema, parse_json_judgments

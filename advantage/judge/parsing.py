@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from advantage.judge.schemas import MAX_REASON_CHARS
 from common.schemas import StepLabel
 
 Label = Literal["GOOD", "BAD"]
@@ -15,7 +16,6 @@ Label = Literal["GOOD", "BAD"]
 _JUDGMENT = re.compile(r"step\W{0,8}(\d+)\W{0,8}judge?ment\W{0,8}(good|bad)\b(?!\s*(?:/|or\b)\s*(?:good|bad))",
                        re.IGNORECASE)
 _ANALYSIS = re.compile(r"step\W{0,8}(\d+)\W{0,8}analysis\W{0,8}([^\n]*)", re.IGNORECASE)
-MAX_REASON_CHARS = 300
 
 
 @dataclass
@@ -85,9 +85,3 @@ def complete_labels(reconciled: Reconciled, steps: int, success: bool) -> tuple[
                         else "filled: no judgment for this step")
               for t in range(steps)]
     return labels, missing, notes
-
-
-def fallback_labels(steps: int, success: bool, why: str) -> list[StepLabel]:
-    fill: Label = "GOOD" if success else "BAD"
-    return [StepLabel(step=t, label=fill, reason=f"fallback to the outcome's sign: {why}"[:MAX_REASON_CHARS])
-            for t in range(steps)]

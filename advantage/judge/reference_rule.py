@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from advantage.judge.schemas import JudgeStep
+from common.actions import ActionParseError, parse_text_actions
 from common.answers import answer_alone, answer_stated
 from common.schemas import StepLabel
-from env_service.actions import ActionParseError, parse_text_actions
 
 # `advantage.client.render_action` writes an OpenAI tool call as `[tool call] name({json arguments})`.
 _RENDERED_PREFIX = "[tool call] "

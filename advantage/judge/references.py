@@ -14,8 +14,8 @@ from loguru import logger
 
 from advantage.judge.reference_rule import Reference, call_key, step_calls
 from common.http import ServiceCallError
-from task_manager.api import ReferenceResponse
 from task_manager.client import TaskClient
+from task_manager.protocol import ReferenceResponse
 
 NO_REFERENCE = (404, 409)  # unknown here, or an original task: the configured LLM judge labels it
 

@@ -30,6 +30,15 @@ class JudgeRequest(WireModel):
 # Who labelled a trajectory: the reference rule, the LLM given the task's reference, the LLM alone, or nobody
 # (no reference and no LLM configured: the outcome's sign, flagged as a fallback).
 LabelSource = Literal["rule", "llm+reference", "llm", "outcome"]
+MAX_REASON_CHARS = 300  # a label's reason, at most
+
+
+def fallback_labels(steps: int, success: bool, why: str) -> list[StepLabel]:
+    """Every step labelled with the outcome's sign: what a fallback judgment holds, and what the trainer uses
+    when the judge cannot be reached."""
+    fill = "GOOD" if success else "BAD"
+    return [StepLabel(step=t, label=fill, reason=f"fallback to the outcome's sign: {why}"[:MAX_REASON_CHARS])
+            for t in range(steps)]
 
 
 class TrajectoryJudgment(WireModel):

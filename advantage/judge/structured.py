@@ -16,7 +16,8 @@ import json
 import re
 from typing import Any
 
-from advantage.judge.parsing import MAX_REASON_CHARS, Label, ParsedOutput
+from advantage.judge.parsing import Label, ParsedOutput
+from advantage.judge.schemas import MAX_REASON_CHARS
 
 # Printable ASCII without `"` and `\`: the analysis never needs an escape (one character, one byte).
 ANALYSIS_PATTERN = r"^[ !#-\[\]-~]*$"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from advantage.estimators import GigpoConfig, batch_from_trajectories, estimate
+from common.actions import ParsedCall
 from common.schemas import ChatMessage, Step, Trajectory
-from env_service.actions import ParsedCall
 from env_service.environments.base import EnvInstance, Environment
 from env_service.environments.flights import FlightsEnvironment
 from env_service.environments.flights.env import resolve_order_refs

@@ -18,7 +18,7 @@ import httpx
 import jsonschema
 import pytest
 
-from env_service.actions import ParsedCall
+from common.actions import ParsedCall
 from env_service.environments.flights import FlightsEnvironment
 from tests.env_service.service_support import env_server
 from tests.helpers import ServiceProcess

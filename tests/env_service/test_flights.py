@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.actions import ActionParseError, ParsedCall, parse_actions
 from common.schemas import ChatMessage, ToolCall, ToolFunction
-from env_service.actions import ActionParseError, ParsedCall, parse_actions
 from env_service.environments.flights import FlightsEnvironment
 from env_service.environments.flights.env import resolve_order_refs
 

@@ -26,9 +26,9 @@ from bfcl_eval.constants.default_prompts import (
 )
 from pydantic import Field, field_validator, model_validator
 
+from common.actions import ActionParseError, ParsedCall, parse_actions
 from common.config import StrictModel
 from common.schemas import ChatMessage, Split
-from env_service.actions import ActionParseError, ParsedCall, parse_actions
 from env_service.environments.base import EnvInstance, Environment, EvalResult, StepResult
 
 from .backend import EpisodeBackend, check, to_jsonable

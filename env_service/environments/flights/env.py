@@ -8,9 +8,9 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from common.actions import ActionParseError, ParsedCall, parse_actions
 from common.answers import answer_alone, answer_correct
 from common.schemas import ChatMessage, Split
-from env_service.actions import ActionParseError, ParsedCall, parse_actions
 from env_service.environments.base import SPLITS, EnvInstance, Environment, EvalResult, StepResult
 from env_service.environments.flights.desk import TOOL_SPECS, FlightDesk, ToolError, tool_docs
 from env_service.environments.flights.tasks import (

@@ -1,8 +1,8 @@
 """Parse tool calls out of an assistant message, in every format an agent may use.
 
-Shared by the tool-API environments (flights, bfcl, ...). Usage::
+Shared by the tool-API environments (flights, bfcl, ...) and the judge's reference rule. Usage::
 
-    from env_service.actions import ActionParseError, ParsedCall, parse_actions
+    from common.actions import ActionParseError, ParsedCall, parse_actions
 
     try:
         calls = parse_actions(message)          # message: common.schemas.ChatMessage
