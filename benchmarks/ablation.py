@@ -28,10 +28,12 @@ files (and nothing else) into REPORT.md and ablation.png. Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,20 +43,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.ablation_common import (  # noqa: E402
+    MECHANISMS_V1,
+    ROWS_V1,
+    ROWS_V2,
+    paired,
+    per_task_metric,
+    shares_task_store,
+    shares_warm_start,
+    success_lengths,
+)
+from benchmarks.ablation_common import ROWS as ROWS_BY_VERSION  # noqa: E402
 from common.config import ConfigError, StrictModel, compose  # noqa: E402
 from evolver_launcher.manifest import git_state  # noqa: E402
 from evolver_launcher.supervisor import COLLAPSED_EXIT  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-Row = Literal["base", "q", "qn", "qa", "full", "grpo"]
-ROWS: tuple[str, ...] = ("base", "q", "qn", "qa", "full", "grpo")
-# The mechanisms each trained row keeps on top of self-questioning (`grpo` has none of the three).
-MECHANISMS: dict[str, set[str]] = {"q": set(), "qn": {"experience"}, "qa": {"judge"},
-                                   "full": {"experience", "judge"}, "grpo": set()}
+ROWS, MECHANISMS = ROWS_V1, MECHANISMS_V1  # the v1 protocol's rows (examples/ablation/flights.yaml)
+__all__ = ["ROWS", "MECHANISMS", "derive", "load_protocol", "paired", "per_task_metric", "success_lengths"]
 
 
 class EvalProtocol(StrictModel):
@@ -68,22 +78,50 @@ class EvalProtocol(StrictModel):
 
 
 class CurveProtocol(StrictModel):
-    """The training curve: the trainer's greedy avg@1 on the first `tasks` validation tasks."""
+    """The training curve: the trainer's greedy avg@1 on the first `tasks` validation tasks, every `every`
+    steps (and at the end); `enabled: false`: no curve (no in-run evaluation at all)."""
 
+    enabled: bool = True
     tasks: int = Field(default=16, ge=1)
     every: int = Field(default=1, ge=1)
 
 
+class EnvPoolProtocol(StrictModel):
+    """The `env_n` row's pool: the first `per_kind` train tasks of every kind, their references replayed
+    (benchmarks/loop_probe.py's `--pool train`)."""
+
+    per_kind: int = Field(default=4, ge=1)
+    demo_format: Literal["python", "tool_call"] = "python"
+    obs_chars: int = Field(default=4000, ge=1)
+
+
 class AblationSettings(StrictModel):
+    version: Literal[1, 2] = Field(default=1, description="the row set: 1 (AgentEvolver's rows, flights.yaml) or "
+                                                          "2 (on top of a warm start, flights_v2.yaml)")
     frozen: bool = Field(default=False, description="true once every setting was chosen on validation; "
                                                      "the test split is evaluated only then")
     seeds: list[int] = Field(min_length=1, description="fixed before the first run")
-    rows: list[Row] = Field(default_factory=lambda: list(ROWS))
+    rows: list[str] | None = Field(default=None, description="the rows run, in order (default: all of the version's)")
     eval: EvalProtocol = Field(default_factory=EvalProtocol)
     curve: CurveProtocol = Field(default_factory=CurveProtocol)
     target_delta: float = Field(default=0.10, gt=0, description="steps to target: the curve reaches base + this")
     run_timeout_min: float = Field(default=45.0, gt=0, description="one (row, seed) training run")
     eval_threads: int = Field(default=2, ge=1, description="torch threads of the evaluations")
+    without_warm_start: dict[str, Any] = Field(default_factory=dict, description=(
+        "v2: merged into the run YAML of the rows without a warm start (full, env_n), e.g. their own lr and KL"))
+    env_pool: EnvPoolProtocol = Field(default_factory=EnvPoolProtocol)
+
+    @model_validator(mode="after")
+    def _rows_of_the_version(self) -> AblationSettings:
+        known = ROWS_BY_VERSION[self.version]
+        if self.rows is None:
+            self.rows = list(known)
+        unknown = [r for r in self.rows if r not in known]
+        if unknown:
+            raise ValueError(f"rows {unknown}: not rows of ablation version {self.version} ({', '.join(known)})")
+        if self.version == 1 and self.without_warm_start:
+            raise ValueError("without_warm_start: only for ablation version 2")
+        return self
 
 
 class Protocol(StrictModel):
@@ -93,6 +131,13 @@ class Protocol(StrictModel):
 
 def load_protocol(path: Path) -> Protocol:
     protocol = Protocol.model_validate(compose(path))
+    if protocol.ablation.version == 2:
+        warm = (protocol.run.get("trainer") or {}).get("warm_start") or {}
+        if not warm.get("enabled") or warm.get("source", "synthetic") != "synthetic" or warm.get("from_checkpoint"):
+            raise ConfigError("run.trainer.warm_start: the v2 run section is the W+full row: enable the warm start "
+                              "on synthetic references (source: synthetic, no from_checkpoint)")
+        if "env_n" in (protocol.ablation.rows or []) and protocol.run["trainer"]["rollout"]["env"] != "flights":
+            raise ConfigError("ablation.rows: env_n seeds its pool from flights train references (flights only)")
     services = set((protocol.run.get("launcher") or {}).get("services") or [])
     missing = {"env_service", "task_manager", "experience_manager", "judge"} - services
     if missing:
@@ -119,31 +164,64 @@ def _needs_llm_server(cfg: dict[str, Any], services: set[str]) -> bool:
             or policy.get("kind") == "endpoint")
 
 
-def derive(run: dict[str, Any], row: str, seed: int, settings: AblationSettings, runs_dir: Path) -> dict[str, Any]:
-    """One row's launcher YAML: the full row with mechanisms switched off, and the harness's fixed parts
-    (seed, checkpoint every step, resume, the validation curve)."""
-    if row not in MECHANISMS:
-        raise ValueError(f"row {row!r} is not trained (rows: {', '.join(MECHANISMS)})")
-    cfg = copy.deepcopy(run)
+def derive(run: dict[str, Any], row: str, seed: int, settings: AblationSettings, runs_dir: Path,
+           shared_warm_start: Path | None = None) -> dict[str, Any]:
+    """One row's launcher YAML, derived from the protocol's `run` section (v1: the `full` row; v2: `w_full`)."""
+    if settings.version == 1:
+        return derive_v1(run, row, seed, settings, runs_dir)
+    return derive_v2(run, row, seed, settings, runs_dir, shared_warm_start)
+
+
+def _fixed_parts(cfg: dict[str, Any], row: str, seed: int, settings: AblationSettings, runs_dir: Path
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The harness's parts, the same in every row: seed, checkpoint every step, resume, the validation curve."""
     launcher, trainer = cfg.setdefault("launcher", {}), cfg.setdefault("trainer", {})
     launcher.update(experiment=f"{row}-seed{seed}", runs_dir=str(runs_dir), resume=True)
     launcher.setdefault("studio", {})["enabled"] = False
     trainer["seed"] = seed
     trainer["checkpoint"] = {"every": 1, "keep": 2}
-    trainer["eval"] = {"split": "validation", "tasks": settings.curve.tasks, "k": 1, "greedy": True,
-                       "every": settings.curve.every, "before": False, "after": True}
+    curve = settings.curve
+    trainer["eval"] = {"split": "validation", "tasks": curve.tasks, "k": 1, "greedy": True,
+                       "every": curve.every if curve.enabled else 0, "before": False, "after": curve.enabled}
+    return launcher, trainer
+
+
+def _keep_services(cfg: dict[str, Any], keep: set[str]) -> None:
+    launcher = cfg["launcher"]
+    if _needs_llm_server(cfg, keep):
+        keep.add("llm_server")
+    launcher["services"] = [s for s in launcher.get("services", []) if s in keep]
+    launcher["ports"] = {s: p for s, p in (launcher.get("ports") or {}).items() if s in keep}
+
+
+def _synthetic_tasks_only(cfg: dict[str, Any]) -> None:
+    """Zero human data: only the synthesized tasks. An update, not a replacement: `pool_share` stays, so every
+    zero-human-data row holds the same tasks apart for the pool."""
+    cfg.setdefault("task_manager", {}).setdefault("mixture", {}).update(synthetic_ratio=1.0, use_original=False)
+    cfg["trainer"].setdefault("tasks", {})["synthetic_ratio"] = 1.0
+
+
+def _train_split_only(cfg: dict[str, Any]) -> None:
+    """The environment's own train split, no task manager."""
+    cfg["launcher"]["synthesis"] = {"episodes": 0}
+    cfg["trainer"]["train_split"] = "train"
+    cfg["trainer"].pop("tasks", None)
+
+
+def derive_v1(run: dict[str, Any], row: str, seed: int, settings: AblationSettings, runs_dir: Path) -> dict[str, Any]:
+    """The full row with mechanisms switched off (`MECHANISMS_V1`)."""
+    if row not in MECHANISMS_V1:
+        raise ValueError(f"row {row!r} is not trained (rows: {', '.join(MECHANISMS_V1)})")
+    cfg = copy.deepcopy(run)
+    launcher, trainer = _fixed_parts(cfg, row, seed, settings, runs_dir)
     rollout, advantage = trainer.setdefault("rollout", {}), trainer.setdefault("advantage", {})
-    mechanisms = MECHANISMS[row]
-    if row == "grpo":  # the reference row: the environment's own train split, no task manager
+    mechanisms = MECHANISMS_V1[row]
+    if row == "grpo":  # the reference row
         keep = {"env_service"}
-        launcher["synthesis"] = {"episodes": 0}
-        trainer["train_split"] = "train"
-        trainer.pop("tasks", None)
-    else:  # zero human data: only the synthesized tasks
+        _train_split_only(cfg)
+    else:
         keep = {"env_service", "task_manager"}
-        # update, not replace: `pool_share` stays, so every zero-human-data row trains on the same tasks
-        cfg.setdefault("task_manager", {}).setdefault("mixture", {}).update(synthetic_ratio=1.0, use_original=False)
-        trainer.setdefault("tasks", {})["synthetic_ratio"] = 1.0
+        _synthetic_tasks_only(cfg)
     if "experience" in mechanisms:
         keep.add("experience_manager")
     else:
@@ -153,11 +231,61 @@ def derive(run: dict[str, Any], row: str, seed: int, settings: AblationSettings,
         keep.add("judge")
     else:
         advantage["estimator"] = "grpo"
-    if _needs_llm_server(cfg, keep):
-        keep.add("llm_server")
-    launcher["services"] = [s for s in launcher.get("services", []) if s in keep]
-    launcher["ports"] = {s: p for s, p in (launcher.get("ports") or {}).items() if s in keep}
+    _keep_services(cfg, keep)
     return cfg
+
+
+def derive_v2(run: dict[str, Any], row: str, seed: int, settings: AblationSettings, runs_dir: Path,
+              shared_warm_start: Path | None = None) -> dict[str, Any]:
+    """The W+full row with what `ROWS_V2[row]` switches off. A row sharing the `w` row's warm start loads it
+    from `shared_warm_start` (that row's step-0 checkpoint) instead of fine-tuning again."""
+    if row not in ROWS_V2:
+        raise ValueError(f"row {row!r} is not trained (rows: {', '.join(ROWS_V2)})")
+    spec = ROWS_V2[row]
+    cfg = copy.deepcopy(run)
+    if spec.warm_start is None:
+        cfg = deep_merge(cfg, settings.without_warm_start)
+    launcher, trainer = _fixed_parts(cfg, row, seed, settings, runs_dir)
+    rollout, advantage = trainer.setdefault("rollout", {}), trainer.setdefault("advantage", {})
+    if spec.warm_start is None:
+        trainer["warm_start"] = {"enabled": False}
+    else:
+        warm = trainer.setdefault("warm_start", {})
+        warm.update(enabled=True, source=spec.warm_start)
+        if shares_warm_start(row):
+            if shared_warm_start is None:
+                raise ValueError(f"row {row} starts from the w row's warm start: give its checkpoint")
+            warm["from_checkpoint"] = str(shared_warm_start)
+    if not spec.rl:
+        trainer["steps"] = 0  # the warm-started policy is evaluated as it is
+    keep = {"env_service"}
+    if spec.tasks == "synthetic":
+        keep.add("task_manager")
+        _synthetic_tasks_only(cfg)
+    else:
+        _train_split_only(cfg)
+    synthesis = launcher.setdefault("synthesis", {})
+    if spec.demonstrations is None:
+        rollout["experience_ratio"] = 0.0
+        synthesis["seed_experience"] = False
+    else:
+        keep.add("experience_manager")
+        # `train`: the harness seeds the pool from train references before the launcher starts
+        synthesis["seed_experience"] = spec.demonstrations == "synthetic"
+    if spec.judge:
+        keep.add("judge")
+    else:
+        advantage["estimator"] = "grpo"
+    _keep_services(cfg, keep)
+    return cfg
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `override`'s keys set, nested mappings merged key by key."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -195,6 +323,7 @@ class Harness:
         return {"benchmark": "ablation", "row": row, "seed": seed, "git": self.git,
                 "protocol": {"path": str(self.protocol_path), "sha256": self.protocol_sha,
                              "frozen": self.settings.frozen},
+                "ablation_version": self.settings.version,
                 "explore": self.explore, "eval_protocol": self.eval.model_dump(),
                 "curve_protocol": self.settings.curve.model_dump(), "target_delta": self.settings.target_delta}
 
@@ -218,7 +347,19 @@ class Harness:
                                    "--out", str(out)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0:
             raise SystemExit(f"ablation: the evaluation failed (exit {code}); see {out.with_suffix('.log')}")
-        return {**json.loads(out.read_text()), "argv": argv, "seconds": round(time.monotonic() - started, 1)}
+        result = json.loads(out.read_text())
+        return {**result, "argv": argv, "seconds": round(time.monotonic() - started, 1),
+                "kinds": self.task_kinds(list(result["per_task"]))}
+
+    def task_kinds(self, task_ids: list[str]) -> dict[str, str] | None:
+        """Each task's kind (flights: its world's lookup kind), for the per-kind tables; None for another env."""
+        if self.protocol.run["trainer"]["rollout"]["env"] != "flights":
+            return None
+        from env_service.environments.flights.env import FlightsEnvironment
+
+        config = ((self.protocol.run.get("env_service") or {}).get("environments") or {}).get("flights") or {}
+        env = FlightsEnvironment(config)
+        return {t: env.task(t).kind for t in task_ids}
 
     def result_path(self, row: str, seed: int) -> Path:
         return self.results_dir / f"{row}-seed{seed}.json"
@@ -240,9 +381,10 @@ class Harness:
         model = ["--model", self.protocol.run["trainer"].get("model", "smollm2")]
         start = self.evaluate(model, split=self.eval.split, tasks=self.eval.tasks, k=self.eval.k, sample=True,
                               seed=seed)
-        curve = self.evaluate(model, split="validation", tasks=self.settings.curve.tasks, k=1, sample=False,
-                              seed=seed)
-        payload = {**self.meta("base", seed), "eval_start": start, "curve_start": curve}
+        payload = {**self.meta("base", seed), "eval_start": start}
+        if self.settings.curve.enabled:
+            payload["curve_start"] = self.evaluate(model, split="validation", tasks=self.settings.curve.tasks, k=1,
+                                                   sample=False, seed=seed)
         self.write("base", seed, payload)
         return payload
 
@@ -251,9 +393,65 @@ class Harness:
     def run_dir(self, row: str, seed: int) -> Path:
         return self.runs_dir / f"{row}-seed{seed}"
 
+    def shared_warm_start(self, row: str, seed: int) -> Path | None:
+        """The `w` row's step-0 checkpoint when `row` starts from it (v2), else None."""
+        if self.settings.version != 2 or not shares_warm_start(row):
+            return None
+        return self.run_dir("w", seed) / "trainer" / "checkpoints" / "step_000000.pt"
+
+    def derive(self, row: str, seed: int) -> dict[str, Any]:
+        return derive(self.protocol.run, row, seed, self.settings, self.runs_dir, self.shared_warm_start(row, seed))
+
+    def prepare(self, row: str, seed: int) -> None:
+        """Before a v2 row's first launch: the `w` row trained once for the seed, its task store copied into the
+        rows that train on its synthetic tasks (the launcher then does not synthesize again), and `env_n`'s
+        pool seeded from train references."""
+        run_dir = self.run_dir(row, seed)
+        if self.settings.version != 2 or row == "w":
+            return
+        if shares_task_store(row) or shares_warm_start(row):
+            self.train("w", seed)
+            store = run_dir / "task_manager"
+            if shares_task_store(row) and not store.exists():
+                shutil.copytree(self.run_dir("w", seed) / "task_manager", store)
+        if row == "env_n":
+            self.seed_train_pool(run_dir)
+
+    def seed_train_pool(self, run_dir: Path) -> dict[str, Any]:
+        """The pool of `env_n` (probe 4's recipe): the first `env_pool.per_kind` train tasks of every kind, their
+        references replayed, summarized into the store the run's experience manager then opens."""
+        done = run_dir / "pool-seeding.json"
+        if done.is_file():
+            return json.loads(done.read_text())
+        from benchmarks.loop_probe import seed_pool
+        from env_service.environments.flights.env import FlightsEnvironment
+        from tests.helpers import run_service
+        from trainer.peers import EnvPeer
+
+        run = self.protocol.run
+        conf = run_dir / "pool-seeding.yaml"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(yaml.safe_dump({"experience_manager": {**(run.get("experience_manager") or {}),
+                                                               "store": str(run_dir / "experience_store")}}))
+        flights = FlightsEnvironment(((run.get("env_service") or {}).get("environments") or {}).get("flights") or {})
+        workspace = ((run["trainer"].get("experience") or {}).get("workspace")) or "default"
+        pool = self.settings.env_pool
+
+        async def seed(em_url: str) -> dict[str, Any]:
+            env = EnvPeer(self.env_url())
+            try:
+                return await seed_pool(env, flights, em_url, workspace, pool.per_kind, pool.demo_format, pool.obs_chars)
+            finally:
+                await env.aclose()
+
+        with run_service("experience_manager", ["--conf", str(conf)], log_dir=self.runs_dir / "logs") as em:
+            report = asyncio.run(seed(em.url))
+        done.write_text(json.dumps(report))
+        return report
+
     def train(self, row: str, seed: int) -> tuple[Path, float]:
         """Train (or continue) one run through the launcher; returns its trainer folder and the wall time."""
-        cfg = derive(self.protocol.run, row, seed, self.settings, self.runs_dir)
+        cfg = self.derive(row, seed)
         run_dir = self.run_dir(row, seed)
         out = Path(cfg["trainer"].get("output_dir") or run_dir / "trainer")
         marker = run_dir.parent / f"{run_dir.name}.protocol"
@@ -266,6 +464,7 @@ class Harness:
             return out, float(spent.read_text()) if spent.is_file() else 0.0
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(self.protocol_sha)
+        self.prepare(row, seed)
         conf = run_dir.parent / f"{run_dir.name}.yaml"
         conf.write_text(f"# Derived by benchmarks/ablation.py from {self.protocol_path} (row {row}, seed {seed}).\n"
                         + yaml.safe_dump(cfg, sort_keys=False))
@@ -291,7 +490,7 @@ class Harness:
         summary = json.loads((out / "summary.json").read_text())
         collapse = collapse_of(out)
         if collapse is not None:
-            payload = {**self.meta(row, seed), "config": derive(self.protocol.run, row, seed, self.settings, self.runs_dir),
+            payload = {**self.meta(row, seed), "config": self.derive(row, seed),
                        "failed": {"reason": "collapsed", "signal": collapse["signal"], "step": collapse["step"],
                                   "message": collapse["message"]},
                        "train": {"steps": summary["steps"], "wall_s": round(wall, 1), "collapse": collapse,
@@ -306,11 +505,11 @@ class Harness:
                             tasks=self.eval.tasks, k=self.eval.k, sample=True, seed=seed)
         if end["argv"] != base["eval_start"]["argv"]:
             raise SystemExit("ablation: the end evaluation's settings differ from the start's")
-        curve = [{"step": 0, "avg@1": base["curve_start"]["avg@1"]}]
+        curve = [{"step": 0, "avg@1": base["curve_start"]["avg@1"]}] if "curve_start" in base else []
         curve += [{"step": s, "avg@1": r["eval/avg@1"]} for s, r in records.items() if "eval/avg@1" in r]
         step_seconds = [r["time/step_s"] for r in records.values() if "time/step_s" in r]
         payload = {
-            **self.meta(row, seed), "config": derive(self.protocol.run, row, seed, self.settings, self.runs_dir),
+            **self.meta(row, seed), "config": self.derive(row, seed),
             "start_eval": f"base-seed{seed}.json (computed once per seed, shared by every row)",
             # wall_s: the training over every launcher invocation of this run
             "train": {"steps": summary["steps"], "wall_s": round(wall, 1), "step_s": step_seconds,
@@ -323,40 +522,20 @@ class Harness:
             "paired_vs_start": {m: interval(paired(base["eval_start"], end, m), (-1.0, 1.0))
                                 for m in ("avg", "best")},
         }
+        if self.settings.version == 2:
+            payload["paired_vs_start"].update({
+                f"strict_{m}": interval(paired(base["eval_start"], end, m, require_call=True), (-1.0, 1.0))
+                for m in ("avg", "best")})
+            payload["warm_start"] = summary.get("warm_start")
+            shared = self.shared_warm_start(row, seed)
+            spent = self.run_dir("w", seed).parent / f"w-seed{seed}.seconds"
+            payload["minutes"] = {
+                "train": round(wall / 60, 2), "eval": round(end["seconds"] / 60, 2),
+                "total": round((wall + end["seconds"]) / 60, 2),
+                # the warm start these weights came from, computed once for the seed (in the w row's train)
+                "shared_warm_start": round(float(spent.read_text()) / 60, 2) if shared and spent.is_file() else None}
         self.write(row, seed, payload)
         return payload
-
-
-def per_task_metric(result: dict[str, Any], metric: str) -> dict[str, float]:
-    """avg: the success share of a task's k samples; best: whether any succeeded (success = score 1)."""
-    out = {}
-    for task, scores in result["per_task"].items():
-        success = [float(s >= 1.0) for s in scores]
-        out[task] = sum(success) / len(success) if metric == "avg" else max(success)
-    return out
-
-
-def success_lengths(result: dict[str, Any]) -> dict[str, int] | None:
-    """Successful samples by episode length (on a one-call lookup, length 1 is an answer without any call);
-    None for an evaluation made before lengths were recorded."""
-    steps = result.get("per_task_steps")
-    if steps is None:
-        return None
-    counts: dict[str, int] = {}
-    for task, scores in result["per_task"].items():
-        for score, length in zip(scores, steps.get(task, []), strict=False):
-            if score >= 1.0:
-                counts[str(length)] = counts.get(str(length), 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
-
-
-def paired(before: dict[str, Any], after: dict[str, Any], metric: str) -> list[float]:
-    """After minus before, per task, over the tasks both evaluated with the same prompt."""
-    a, b = per_task_metric(after, metric), per_task_metric(before, metric)
-    differing = [t for t in a if t in b and before["prompts"].get(t) != after["prompts"].get(t)]
-    if differing:
-        raise ValueError(f"the prompts of {len(differing)} tasks differ between the evaluations (e.g. {differing[0]})")
-    return [a[t] - b[t] for t in sorted(a) if t in b]
 
 
 def collapse_of(out: Path) -> dict[str, Any] | None:

@@ -13,11 +13,20 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation import ROWS, paired, per_task_metric, success_lengths
+from benchmarks.ablation_common import (
+    LABELS,
+    LABELS_V2,
+    ROWS_V1,
+    ROWS_V2,
+    paired,
+    per_task_metric,
+    success_lengths,
+)
+from benchmarks.ablation_criteria import check_criteria, criteria_markdown, end_eval, per_kind
 from common.answers import answer_alone
 from trainer.summary import interval
 
-LABELS = {"base": "base", "q": "+Q", "qn": "+Q&N", "qa": "+Q&A", "full": "full", "grpo": "GRPO (train split)"}
+ROWS = tuple(dict.fromkeys((*ROWS_V1, *ROWS_V2)))  # every row of either version, in table order
 # AgentEvolver's ordering: base < +Q < +Q&N, +Q < +Q&A, and both below full.
 ORDERING = (("base", "q"), ("q", "qn"), ("q", "qa"), ("qn", "full"), ("qa", "full"))
 
@@ -42,15 +51,10 @@ def _ablation_files(directory: Path) -> list[dict[str, Any]]:
     return [d for d in found if d.get("benchmark") == "ablation"]
 
 
-def end_eval(runs: dict[str, dict[int, dict[str, Any]]], row: str, seed: int) -> dict[str, Any]:
-    """A row's evaluation at the end; base's is its start evaluation (no training)."""
-    data = runs[row][seed]
-    return data["eval_start"] if row == "base" else data["eval_end"]
-
-
-def seed_mean(runs: dict[str, dict[int, dict[str, Any]]], row: str, seeds: list[int], metric: str) -> dict[str, float]:
+def seed_mean(runs: dict[str, dict[int, dict[str, Any]]], row: str, seeds: list[int], metric: str, *,
+              require_call: bool = False) -> dict[str, float]:
     """Per task, the mean over `seeds` of the row's end metric."""
-    per_seed = [per_task_metric(end_eval(runs, row, s), metric) for s in seeds]
+    per_seed = [per_task_metric(end_eval(runs, row, s), metric, require_call=require_call) for s in seeds]
     tasks = set.intersection(*(set(p) for p in per_seed))
     return {t: sum(p[t] for p in per_seed) / len(per_seed) for t in sorted(tasks)}
 
@@ -112,7 +116,8 @@ def summarize(directory: Path) -> dict[str, Any]:
     rows = []
     for row in [r for r in ROWS if r in runs]:
         seeds = sorted(runs[row])
-        entry: dict[str, Any] = {"row": row, "label": LABELS[row], "seeds": seeds}
+        label = (LABELS_V2 if any_run.get("ablation_version", 1) == 2 else LABELS)[row]
+        entry: dict[str, Any] = {"row": row, "label": label, "seeds": seeds}
         # Successful samples by episode length: on one-call lookups, length 1 answered without any call.
         entry["success_lengths"] = {s: success_lengths(end_eval(runs, row, s)) for s in seeds}
         entry["single_value_avg"] = {s: single_value(end_eval(runs, row, s), answers) for s in seeds}
@@ -126,8 +131,15 @@ def summarize(directory: Path) -> dict[str, Any]:
             entry["steps"] = {s: runs[row][s]["train"]["steps"] for s in seeds}
             entry["minutes"] = {s: round(runs[row][s]["train"]["wall_s"] / 60, 1) for s in seeds}
         rows.append(entry)
+    version = any_run.get("ablation_version", 1)
+    failed = failed_runs(directory)
+    criteria, kinds = [], {}
+    if version == 2:
+        for entry in rows:
+            _strict_columns(runs, entry)
+        criteria, kinds = check_criteria(runs, failed), per_kind(runs, [r["row"] for r in rows])
     ordering = []
-    for low, high in ORDERING:
+    for low, high in ORDERING if version == 1 else ():
         diff = row_difference(runs, low, high, "avg") if low in runs and high in runs else None
         ordering.append({"lower": low, "higher": high, "difference": diff,
                          "holds": None if diff is None else diff["mean"] > 0,
@@ -135,8 +147,24 @@ def summarize(directory: Path) -> dict[str, Any]:
     return {"k": k, "tasks": any_run["eval_start"]["tasks"], "split": any_run["eval_protocol"]["split"],
             "temperature": any_run["eval_protocol"]["temperature"], "commits": commits,
             "protocol_sha256": protocols, "explore": any_run.get("explore", False), "rows": rows,
-            "ordering": ordering, "failed": failed_runs(directory), "curves": {row: {s: d["train"]["curve"] for s, d in runs[row].items()}
-                                              for row in runs if row != "base"}}
+            "ordering": ordering, "failed": failed, "version": version, "criteria": criteria, "per_kind": kinds,
+            "curves": {row: {s: d["train"]["curve"] for s, d in runs[row].items()}
+                       for row in runs if row != "base" and all(d["train"]["curve"] for d in runs[row].values())}}
+
+
+def _strict_columns(runs: dict[str, dict[int, dict[str, Any]]], entry: dict[str, Any]) -> None:
+    """v2's metric beside v1's columns: strict avg@k and best@k (a success needs a tool call), the invalid-action
+    rate, and the minutes per seed (training, evaluation, total)."""
+    row, seeds = entry["row"], entry["seeds"]
+    for metric in ("avg", "best"):
+        entry[f"strict_{metric}_end"] = interval(list(seed_mean(runs, row, seeds, metric, require_call=True).values()),
+                                                 (0.0, 1.0))
+    entry["invalid_rate"] = {s: end_eval(runs, row, s).get("invalid_action_rate") for s in seeds}
+    if row == "base":
+        entry["minutes_split"] = {s: {"train": 0.0, "eval": round(runs[row][s]["eval_start"].get("seconds", 0) / 60, 2)}
+                                  for s in seeds}
+    else:
+        entry["minutes_split"] = {s: runs[row][s].get("minutes") for s in seeds}
 
 
 def _cell(value: dict[str, float] | None, signed: bool = False) -> str:
@@ -177,6 +205,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "Runs recorded as failed (not in the table; never resumed, never evaluated):", ""]
         lines += [f"- {LABELS[f['row']]} seed {f['seed']}: {f['reason']} ({f.get('signal')} at step {f.get('step')})"
                   for f in report["failed"]]
+    if report.get("version") == 2:
+        lines += _strict_table(report)
+        lines += criteria_markdown(report["criteria"], report["per_kind"], [r["row"] for r in report["rows"]], k)
+        return "\n".join(lines) + "\n"
     lines += ["", f"Paper's ordering (avg@{k}, paired per task, over the seeds both rows have):", ""]
     for o in report["ordering"]:
         name = f"{LABELS[o['lower']]} < {LABELS[o['higher']]}"
@@ -189,6 +221,22 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- {name}: difference {_cell(o['difference'], True)} (seeds both rows have: {seeds}): "
                          f"{verdict}")
     return "\n".join(lines) + "\n"
+
+
+def _strict_table(report: dict[str, Any]) -> list[str]:
+    k = report["k"]
+    lines = ["", f"## Strict avg@{k} (the protocol's metric: a success needs at least one tool call)", "",
+             f"| row | seeds | strict avg@{k} [95% CI] | strict best@{k} [95% CI] | invalid-action rate (per seed) "
+             "| minutes train / eval / total (per seed) |", "|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        invalid = ", ".join("-" if v is None else f"{v:.3f}" for v in r["invalid_rate"].values())
+        minutes = "; ".join("-" if m is None else f"{m.get('train', 0):.1f} / {m.get('eval', 0):.1f} / "
+                            f"{m.get('total', m.get('train', 0) + m.get('eval', 0)):.1f}"
+                            + (f" (+{m['shared_warm_start']:.1f} shared W)" if m.get("shared_warm_start") else "")
+                            for m in r["minutes_split"].values())
+        lines.append(f"| {r['label']} | {len(r['seeds'])} | {_cell(r['strict_avg_end'])} | {_cell(r['strict_best_end'])} "
+                     f"| {invalid} | {minutes} |")
+    return lines
 
 
 def plot(report: dict[str, Any], path: Path) -> Path:

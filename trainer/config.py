@@ -110,7 +110,7 @@ class TrainerConfig(StrictModel):
     model: str = Field(default="smollm2", description="smollm2, tiny, or a local HF directory")
     device: str = Field(default="auto", description="auto (cuda when present), cpu, cuda, cuda:1 ...")
     seed: int = 0
-    steps: int = Field(default=10, ge=1)
+    steps: int = Field(default=10, ge=0, description="RL steps; 0 only with warm_start (the warm start alone)")
     tasks_per_step: int = Field(default=4, ge=1, description="task groups per training step")
     empty_step_retries: int = Field(default=3, ge=0, description=(
         "a step whose groups were all dropped is collected again this many times, then the run fails"))
@@ -148,7 +148,10 @@ class TrainerConfig(StrictModel):
         if self.advantage.needs_step_labels and not self.services.judge_url:
             raise ValueError(f"advantage.estimator={self.advantage.estimator} needs step labels: set "
                              "services.judge_url (the judge service), or use an estimator without them (grpo, gigpo)")
-        if self.warm_start.enabled and self.warm_start.source == "synthetic" and not self.services.task_url:
+        if self.steps == 0 and not self.warm_start.enabled:
+            raise ValueError("steps: 0 trains nothing; give steps >= 1, or enable warm_start (the warm start alone)")
+        if (self.warm_start.enabled and self.warm_start.source == "synthetic" and not self.warm_start.from_checkpoint
+                and not self.services.task_url):
             raise ValueError("warm_start.source=synthetic fine-tunes on the task manager's synthetic tasks: set "
                              "services.task_url, or use warm_start.source: environment")
         if self.rollout.experience_ratio > 0 and not self.services.experience_url:

@@ -174,7 +174,8 @@ def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
             "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer,
             "prompts": summary.per_task_prompt, "experience_rollouts": summary.experience_rollouts,
             "per_task_steps": summary.per_task_steps, "replies": summary.per_task_replies,
-            "per_task_called": summary.per_task_called, "successes_with_tool_call": summary.successes_with_tool_call()}
+            "per_task_called": summary.per_task_called, "successes_with_tool_call": summary.successes_with_tool_call(),
+            "per_task_invalid": summary.per_task_invalid}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -125,3 +125,7 @@ class WarmStartConfig(StrictModel):
     warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up")
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0, description="max gradient norm per step")
+    from_checkpoint: str | None = Field(default=None, description=(
+        "a checkpoint an earlier warm-started run saved before its first RL step (its `step_000000.pt`): its "
+        "weights and warm-start report are loaded instead of fine-tuning again, so several runs share one warm "
+        "start (the ablation's W rows); the weights' digest is checked against the report's"))

@@ -18,9 +18,11 @@ generates in, and the loss mask is the rollout's: 1 on the action tokens, 0 on e
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -172,11 +174,49 @@ def _summed_loss(model: torch.nn.Module, sample: Segment, device: torch.device) 
     return torch.nn.functional.cross_entropy(logits, torch.tensor(targets, device=device), reduction="sum")
 
 
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over a state dict's names and raw bytes: equal digests, equal weights."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous().reshape(-1)
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def shared_warm_start(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The weights and warm-start report of a checkpoint a warm-started run saved before its first RL step."""
+    from trainer.checkpoint import load_checkpoint
+
+    state = load_checkpoint(Path(path))
+    report = state.get("warm_start")
+    if not report or int(state.get("step", -1)) != 0:
+        raise ValueError(f"warm_start.from_checkpoint: {path} is not a warm-started run's step-0 checkpoint "
+                         f"(step {state.get('step')}, warm start {'recorded' if report else 'absent'})")
+    if report.get("weights_sha256") and weights_digest(state["model"]) != report["weights_sha256"]:
+        raise ValueError(f"warm_start.from_checkpoint: {path}: the weights differ from the warm start's digest")
+    return state["model"], report
+
+
 async def warm_start(settings: WarmStartConfig, rollout: RolloutConfig, seed: int, *, env: EnvPeer,
                      tasks: TaskClient | None, tokenizer: Any, model: torch.nn.Module, device: torch.device,
                      policy: Policy, ref_model: torch.nn.Module | None) -> dict[str, Any]:
-    """Fine-tune the trainer's model on the configured source, then load the weights into the policy (and the
-    KL reference, which is the policy RL starts from). Returns the report for the summary."""
+    """Fine-tune the trainer's model on the configured source (or load a shared warm start,
+    `settings.from_checkpoint`), then load the weights into the policy (and the KL reference, which is the policy
+    RL starts from). Returns the report for the summary."""
+    if settings.from_checkpoint:
+        if lora.is_peft(model):
+            raise ValueError("warm_start.from_checkpoint loads full weights; it does not apply to a LoRA run")
+        weights, report = shared_warm_start(settings.from_checkpoint)
+        model.load_state_dict(weights)
+        await policy.load_weights(lora.serving_view(model))
+        if ref_model is not None:
+            ref_model.load_state_dict(weights)
+        logger.info("warm start loaded from {} (computed once, shared): {} solved {} tasks", settings.from_checkpoint,
+                    report.get("tasks"), report.get("source"))
+        return {**report, "from_checkpoint": settings.from_checkpoint,
+                "weights_sha256": weights_digest(lora.merged_state_dict(model))}
     solved, source_report = await gather(settings, rollout.env, env, tasks)
     samples, data = training_data(solved, tokenizer, rollout)
     if not samples:
@@ -189,4 +229,5 @@ async def warm_start(settings: WarmStartConfig, rollout: RolloutConfig, seed: in
     if ref_model is not None:
         ref_model.load_state_dict(lora.merged_state_dict(model))
     return {"source": settings.source, "epochs": settings.epochs, "lr": settings.lr,
-            "batch_size": settings.batch_size, **trained, **data, "source_report": source_report}
+            "batch_size": settings.batch_size, **trained, **data, "source_report": source_report,
+            "weights_sha256": weights_digest(lora.merged_state_dict(model))}
