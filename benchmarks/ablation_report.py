@@ -100,6 +100,8 @@ def single_value(result: dict[str, Any], answers: dict[str, str] | None) -> floa
 
 def steps_to_target(data: dict[str, Any], target_delta: float) -> int | None:
     curve = data["train"]["curve"]
+    if not curve:  # the protocol ran without a curve (curve.enabled: false)
+        return None
     target = curve[0]["avg@1"] + target_delta
     return next((p["step"] for p in curve[1:] if p["avg@1"] >= target - 1e-12), None)
 

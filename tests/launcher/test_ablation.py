@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.ablation import ROWS, derive, load_protocol, paired, per_task_metric, success_lengths
+from benchmarks.ablation import ROWS, derive, load_protocol, paired, success_lengths
+from benchmarks.ablation_common import ROWS_V2
 from benchmarks.ablation_report import steps_to_target
 from tests.helpers import REPO
 from trainer.summary import interval
@@ -119,18 +120,24 @@ def test_paired_changes_and_steps_to_target_by_hand():
 
 
 @pytest.mark.slow
-def test_ablation_end_to_end_interrupted_and_resumed(tmp_path, capsys):
-    protocol = tmp_path / "protocol.yaml"
-    protocol.write_text(PROTOCOL)
+def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tmp_path, capsys):
+    """v2's rows base, w and w_qn (v1's rows run through the same Harness code; their derivation is tested above):
+    the warm start computed once in w and loaded by w_qn, its synthetic tasks not made again, w_qn interrupted
+    and continued from its last checkpoint, the strict metric, the report's criteria from the raw JSON."""
     from benchmarks.ablation import main
+    from trainer.checkpoint import load_checkpoint
+    from trainer.warm_start import weights_digest
 
+    protocol = tmp_path / "protocol.yaml"
+    protocol.write_text(PROTOCOL_V2)
     assert main(["--protocol", str(protocol)]) == 2  # test split: the protocol must be committed
     assert "commit" in capsys.readouterr().err
 
-    checkpoints = tmp_path / "runs" / "qn-seed0" / "trainer" / "checkpoints"
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    checkpoints = runs / "w_qn-seed0" / "trainer" / "checkpoints"
     first = harness(protocol, tmp_path, "--allow-uncommitted")
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 400
         while not (checkpoints / "step_000001.pt").exists():
             assert first.poll() is None, (tmp_path / "harness.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no first checkpoint"
@@ -140,48 +147,59 @@ def test_ablation_end_to_end_interrupted_and_resumed(tmp_path, capsys):
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
-    assert not (tmp_path / "results" / "qn-seed0.json").exists()
+    assert not (results / "w_qn-seed0.json").exists()
     interrupted_at = sorted(p.name for p in checkpoints.glob("step_*.pt"))[-1]
-    assert interrupted_at != "step_000006.pt", "the run must be interrupted before its last step"
-    assert (tmp_path / "results" / "base-seed0.json").is_file()  # the start evaluation is kept, not redone
+    assert interrupted_at != "step_000004.pt", "the run must be interrupted before its last step"
+    assert (results / "base-seed0.json").is_file() and (results / "w-seed0.json").is_file()  # kept, not redone
 
     second = harness(protocol, tmp_path, "--allow-uncommitted")
     assert second.wait(timeout=300) == 0, (tmp_path / "harness.log").read_text()[-4000:]
-    launcher_log = (tmp_path / "runs" / "qn-seed0.launcher.log").read_text()
-    assert f"resumed from {interrupted_at}" in launcher_log
+    w_log, log = (runs / "w-seed0.launcher.log").read_text(), (runs / "w_qn-seed0.launcher.log").read_text()
+    assert f"resumed from {interrupted_at}" in log
 
-    base = json.loads((tmp_path / "results" / "base-seed0.json").read_text())
-    run = json.loads((tmp_path / "results" / "qn-seed0.json").read_text())
-    assert run["git"]["commit"] and run["protocol"]["frozen"] is True and run["row"] == "qn"
-    assert run["train"]["steps"] == 6 and run["train"]["resumes"] == 1
-    assert [p["step"] for p in run["train"]["curve"]] == [0, 1, 2, 3, 4, 5, 6]
-    assert run["train"]["curve"][0]["avg@1"] == base["curve_start"]["avg@1"]
-    assert len(run["train"]["signal"]["grad_norm_per_step"]) == 6
+    # The warm start: fine-tuned once, in the w row; w_qn loaded those weights (digest) and the same data.
+    assert "warm start on" in w_log and "warm start on" not in log and "warm start loaded from" in log
+    shared = runs / "w-seed0" / "trainer" / "checkpoints" / "step_000000.pt"
+    w, run = json.loads((results / "w-seed0.json").read_text()), json.loads((results / "w_qn-seed0.json").read_text())
+    digest = weights_digest(load_checkpoint(shared)["model"])
+    assert w["warm_start"]["weights_sha256"] == digest and "from_checkpoint" not in w["warm_start"]
+    assert run["warm_start"]["from_checkpoint"] == str(shared) and run["warm_start"]["weights_sha256"] == digest
+    assert run["warm_start"]["task_ids"] == w["warm_start"]["task_ids"]
+    # The synthetic tasks: w's store, not made again; the pool seeded from its held-apart share, once.
+    assert "already in the store (resumed run)" in log and "exploring flights" not in log
+    assert log.count("self-navigating seeded from self-questioning on flights") == 1
+    assert "not seeded again from flights" in log
+    assert run["train"]["mechanisms"]["self_navigating"]["injected_rollouts"] > 0
+
+    base = json.loads((results / "base-seed0.json").read_text())
+    assert run["git"]["commit"] and run["protocol"]["frozen"] is True and run["row"] == "w_qn"
+    assert run["train"]["steps"] == 4 and run["train"]["resumes"] == 1 and w["train"]["steps"] == 0
+    assert run["train"]["curve"] == [] and "curve_start" not in base  # curve.enabled: false
+    assert len(run["train"]["signal"]["grad_norm_per_step"]) == 4
+    assert run["minutes"]["shared_warm_start"] > 0 and run["minutes"]["total"] > run["minutes"]["train"] > 0
 
     start, end = base["eval_start"], run["eval_end"]
-    assert start["tasks"] == end["tasks"] == 4 and start["k"] == end["k"] == 2
-    assert all(len(v) == 2 for v in end["per_task"].values())
+    assert start["tasks"] == end["tasks"] == 2 and start["k"] == end["k"] == 2
     # Evaluated as it was at the start: the same prompts, no experience, the in-process policy (no grammar).
-    assert start["prompts"] == end["prompts"] and len(set(end["prompts"])) == 4
-    assert start["argv"] == end["argv"]
+    assert start["prompts"] == end["prompts"] and start["argv"] == end["argv"] == w["eval_end"]["argv"]
     assert start["experience_rollouts"] == end["experience_rollouts"] == 0
-    # Training had experience: the pool seeded from the synthetic tasks (once: the resumed run does not seed
-    # again), and injected rollouts.
-    assert launcher_log.count("self-navigating seeded from self-questioning on flights") == 1
-    assert "not seeded again from flights" in launcher_log
-    assert run["train"]["mechanisms"]["self_navigating"]["injected_rollouts"] > 0
-    assert "endpoint" not in end["policy"] and end["policy"]["step"] == 6
-    # Paired per task, from the raw JSON alone.
-    by_hand = [per_task_metric(end, "avg")[t] - per_task_metric(start, "avg")[t] for t in sorted(end["per_task"])]
-    assert run["paired_vs_start"]["avg"] == interval(by_hand, (-1.0, 1.0))
+    assert "endpoint" not in end["policy"] and end["policy"]["step"] == 4 and w["eval_end"]["policy"]["step"] == 0
+    assert set(end["kinds"].values()) <= {"credit_lookup", "id_lookup", "fare_lookup"}
+    # Paired per task, strict (a success needs a tool call), from the raw JSON alone.
+    strict = {t: [float(s >= 1 and c) for s, c in zip(end["per_task"][t], end["per_task_called"][t], strict=True)]
+              for t in end["per_task"]}
+    before = {t: [float(s >= 1 and c) for s, c in zip(start["per_task"][t], start["per_task_called"][t], strict=True)]
+              for t in start["per_task"]}
+    by_hand = [sum(strict[t]) / 2 - sum(before[t]) / 2 for t in sorted(strict)]
+    assert run["paired_vs_start"]["strict_avg"] == interval(by_hand, (-1.0, 1.0))
 
-    assert main(["--report", "--results-dir", str(tmp_path / "results")]) == 0
+    assert main(["--report", "--results-dir", str(results)]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert line["rows"] == ["base", "qn"]
-    text = (tmp_path / "results" / "REPORT.md").read_text()
-    assert "| +Q&N | 1 |" in text and "| base | 1 |" in text
-    assert "- base < +Q: not run" in text
-    assert (tmp_path / "results" / "ablation.png").read_bytes()[:4] == b"\x89PNG"
+    assert line["rows"] == ["base", "w", "w_qn"]
+    text = (results / "REPORT.md").read_text()
+    assert "| self-questioning's references | W - base |" in text and "| W+Q&N | 1 |" in text
+    assert "| the loop | W+full - base | - | - | - | **missing** |" in text
+    assert "7 comparisons, each at 95% with no correction" in text
 
 
 def _raw(directory: Path, row: str, seed: int, per_task: dict[str, list[float]], curve: list[float] | None = None):
@@ -298,3 +316,178 @@ def test_the_report_regrades_flights_replies_against_the_environments_answers(tm
                       "eval_end": {"per_task": {t: [1.0] for t in ids}}}}}
     assert flights_answers(runs) == {t: env.task(t).answer for t in ids}
     assert all(flights_answers(runs).values())
+
+
+# ---------------------------------------------------------------------------------------------- v2
+
+PROTOCOL_V2 = """
+ablation:
+  version: 2
+  frozen: true
+  seeds: [0]
+  rows: [base, w, w_qn]
+  eval: {split: test, tasks: 2, k: 2, temperature: 1.0, concurrency: 8}
+  curve: {enabled: false}
+  run_timeout_min: 5
+  eval_threads: 1
+  without_warm_start: {trainer: {optim: {lr: 1.0e-3}}}
+run:
+  launcher:
+    services: [llm_server, env_service, task_manager, experience_manager, judge]
+    threads: {default: 1, trainer: 1}
+    restart: {max_restarts: 0, trainer: false}
+    ray: {enabled: false}
+    synthesis: {episodes: 6, seed_experience: true}
+  llm_server: {model: tiny}
+  env_service: {environments: {flights: {version: 2, tiers: [1]}}}
+  task_manager:
+    environments: [flights]
+    explore: {explorer: random}
+    synthesis: {synthesizer: hindsight, kinds: [lookup], query_forms: [names]}
+    mixture: {pool_share: 0.3}
+    curriculum: {enabled: false}
+    dedup: {embeddings: false}
+  experience_manager: {summary: {mode: heuristic}}
+  judge: {llm: {base_url: llm_server}, retries: 0}
+  trainer:
+    model: tiny
+    steps: 4                       # room to interrupt w_qn between checkpoints
+    tasks_per_step: 1
+    progress: false
+    tensorboard: false
+    plot: false
+    rollout: {env: flights, n: 2, max_turns: 2, max_new_tokens: 8, max_context: 4096, experience_ratio: 0.5}
+    optim: {lr: 1.0e-4, minibatches: 1, micro_batch_size: 2}
+    advantage: {estimator: adca_grpo}
+    warm_start: {enabled: true, epochs: 1, batch_size: 4, lr: 1.0e-3}
+"""
+
+
+def test_v2_rows_switch_on_what_their_table_says(tmp_path):
+    (tmp_path / "p.yaml").write_text(PROTOCOL_V2)
+    protocol = load_protocol(tmp_path / "p.yaml")
+    shared = tmp_path / "w-seed3" / "trainer" / "checkpoints" / "step_000000.pt"
+    configs = {row: derive(protocol.run, row, 3, protocol.ablation, tmp_path, shared) for row in ROWS_V2}
+
+    def switched_on(c):
+        t = c["trainer"]
+        warm = t["warm_start"]
+        return (warm["source"] if warm["enabled"] else None, "from w" if warm.get("from_checkpoint") else "-",
+                t["steps"], "train" if t.get("train_split") == "train" else
+                "synthetic" if t["tasks"]["synthetic_ratio"] == 1.0 == c["task_manager"]["mixture"]["synthetic_ratio"]
+                else "?",
+                t["rollout"]["experience_ratio"], c["launcher"]["synthesis"].get("seed_experience"),
+                t["advantage"]["estimator"], t["optim"]["lr"], sorted(c["launcher"]["services"]))
+
+    tm, em, judge = ["env_service", "task_manager"], ["experience_manager"], ["judge", "llm_server"]
+    assert {row: switched_on(c) for row, c in configs.items()} == {  # checked by hand against the issue's rows
+        #         warm start     shared    RL  tasks        eta  seed pool  estimator    lr      services
+        "w":      ("synthetic", "-",       0, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
+        "w_q":    ("synthetic", "from w",  4, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
+        "w_qn":   ("synthetic", "from w",  4, "synthetic", 0.5, True,  "grpo",      1e-4, sorted(tm + em)),
+        "w_qa":   ("synthetic", "from w",  4, "synthetic", 0.0, False, "adca_grpo", 1e-4, sorted(tm + judge)),
+        "w_full": ("synthetic", "from w",  4, "synthetic", 0.5, True,  "adca_grpo", 1e-4, sorted(tm + em + judge)),
+        "full":   (None,        "-",       4, "synthetic", 0.5, True,  "adca_grpo", 1e-3, sorted(tm + em + judge)),
+        "env_w":  ("environment", "-",     0, "train",     0.0, False, "grpo",      1e-4, ["env_service"]),
+        "env_n":  (None,        "-",       4, "train",     0.5, False, "grpo",      1e-3,
+                   ["env_service", "experience_manager"]),
+    }
+    assert configs["w_q"]["trainer"]["warm_start"]["from_checkpoint"] == str(shared)
+    assert configs["env_n"]["launcher"]["synthesis"] == {"episodes": 0, "seed_experience": False}
+    for c in configs.values():  # curve off: no in-run evaluation
+        assert c["trainer"]["eval"]["every"] == 0 and c["trainer"]["eval"]["after"] is False
+    (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("rows: [base, w, w_qn]", "rows: [base, qn]"))
+    with pytest.raises(ValueError, match="not rows of ablation version 2"):
+        load_protocol(tmp_path / "p.yaml")
+    (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("warm_start: {enabled: true,", "warm_start: {enabled: false,"))
+    with pytest.raises(ValueError, match="W\\+full row: enable the warm start"):
+        load_protocol(tmp_path / "p.yaml")
+
+
+def test_strict_metric_counts_a_success_without_a_tool_call_as_zero_by_hand():
+    from benchmarks.ablation_common import per_task_metric as metric
+
+    result = {"per_task": {"a": [1.0, 1.0, 0.0, 1.0], "b": [1.0, 0.0]},
+              "per_task_called": {"a": [True, False, True, True], "b": [False, True]}}
+    assert metric(result, "avg") == {"a": 0.75, "b": 0.5}
+    assert metric(result, "avg", require_call=True) == {"a": 0.5, "b": 0.0}  # a's 2nd and b's 1st guessed
+    assert metric(result, "best", require_call=True) == {"a": 1.0, "b": 0.0}
+    with pytest.raises(ValueError, match="per_task_called"):
+        metric({"per_task": result["per_task"]}, "avg", require_call=True)
+
+
+def test_detectable_difference_and_verdicts_by_hand():
+    from benchmarks.ablation_criteria import adds_verdict, close_verdict, detectable_difference, sample_sd
+
+    assert sample_sd([1.0, 2.0, 3.0, 4.0]) == pytest.approx(math.sqrt(5 / 3))
+    # (z(0.975) + z(0.80)) * sd / sqrt(n) = (1.959964 + 0.841621) * 0.5 / 8
+    assert detectable_difference(0.5, 64) == pytest.approx(2.801585 * 0.5 / 8, abs=1e-6)
+    assert detectable_difference(0.5, 1) == math.inf
+    assert adds_verdict({"mean": 0.2, "lo": 0.05}, 2, 0.1) == "met"
+    assert adds_verdict({"mean": 0.2, "lo": 0.05}, 1, 0.1) == "not met"  # one seed of three positive
+    assert adds_verdict({"mean": 0.05, "lo": -0.02}, 2, 0.1) == "not detectable"
+    assert adds_verdict({"mean": -0.3, "lo": -0.4}, 0, 0.1) == "not met"
+    assert adds_verdict(None, 0, math.inf) == "missing"
+    assert close_verdict({"mean": 0.0, "lo": -0.05}, 0.3) == "met"
+    assert close_verdict({"mean": -0.3, "lo": -0.4}, 0.05) == "not met"
+    assert close_verdict({"mean": -0.1, "lo": -0.4}, 0.2) == "not detectable"
+    assert close_verdict(None, math.inf) == "missing"
+
+
+def _raw_v2(directory: Path, row: str, seed: int, scores: dict[str, tuple[list[float], list[bool]]]):
+    """A v2 raw result as benchmarks/ablation.py writes it (only the fields the report reads)."""
+    evaluation = {"per_task": {t: s for t, (s, _) in scores.items()},
+                  "per_task_called": {t: c for t, (_, c) in scores.items()},
+                  "prompts": {t: f"p-{t}" for t in scores}, "tasks": len(scores), "k": 2, "seconds": 60.0,
+                  "invalid_action_rate": 0.0, "kinds": {t: "credit" if t in "ab" else "fare" for t in scores}}
+    data = {"benchmark": "ablation", "ablation_version": 2, "row": row, "seed": seed, "git": {"commit": "c0ffee"},
+            "protocol": {"sha256": "abc"}, "explore": False, "target_delta": 0.10,
+            "eval_protocol": {"split": "test", "k": 2, "temperature": 0.7}}
+    if row == "base":
+        data["eval_start"] = evaluation
+    else:
+        data["eval_end"] = evaluation
+        data["train"] = {"steps": 0 if row == "w" else 4, "wall_s": 120.0, "curve": []}
+        data["minutes"] = {"train": 2.0, "eval": 1.0, "total": 3.0, "shared_warm_start": None}
+    (directory / f"{row}-seed{seed}.json").write_text(json.dumps(data))
+
+
+def test_v2_criteria_by_hand_on_a_partial_grid_with_a_failed_run(tmp_path):
+    from benchmarks.ablation_report import summarize, write_report
+
+    yes, no = [True, True], [False, False]
+    w = {"a": ([1.0, 1.0], yes), "b": ([1.0, 1.0], yes), "c": ([1.0, 1.0], [True, False]), "d": ([1.0, 0.0], yes)}
+    for seed in (0, 1, 2):
+        _raw_v2(tmp_path, "base", seed, {t: ([1.0, 0.0], no) for t in "abcd"})  # call-free guesses: strict 0
+        _raw_v2(tmp_path, "w", seed, w)  # strict per task: a 1, b 1, c 0.5 (one guess), d 0.5
+    _raw_v2(tmp_path, "w_q", 0, {**w, "a": ([1.0, 0.0], yes)})  # a 0.5: -0.5 on a
+    _raw_v2(tmp_path, "w_q", 1, {**w, "d": ([1.0, 1.0], yes)})  # d 1.0: +0.5 on d
+    (tmp_path / "w_q-seed2.json").write_text(json.dumps({"benchmark": "ablation", "row": "w_q", "seed": 2, "failed": {
+        "reason": "collapsed", "signal": "invalid_action_rate", "step": 3, "message": "collapsed"}}))
+    report = summarize(tmp_path)
+    criteria = {c["name"]: c for c in report["criteria"]}
+    # W - base per task: 1, 1, 0.5, 0.5 on every seed: mean 0.75, sd sqrt(0.25/3), n 4.
+    sd = math.sqrt(0.25 / 3)
+    w_base = criteria["self-questioning's references"]
+    assert w_base["difference"]["mean"] == 0.75 and w_base["difference"]["positive_seeds"] == 3
+    assert w_base["difference"]["lo"] == pytest.approx(0.75 - 1.959964 * sd / 2, abs=1e-6)
+    assert w_base["difference"]["detectable"] == pytest.approx(2.801585 * sd / 2, abs=1e-6)
+    assert w_base["verdict"] == "met"
+    # W+Q - W over seeds 0 and 1 (seed 2 failed): per task -0.25, 0, 0, +0.25; seed means -0.125 and +0.125.
+    rl = criteria["RL on synthetic tasks"]
+    assert rl["difference"]["seeds"] == [0, 1] and rl["difference"]["mean"] == 0.0
+    assert rl["difference"]["seed_means"] == {0: -0.125, 1: 0.125} and rl["difference"]["positive_seeds"] == 1
+    assert rl["difference"]["detectable"] == pytest.approx(2.801585 * math.sqrt(0.125 / 3) / 2, abs=1e-6)
+    assert rl["verdict"] == "not detectable" and rl["failed_runs"][0]["seed"] == 2
+    assert criteria["the loop"]["verdict"] == "missing"
+    assert criteria["self-questioning comes close to environment data"]["verdict"] == "missing"
+    credit = report["per_kind"]["credit"]  # tasks a and b
+    assert credit["tasks"] == 2 and credit["rows"]["w"]["mean"] == 1.0 and credit["rows"]["base"]["mean"] == 0.0
+    assert report["per_kind"]["fare"]["criteria"]["self-questioning's references"]["mean"] == 0.5
+    write_report(tmp_path)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "| self-questioning's references | W - base | +0.750 [" in text and "| 0, 1, 2 (3) |" in text
+    assert "**not detectable**; W+Q seed 2 FAILED (invalid_action_rate)" in text
+    assert "| the loop | W+full - base | - | - | - | **missing** |" in text
+    assert "### Kind `credit` (2 tasks)" in text and "| W | 1.000 [1.000, 1.000] |" in text
+    assert "| W+Q | 2 | " in text and "2.0 / 1.0 / 3.0" in text
