@@ -505,7 +505,9 @@ class Harness:
                             tasks=self.eval.tasks, k=self.eval.k, sample=True, seed=seed)
         if end["argv"] != base["eval_start"]["argv"]:
             raise SystemExit("ablation: the end evaluation's settings differ from the start's")
-        curve = [{"step": 0, "avg@1": base["curve_start"]["avg@1"]}] if "curve_start" in base else []
+        # Step 0 is the base model's, except after a warm start (which the curve does not measure).
+        warm_started = self.settings.version == 2 and ROWS_V2[row].warm_start is not None
+        curve = [{"step": 0, "avg@1": base["curve_start"]["avg@1"]}] if "curve_start" in base and not warm_started else []
         curve += [{"step": s, "avg@1": r["eval/avg@1"]} for s, r in records.items() if "eval/avg@1" in r]
         step_seconds = [r["time/step_s"] for r in records.values() if "time/step_s" in r]
         payload = {

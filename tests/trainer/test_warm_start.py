@@ -162,3 +162,37 @@ def test_a_warm_start_from_the_environments_train_references(flights_env: Servic
     report = asyncio.run(LocalTrainer(config).run())["warm_start"]
     assert report["task_ids"] == ["train-0000", "train-0001", "train-0002"] and report["steps"] == 1
     assert report["source_report"]["train_tasks"] > 3 and 0 < report["assistant_tokens"] < report["tokens"]
+
+
+def test_a_shared_warm_start_is_only_a_warm_started_step_0_checkpoint_with_its_weights(tmp_path: Path) -> None:
+    import pytest
+    import torch
+
+    from trainer.warm_start import shared_warm_start, weights_digest
+
+    weights = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5], dtype=torch.bfloat16)}
+    assert weights_digest(weights) == weights_digest({k: v.clone() for k, v in reversed(weights.items())})
+    assert weights_digest(weights) != weights_digest({**weights, "w": torch.tensor([1.0, 2.5])})
+    path = tmp_path / "step_000000.pt"
+    torch.save({"step": 0, "model": weights, "warm_start": {"tasks": 3, "weights_sha256": weights_digest(weights)}}, path)
+    loaded, report = shared_warm_start(str(path))
+    assert report["tasks"] == 3 and torch.equal(loaded["w"], weights["w"])
+    torch.save({"step": 2, "model": weights, "warm_start": {"tasks": 3}}, path)  # RL already moved these weights
+    with pytest.raises(ValueError, match="not a warm-started run's step-0 checkpoint"):
+        shared_warm_start(str(path))
+    torch.save({"step": 0, "model": weights, "warm_start": None}, path)
+    with pytest.raises(ValueError, match="warm start absent"):
+        shared_warm_start(str(path))
+    torch.save({"step": 0, "model": {**weights, "w": torch.tensor([9.0, 9.0])},
+                "warm_start": {"weights_sha256": weights_digest(weights)}}, path)
+    with pytest.raises(ValueError, match="differ from the warm start's digest"):
+        shared_warm_start(str(path))
+
+
+def test_zero_rl_steps_only_with_a_warm_start(tmp_path: Path) -> None:
+    import pytest
+
+    config = _config(tmp_path, "http://127.0.0.1:1", None, {"source": "environment"}).model_dump()
+    assert TrainerConfig.model_validate({**config, "steps": 0}).steps == 0
+    with pytest.raises(ValueError, match="steps: 0 trains nothing"):
+        TrainerConfig.model_validate({**config, "steps": 0, "warm_start": {"enabled": False}})
