@@ -11,6 +11,15 @@ task manager synthesized, `use_original: false`, synthetic ratio 1), `qn` (+Q&N:
 train split). Every row's run YAML is derived from the protocol file's `run` section, which is the `full`
 row: the derivation only switches mechanisms off (see `derive`), so the rows differ in nothing else.
 
+v2 (`ablation.version: 2`, examples/ablation/flights_v2.yaml): the rows of `ROWS_V2` (benchmarks/ablation_common.py,
+one table of what each switches on), on top of a warm start. The `run` section is the W+full row. The `w` row (the
+warm start, 0 RL steps) runs once per seed; every W row with RL starts from its step-0 checkpoint
+(`trainer.warm_start.from_checkpoint`: no second fine-tuning) and from a copy of its task store (the launcher's
+synthesis finds the tasks there and makes none), and so does `full`, so every synthetic-task row of a seed trains on
+the same synthetic tasks and pool. `env_n`'s pool is seeded from train-split references before its launch
+(loop_probe's `--pool train`). The metric is strict avg@k (a success needs a tool call), and the report checks the
+pre-registered criteria (benchmarks/ablation_criteria.py). Each v2 result records its minutes (train, eval, total).
+
 Each (row, seed) run is `python launcher.py` as a child process, with a checkpoint every step and
 `launcher.resume: true`: rerunning the same command after an interruption continues from the last
 checkpoint (a finished run is not trained again). A run whose trainer stopped it as collapsed (exit 4, its
@@ -620,7 +629,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.results_dir is None:
             parser.error("--report needs --results-dir")
-        print(json.dumps(write_report(args.results_dir)))
+        line = write_report(args.results_dir)
+        for name, verdict in line["criteria"].items():  # v2's pre-registered criteria
+            print(f"[ablation] {name}: {verdict}", file=sys.stderr)
+        print(json.dumps(line))
         return 0
     if args.protocol is None:
         parser.error("give --protocol (or --report)")

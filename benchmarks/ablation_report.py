@@ -276,4 +276,5 @@ def write_report(directory: Path) -> dict[str, Any]:
     (directory / "report.json").write_text(json.dumps({k: v for k, v in report.items() if k != "curves"}, indent=1))
     return {"benchmark": "ablation-report", "results_dir": str(directory), "rows": [r["row"] for r in report["rows"]],
             "report": str(directory / "REPORT.md"), "plot": str(png) if png else None,
-            "ordering": {f"{o['lower']}<{o['higher']}": o["holds"] for o in report["ordering"]}}
+            "ordering": {f"{o['lower']}<{o['higher']}": o["holds"] for o in report["ordering"]},
+            "criteria": {c["name"]: c["verdict"] for c in report["criteria"]}}

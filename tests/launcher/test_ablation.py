@@ -121,8 +121,8 @@ def test_paired_changes_and_steps_to_target_by_hand():
 
 @pytest.mark.slow
 def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tmp_path, capsys):
-    """v2's rows base, w and w_qn (v1's rows run through the same Harness code; their derivation is tested above):
-    the warm start computed once in w and loaded by w_qn, its synthetic tasks not made again, w_qn interrupted
+    """v2's rows base and w_qn (v1's rows run through the same Harness code; their derivation is tested above):
+    the warm start computed once in the w row (trained first, for the seed) and loaded by w_qn, its synthetic tasks not made again, w_qn interrupted
     and continued from its last checkpoint, the strict metric, the report's criteria from the raw JSON."""
     from benchmarks.ablation import main
     from trainer.checkpoint import load_checkpoint
@@ -149,8 +149,8 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
             os.killpg(first.pid, signal.SIGKILL)
     assert not (results / "w_qn-seed0.json").exists()
     interrupted_at = sorted(p.name for p in checkpoints.glob("step_*.pt"))[-1]
-    assert interrupted_at != "step_000004.pt", "the run must be interrupted before its last step"
-    assert (results / "base-seed0.json").is_file() and (results / "w-seed0.json").is_file()  # kept, not redone
+    assert interrupted_at != "step_000003.pt", "the run must be interrupted before its last step"
+    assert (results / "base-seed0.json").is_file()  # the start evaluation is kept, not redone
 
     second = harness(protocol, tmp_path, "--allow-uncommitted")
     assert second.wait(timeout=300) == 0, (tmp_path / "harness.log").read_text()[-4000:]
@@ -160,9 +160,10 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
     # The warm start: fine-tuned once, in the w row; w_qn loaded those weights (digest) and the same data.
     assert "warm start on" in w_log and "warm start on" not in log and "warm start loaded from" in log
     shared = runs / "w-seed0" / "trainer" / "checkpoints" / "step_000000.pt"
-    w, run = json.loads((results / "w-seed0.json").read_text()), json.loads((results / "w_qn-seed0.json").read_text())
+    w = json.loads((runs / "w-seed0" / "trainer" / "summary.json").read_text())
+    run = json.loads((results / "w_qn-seed0.json").read_text())
     digest = weights_digest(load_checkpoint(shared)["model"])
-    assert w["warm_start"]["weights_sha256"] == digest and "from_checkpoint" not in w["warm_start"]
+    assert w["steps"] == 0 and w["warm_start"]["weights_sha256"] == digest and "from_checkpoint" not in w["warm_start"]
     assert run["warm_start"]["from_checkpoint"] == str(shared) and run["warm_start"]["weights_sha256"] == digest
     assert run["warm_start"]["task_ids"] == w["warm_start"]["task_ids"]
     # The synthetic tasks: w's store, not made again; the pool seeded from its held-apart share, once.
@@ -173,17 +174,17 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
 
     base = json.loads((results / "base-seed0.json").read_text())
     assert run["git"]["commit"] and run["protocol"]["frozen"] is True and run["row"] == "w_qn"
-    assert run["train"]["steps"] == 4 and run["train"]["resumes"] == 1 and w["train"]["steps"] == 0
+    assert run["train"]["steps"] == 3 and run["train"]["resumes"] == 1
     assert run["train"]["curve"] == [] and "curve_start" not in base  # curve.enabled: false
-    assert len(run["train"]["signal"]["grad_norm_per_step"]) == 4
+    assert len(run["train"]["signal"]["grad_norm_per_step"]) == 3
     assert run["minutes"]["shared_warm_start"] > 0 and run["minutes"]["total"] > run["minutes"]["train"] > 0
 
     start, end = base["eval_start"], run["eval_end"]
     assert start["tasks"] == end["tasks"] == 2 and start["k"] == end["k"] == 2
     # Evaluated as it was at the start: the same prompts, no experience, the in-process policy (no grammar).
-    assert start["prompts"] == end["prompts"] and start["argv"] == end["argv"] == w["eval_end"]["argv"]
+    assert start["prompts"] == end["prompts"] and start["argv"] == end["argv"]
     assert start["experience_rollouts"] == end["experience_rollouts"] == 0
-    assert "endpoint" not in end["policy"] and end["policy"]["step"] == 4 and w["eval_end"]["policy"]["step"] == 0
+    assert "endpoint" not in end["policy"] and end["policy"]["step"] == 3
     assert set(end["kinds"].values()) <= {"credit_lookup", "id_lookup", "fare_lookup"}
     # Paired per task, strict (a success needs a tool call), from the raw JSON alone.
     strict = {t: [float(s >= 1 and c) for s, c in zip(end["per_task"][t], end["per_task_called"][t], strict=True)]
@@ -194,10 +195,12 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
     assert run["paired_vs_start"]["strict_avg"] == interval(by_hand, (-1.0, 1.0))
 
     assert main(["--report", "--results-dir", str(results)]) == 0
-    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert line["rows"] == ["base", "w", "w_qn"]
+    printed = capsys.readouterr()
+    line = json.loads(printed.out.strip().splitlines()[-1])
+    assert line["rows"] == ["base", "w_qn"] and line["criteria"]["the loop"] == "missing"
+    assert "[ablation] the loop: missing" in printed.err
     text = (results / "REPORT.md").read_text()
-    assert "| self-questioning's references | W - base |" in text and "| W+Q&N | 1 |" in text
+    assert "| self-questioning's references | W - base | - | - | - | **missing** |" in text and "| W+Q&N | 1 |" in text
     assert "| the loop | W+full - base | - | - | - | **missing** |" in text
     assert "7 comparisons, each at 95% with no correction" in text
 
@@ -325,7 +328,7 @@ ablation:
   version: 2
   frozen: true
   seeds: [0]
-  rows: [base, w, w_qn]
+  rows: [base, w_qn]               # w_qn trains the w row first (its warm start), unevaluated
   eval: {split: test, tasks: 2, k: 2, temperature: 1.0, concurrency: 8}
   curve: {enabled: false}
   run_timeout_min: 5
@@ -351,7 +354,7 @@ run:
   judge: {llm: {base_url: llm_server}, retries: 0}
   trainer:
     model: tiny
-    steps: 4                       # room to interrupt w_qn between checkpoints
+    steps: 3                       # room to interrupt w_qn between checkpoints
     tasks_per_step: 1
     progress: false
     tensorboard: false
@@ -383,20 +386,20 @@ def test_v2_rows_switch_on_what_their_table_says(tmp_path):
     assert {row: switched_on(c) for row, c in configs.items()} == {  # checked by hand against the issue's rows
         #         warm start     shared    RL  tasks        eta  seed pool  estimator    lr      services
         "w":      ("synthetic", "-",       0, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
-        "w_q":    ("synthetic", "from w",  4, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
-        "w_qn":   ("synthetic", "from w",  4, "synthetic", 0.5, True,  "grpo",      1e-4, sorted(tm + em)),
-        "w_qa":   ("synthetic", "from w",  4, "synthetic", 0.0, False, "adca_grpo", 1e-4, sorted(tm + judge)),
-        "w_full": ("synthetic", "from w",  4, "synthetic", 0.5, True,  "adca_grpo", 1e-4, sorted(tm + em + judge)),
-        "full":   (None,        "-",       4, "synthetic", 0.5, True,  "adca_grpo", 1e-3, sorted(tm + em + judge)),
+        "w_q":    ("synthetic", "from w",  3, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
+        "w_qn":   ("synthetic", "from w",  3, "synthetic", 0.5, True,  "grpo",      1e-4, sorted(tm + em)),
+        "w_qa":   ("synthetic", "from w",  3, "synthetic", 0.0, False, "adca_grpo", 1e-4, sorted(tm + judge)),
+        "w_full": ("synthetic", "from w",  3, "synthetic", 0.5, True,  "adca_grpo", 1e-4, sorted(tm + em + judge)),
+        "full":   (None,        "-",       3, "synthetic", 0.5, True,  "adca_grpo", 1e-3, sorted(tm + em + judge)),
         "env_w":  ("environment", "-",     0, "train",     0.0, False, "grpo",      1e-4, ["env_service"]),
-        "env_n":  (None,        "-",       4, "train",     0.5, False, "grpo",      1e-3,
+        "env_n":  (None,        "-",       3, "train",     0.5, False, "grpo",      1e-3,
                    ["env_service", "experience_manager"]),
     }
     assert configs["w_q"]["trainer"]["warm_start"]["from_checkpoint"] == str(shared)
     assert configs["env_n"]["launcher"]["synthesis"] == {"episodes": 0, "seed_experience": False}
     for c in configs.values():  # curve off: no in-run evaluation
         assert c["trainer"]["eval"]["every"] == 0 and c["trainer"]["eval"]["after"] is False
-    (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("rows: [base, w, w_qn]", "rows: [base, qn]"))
+    (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("rows: [base, w_qn]", "rows: [base, qn]"))
     with pytest.raises(ValueError, match="not rows of ablation version 2"):
         load_protocol(tmp_path / "p.yaml")
     (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("warm_start: {enabled: true,", "warm_start: {enabled: false,"))
