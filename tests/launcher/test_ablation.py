@@ -494,3 +494,23 @@ def test_v2_criteria_by_hand_on_a_partial_grid_with_a_failed_run(tmp_path):
     assert "| the loop | W+full - base | - | - | - | **missing** |" in text
     assert "### Kind `credit` (2 tasks)" in text and "| W | 1.000 [1.000, 1.000] |" in text
     assert "| W+Q | 2 | " in text and "2.0 / 1.0 / 3.0" in text
+
+
+def test_env_n_pool_is_seeded_from_train_references_once_into_the_runs_store(tmp_path):
+    from benchmarks.ablation import Harness
+
+    (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("  eval_threads: 1\n",
+                                                         "  eval_threads: 1\n  env_pool: {per_kind: 1}\n"))
+    harness_ = Harness(tmp_path / "p.yaml", load_protocol(tmp_path / "p.yaml"), tmp_path / "results",
+                       tmp_path / "runs", explore=True)
+    run_dir = harness_.run_dir("env_n", 0)
+    try:
+        report = harness_.seed_train_pool(run_dir)
+    finally:
+        harness_.close()
+    # One train task of each tier-1 kind, replayed and summarized (probe 4's `--pool train`).
+    assert report["kinds"] == {"credit_lookup": 1, "id_lookup": 1, "fare_lookup": 1} and report["sent"] == 3
+    assert report["experiences_created"] > 0 and not report["errors"]
+    assert harness_.seed_train_pool(run_dir) == report  # not seeded again (the launch resumes with it)
+
+    assert any((run_dir / "experience_store").iterdir())  # the store the run's experience manager opens
