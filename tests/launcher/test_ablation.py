@@ -496,6 +496,7 @@ def test_v2_criteria_by_hand_on_a_partial_grid_with_a_failed_run(tmp_path):
     assert "| W+Q | 2 | " in text and "2.0 / 1.0 / 3.0" in text
 
 
+@pytest.mark.slow
 def test_env_n_pool_is_seeded_from_train_references_once_into_the_runs_store(tmp_path):
     from benchmarks.ablation import Harness
 
