@@ -141,6 +141,17 @@ class TaskGenerator:
     def _lookup(passenger: Passenger) -> tuple[str, dict[str, Any]]:
         return ("get_passenger", {"name": passenger.name})
 
+    @classmethod
+    def _booking(cls, task_id: str, kind: str, query: str, passenger: Passenger, route: tuple[str, str, str],
+                 target: Flight) -> FlightTask:
+        """A task solved by looking the passenger up, searching the route and booking `target`."""
+        origin, destination, date = route
+        return FlightTask(task_id, kind, query, passenger.passenger_id, reference=(
+            cls._lookup(passenger),
+            ("search_flight", {"origin": origin, "destination": destination, "date": date}),
+            ("book_ticket", {"passenger_id": passenger.passenger_id, "flight_id": target.flight_id}),
+        ), target_flight=target.flight_id)
+
     # ------------------------------------------------------------ kinds
 
     def _book_cheapest(self, rng: random.Random, task_id: str) -> FlightTask | None:
@@ -150,11 +161,7 @@ class TaskGenerator:
             return None
         query = (f"Please book the cheapest available flight from {_where(origin)} to {_where(destination)} "
                  f"on {_day(date)} for {passenger.name}.")
-        return FlightTask(task_id, "book_cheapest", query, passenger.passenger_id, reference=(
-            self._lookup(passenger),
-            ("search_flight", {"origin": origin, "destination": destination, "date": date}),
-            ("book_ticket", {"passenger_id": passenger.passenger_id, "flight_id": target.flight_id}),
-        ), target_flight=target.flight_id)
+        return self._booking(task_id, "book_cheapest", query, passenger, (origin, destination, date), target)
 
     def _book_constrained(self, rng: random.Random, task_id: str) -> FlightTask | None:
         passenger, (origin, destination, date) = self._draw(rng)
@@ -179,11 +186,7 @@ class TaskGenerator:
             wanted = f"the cheapest {label.removeprefix('a ')} flight with seats"
         query = (f"{passenger.name} needs to fly from {_where(origin)} to {_where(destination)} on {_day(date)}. "
                  f"Book {wanted}.")
-        return FlightTask(task_id, "book_constrained", query, passenger.passenger_id, reference=(
-            self._lookup(passenger),
-            ("search_flight", {"origin": origin, "destination": destination, "date": date}),
-            ("book_ticket", {"passenger_id": passenger.passenger_id, "flight_id": target.flight_id}),
-        ), target_flight=target.flight_id)
+        return self._booking(task_id, "book_constrained", query, passenger, (origin, destination, date), target)
 
     def _cancel(self, rng: random.Random, task_id: str) -> FlightTask | None:
         passenger, (origin, destination, date) = self._draw(rng)
