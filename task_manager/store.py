@@ -149,14 +149,8 @@ class TaskStore:
 
     def tasks(self, env_type: str | None = None, synthetic: bool | None = None, limit: int | None = None,
               offset: int = 0) -> list[StoredTask]:
-        sql, args = "SELECT * FROM tasks WHERE 1=1", []
-        if env_type is not None:
-            sql += " AND env_type = ?"
-            args.append(env_type)
-        if synthetic is not None:
-            sql += " AND synthetic = ?"
-            args.append(int(synthetic))
-        sql += " ORDER BY created_at, task_id"
+        sql, args = _matching("SELECT * FROM tasks", "created_at, task_id", env_type=env_type,
+                              synthetic=None if synthetic is None else int(synthetic))
         if limit is not None:
             sql += " LIMIT ? OFFSET ?"
             args += [limit, offset]
@@ -189,14 +183,7 @@ class TaskStore:
                     exploration.model_dump_json(), time.time()))
 
     def explorations(self, job_id: str | None = None, env_type: str | None = None) -> list[Exploration]:
-        sql, args = "SELECT data FROM explorations WHERE 1=1", []
-        if job_id is not None:
-            sql += " AND job_id = ?"
-            args.append(job_id)
-        if env_type is not None:
-            sql += " AND env_type = ?"
-            args.append(env_type)
-        sql += " ORDER BY job_id, episode"
+        sql, args = _matching("SELECT data FROM explorations", "job_id, episode", job_id=job_id, env_type=env_type)
         return [Exploration.model_validate_json(r["data"]) for r in self._query(sql, args)]
 
     def exploration_count(self) -> int:
@@ -284,6 +271,13 @@ class TaskStore:
             db.execute("DELETE FROM heldout WHERE env_type = ?", (env_type,))
             db.executemany("INSERT INTO heldout (env_type, task_id, query, embedding) VALUES (?,?,?,?)",
                            [(env_type, task_id, query, _blob(vec)) for task_id, query, vec in items])
+
+
+def _matching(select: str, order_by: str, **equal: Any) -> tuple[str, list[Any]]:
+    """`select` narrowed to the rows whose columns equal the given values (a None value: any), in order."""
+    given = {column: value for column, value in equal.items() if value is not None}
+    where = "".join(f" AND {column} = ?" for column in given)
+    return f"{select} WHERE 1=1{where} ORDER BY {order_by}", list(given.values())
 
 
 def _blob(vec: np.ndarray | None) -> bytes | None:
