@@ -64,6 +64,15 @@ def check_message(message: Any, check: str, where: str) -> None:
         raise Violation(check, f"{where}: message content must be a string, got {type(content).__name__}")
 
 
+def check_opening(messages: list[Any], check: str, where: str) -> None:
+    """The messages a create answers: well-formed, and exactly a system prompt then the first user turn."""
+    for i, message in enumerate(messages):
+        check_message(message, check, f"{where}[{i}]")
+    roles = [m["role"] for m in messages]
+    if roles != ["system", "user"]:
+        raise Violation(check, f"{where} must be exactly [system, user], got roles {roles}")
+
+
 def check_number(value: Any, check: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Violation(check, f"{where} must be a number, got {value!r}")
@@ -181,11 +190,7 @@ class AgentEvolverApi(Api):
         instance_id = data["info"].get("instance_id")
         if not isinstance(instance_id, str) or not instance_id:
             raise Violation("ae.create_shape", f"create data.info must carry the instance_id, got {data['info']}")
-        for i, message in enumerate(data["state"]):
-            check_message(message, "ae.create_shape", f"create state[{i}]")
-        roles = [m["role"] for m in data["state"]]
-        if roles != ["system", "user"]:
-            raise Violation("ae.create_shape", f"create state must be exactly [system, user], got roles {roles}")
+        check_opening(data["state"], "ae.create_shape", "create state")
         return instance_id, data["state"]
 
     async def step_raw(self, instance_id: str, action: Any) -> Answer:
@@ -273,11 +278,7 @@ class V1Api(Api):
         if not isinstance(body, dict) or not isinstance(body.get("instance_id"), str) \
                 or not isinstance(body.get("messages"), list):
             raise Violation("v1.create_shape", f"create must answer instance_id and messages, got {str(body)[:300]}")
-        for i, message in enumerate(body["messages"]):
-            check_message(message, "v1.create_shape", f"create messages[{i}]")
-        roles = [m["role"] for m in body["messages"]]
-        if roles != ["system", "user"]:
-            raise Violation("v1.create_shape", f"create messages must be exactly [system, user], got roles {roles}")
+        check_opening(body["messages"], "v1.create_shape", "create messages")
         return body["instance_id"], body["messages"]
 
     async def step_raw(self, instance_id: str, action: Any) -> Answer:
