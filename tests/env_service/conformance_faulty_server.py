@@ -47,6 +47,21 @@ def build_app(fault: str, hang_s: float) -> FastAPI:
             return fail(422, "the body is not valid JSON")
         return body if isinstance(body, dict) else fail(422, "the body must be an object")
 
+    async def counter_body(request: Request) -> dict[str, Any] | JSONResponse:
+        """The body of a call about this server's one env_type, or the error answer."""
+        body = await body_of(request)
+        if isinstance(body, JSONResponse) or body.get("env_type") == "counter":
+            return body
+        return fail(404, f"unknown env_type {body.get('env_type')!r}")
+
+    async def instance_of(request: Request) -> dict[str, Any] | JSONResponse:
+        """The live instance the body names, or the error answer."""
+        body = await body_of(request)
+        if isinstance(body, JSONResponse):
+            return body
+        instance = live.get(body.get("instance_id"))
+        return unknown(body.get("instance_id")) if instance is None else instance
+
     @app.get("/healthz")
     async def healthz() -> str:
         return "OK"
@@ -57,11 +72,9 @@ def build_app(fault: str, hang_s: float) -> FastAPI:
 
     @app.post("/get_env_profile")
     async def profile(request: Request) -> Any:
-        body = await body_of(request)
+        body = await counter_body(request)
         if isinstance(body, JSONResponse):
             return body
-        if body.get("env_type") != "counter":
-            return fail(404, f"unknown env_type {body.get('env_type')!r}")
         return {"success": True, "data": TASKS[body.get("params", {}).get("split", "train")]}
 
     @app.post("/get_info")
@@ -70,11 +83,9 @@ def build_app(fault: str, hang_s: float) -> FastAPI:
 
     @app.post("/create")
     async def create(request: Request) -> Any:
-        body = await body_of(request)
+        body = await counter_body(request)
         if isinstance(body, JSONResponse):
             return body
-        if body.get("env_type") != "counter":
-            return fail(404, f"unknown env_type {body.get('env_type')!r}")
         if body.get("task_id") not in sum(TASKS.values(), []):
             return fail(404, f"unknown task {body.get('task_id')!r}")
         instance_id = body.get("instance_id") or f"exp_{uuid.uuid4().hex[:8]}"
@@ -86,12 +97,9 @@ def build_app(fault: str, hang_s: float) -> FastAPI:
 
     @app.post("/step")
     async def step(request: Request) -> Any:
-        body = await body_of(request)
-        if isinstance(body, JSONResponse):
-            return body
-        instance = live.get(body.get("instance_id"))
-        if instance is None:
-            return unknown(body.get("instance_id"))
+        instance = await instance_of(request)
+        if isinstance(instance, JSONResponse):
+            return instance
         instance["count"] += 1
         if fault == "hang" and instance["count"] == 2:
             await asyncio.sleep(hang_s)
@@ -102,12 +110,9 @@ def build_app(fault: str, hang_s: float) -> FastAPI:
 
     @app.post("/evaluate")
     async def evaluate(request: Request) -> Any:
-        body = await body_of(request)
-        if isinstance(body, JSONResponse):
-            return body
-        instance = live.get(body.get("instance_id"))
-        if instance is None:
-            return unknown(body.get("instance_id"))
+        instance = await instance_of(request)
+        if isinstance(instance, JSONResponse):
+            return instance
         return {"success": True, "data": 1.5 if fault == "eval_range" else min(1.0, instance["count"] / 3)}
 
     @app.post("/release")
