@@ -29,60 +29,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from advantage.client import JudgeClient, JudgeStep, JudgeTrajectory  # noqa: E402
 from advantage.judge.agreement import DEFAULT_FIXTURE, baselines, fixture_summary, load_fixture, report  # noqa: E402
+from tests.helpers import run_service  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @contextmanager
-def service(module: str, args: list[str], log: Path, timeout: float = 600):
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=REPO,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{module} exited: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{module} not healthy after {timeout}s")
-            time.sleep(0.3)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+def service(module: str, args: list[str], work: Path, timeout: float = 600) -> Iterator[str]:
+    """`python -m module` on a free port, offline, logging into `work`; yields its URL once healthy."""
+    with run_service(module, args, env=OFFLINE, timeout=timeout, log_dir=work) as running:
+        yield running.url
 
 
 def plant_references(store_dir: Path, task_ids: list[str]) -> None:
@@ -110,11 +79,11 @@ def reference_services(stack: ExitStack, work: Path, task_ids: list[str]) -> str
     plant_references(work / "tasks", task_ids)
     env_conf = work / "env.yaml"
     env_conf.write_text(json.dumps({"env_service": {"environments": {"flights": {"version": 2, "tiers": {"1": 1}}}}}))
-    env_url = stack.enter_context(service("env_service", ["--conf", str(env_conf)], work / "env_service.log"))
+    env_url = stack.enter_context(service("env_service", ["--conf", str(env_conf)], work))
     tm_conf = work / "tm.yaml"
     tm_conf.write_text(json.dumps({"task_manager": {"env_url": env_url, "store_dir": str(work / "tasks"),
                                                     "environments": ["flights"]}}))
-    return stack.enter_context(service("task_manager", ["--conf", str(tm_conf)], work / "task_manager.log"))
+    return stack.enter_context(service("task_manager", ["--conf", str(tm_conf)], work))
 
 
 def by_fixture_source(fixture: list, predicted: dict[str, list[str]]) -> dict[str, dict[str, float]]:
@@ -255,13 +224,13 @@ def main() -> None:
         llm = None
         if not args.no_llm:
             llm_url = args.llm_url or stack.enter_context(
-                service("llm_server", ["--model", args.model], work / "llm_server.log")) + "/v1"
+                service("llm_server", ["--model", args.model], work)) + "/v1"
             llm = {"base_url": llm_url, "model": model, "max_retries": 0, "timeout": args.timeout,
                    "structured": args.structured, "api_key_env": args.api_key_env}
         conf = work / "run.yaml"
         conf.write_text(json.dumps({"judge": {
             "llm": llm, "max_concurrency": args.max_concurrency, "audit_log": str(work / "audit.jsonl"), **overrides}}))
-        judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work / "judge.log"))
+        judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work))
         trajs = rollout_items(args.rollouts, args.repeat_steps)[::args.stride] if args.rollouts \
             else items(fixture, args.repeat_steps)
         start = time.perf_counter()

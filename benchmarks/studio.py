@@ -17,9 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from common.schemas import ChatMessage, Experience, Step, StepLabel, Trajectory  # noqa: E402
 from engine.models import build_tiny_tokenizer  # noqa: E402
+from tests.helpers import run_service  # noqa: E402
 from trainer.records import RolloutRecords  # noqa: E402
 from trainer.templates import Segment  # noqa: E402
 from trainer.update import TrainSample  # noqa: E402
@@ -98,12 +96,6 @@ def build_run(root: Path, args: argparse.Namespace) -> str:
     return "traj_bench00000000"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=20)
@@ -118,23 +110,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         trajectory_id = build_run(root, args)
-        port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
-        proc = subprocess.Popen([sys.executable, "-m", "studio", "--runs", str(root), "--port", str(port),
-                                 "--log-level", "WARNING"], cwd=REPO, env=env, start_new_session=True)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("the studio did not start")
-                time.sleep(0.2)
-            page = f"{url}/runs/bench/rollouts/{trajectory_id}"
+        env = {"PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
+        with run_service("studio", ["--runs", str(root), "--log-level", "WARNING"], env=env, timeout=60,
+                         log_dir=root) as studio:
+            page = f"{studio.url}/runs/bench/rollouts/{trajectory_id}"
             times = []
             with httpx.Client(timeout=30) as client:
                 for i in range(args.warmup + args.requests):
@@ -145,9 +124,6 @@ def main() -> None:
                     if i >= args.warmup:
                         times.append(elapsed * 1000)
             body = response.text
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
     times.sort()
 
     def pct(p: float) -> float:
