@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -115,6 +117,15 @@ def run_env_service(env_yaml: str, directory: Path) -> Iterator[ServiceProcess]:
     conf.write_text(env_yaml)
     with run_service("env_service", ["--conf", str(conf)]) as service:
         yield service
+
+
+def write_trainer_conf(path: Path, **trainer: Any) -> Path:
+    """A `python -m trainer` YAML at `path`: the tiny model on one torch thread, two tasks a step, no Ray, no
+    evaluation, no progress bar, TensorBoard or plots; `trainer` sets the rest (steps, rollout, services, ...)."""
+    quiet = {"model": "tiny", "tasks_per_step": 2, "torch_threads": 1, "progress": False, "tensorboard": False,
+             "plot": False, "eval": {"before": False, "after": False, "tasks": 2}, "ray": {"enabled": False}}
+    path.write_text(json.dumps({"trainer": {**quiet, **trainer}}))  # JSON is YAML
+    return path
 
 
 def config_leaves(data: dict, prefix: str = "") -> dict[str, object]:

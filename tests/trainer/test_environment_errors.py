@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from tests.env_service.failing_plugin import CRASH
-from tests.helpers import REPO, run_env_service
+from tests.helpers import REPO, run_env_service, write_trainer_conf
 from trainer.rollout import environment_error, is_invalid_action
 
 CRASHING = ("env_service:\n  environments: {crashing: {}}\n"
@@ -26,23 +26,10 @@ def test_an_environment_error_is_no_invalid_action():
 def test_a_run_whose_environment_crashes_exits_3_with_its_error(tmp_path):
     out = tmp_path / "out"
     with run_env_service(CRASHING, tmp_path) as env:
-        conf = tmp_path / "trainer.yaml"
-        conf.write_text(f"""
-trainer:
-  model: tiny
-  steps: 2
-  tasks_per_step: 2
-  output_dir: {out}
-  torch_threads: 1
-  progress: false
-  tensorboard: false
-  plot: false
-  empty_step_retries: 1
-  rollout: {{env: crashing, n: 2, max_turns: 2, max_new_tokens: 2, max_context: 256, retries: 0}}
-  services: {{env_url: "{env.url}"}}
-  eval: {{before: false, after: false, tasks: 2}}
-  ray: {{enabled: false}}
-""")
+        conf = write_trainer_conf(
+            tmp_path / "trainer.yaml", steps=2, output_dir=str(out), empty_step_retries=1,
+            rollout={"env": "crashing", "n": 2, "max_turns": 2, "max_new_tokens": 2, "max_context": 256, "retries": 0},
+            services={"env_url": env.url})
         done = subprocess.run([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO, capture_output=True,
                               text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     text = done.stdout + done.stderr

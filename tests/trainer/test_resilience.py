@@ -21,7 +21,7 @@ import pytest
 
 from common.schemas import ChatMessage, Step, Trajectory
 from tests.experience_manager.conftest import TASKS, chat_trajectory
-from tests.helpers import REPO, free_port, run_env_service, run_service
+from tests.helpers import REPO, free_port, run_env_service, run_service, write_trainer_conf
 from trainer.peers import ExperiencePeer, OutagePolicy
 
 pytestmark = pytest.mark.slow
@@ -74,23 +74,10 @@ async def test_deliveries_wait_for_a_killed_experience_manager_and_arrive_once(t
 def test_a_step_with_every_group_dropped_is_retried_then_fails_naming_the_peer(tmp_path):
     out, logs = tmp_path / "out", tmp_path / "logs"
     with run_env_service("env_service:\n  environments:\n    signal: {fallback: first_char}\n", tmp_path) as env:
-        conf = tmp_path / "trainer.yaml"
-        conf.write_text(f"""
-trainer:
-  model: tiny
-  steps: 1000
-  tasks_per_step: 2
-  output_dir: {out}
-  torch_threads: 1
-  progress: false
-  tensorboard: false
-  plot: false
-  empty_step_retries: 2
-  rollout: {{env: signal, n: 2, max_turns: 2, max_new_tokens: 2, max_context: 256, retries: 1}}
-  services: {{env_url: "{env.url}", outage_budget_s: 0.5, logs_dir: "{logs}"}}
-  eval: {{before: false, after: false, tasks: 2}}
-  ray: {{enabled: false}}
-""")
+        conf = write_trainer_conf(
+            tmp_path / "trainer.yaml", steps=1000, output_dir=str(out), empty_step_retries=2,
+            rollout={"env": "signal", "n": 2, "max_turns": 2, "max_new_tokens": 2, "max_context": 256, "retries": 1},
+            services={"env_url": env.url, "outage_budget_s": 0.5, "logs_dir": str(logs)})
         log = tmp_path / "trainer.log"
         with log.open("wb") as f:
             proc = subprocess.Popen([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO,
