@@ -45,6 +45,17 @@ class ServiceProcess:
             pass
 
 
+@contextmanager
+def killed_at_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """`proc` (started with start_new_session), whose process group gets SIGKILL on leaving the block if it
+    still runs: a failed check does not leave it behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 120, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

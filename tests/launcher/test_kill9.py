@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from evolver_launcher.leftovers import marked_processes
+from tests.helpers import killed_at_exit
 from tests.launcher.test_lifecycle import start_launcher, wait_for, write_config
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,7 @@ def test_kill_9_of_the_launcher_then_the_next_run_starts_cleanly_and_leaves_noth
     default_address_before = _address_file_content()
 
     first, first_log = start_launcher(conf)
-    try:
+    with killed_at_exit(first):
         wait_for(first_log, r"trainer running in Ray actor", first, timeout=300)
         first_id = json.loads(registry.read_text())["launch_id"]
         ray_address_file = Path(next(line.split("--temp-dir ")[1].split()[0]
@@ -64,9 +65,6 @@ def test_kill_9_of_the_launcher_then_the_next_run_starts_cleanly_and_leaves_noth
         assert len(running) >= 4  # ray head, gcs_server, raylet, env_service, trainer, ...
         os.kill(first.pid, signal.SIGKILL)  # the launcher alone, not its group
         first.wait(timeout=10)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
     # The kernel's PDEATHSIG reaches the children; what they started may still be shutting down (or
     # stuck) when the next run starts: that one stops whatever still carries the first run's marker.
 
@@ -74,7 +72,7 @@ def test_kill_9_of_the_launcher_then_the_next_run_starts_cleanly_and_leaves_noth
     second_conf.mkdir()
     second, second_log = start_launcher(write_config(second_conf, CONFIG.replace("RUNS_DIR", str(tmp_path / "runs"))))
     second_id = None
-    try:
+    with killed_at_exit(second):
         deadline = time.monotonic() + 600
         while second.poll() is None and time.monotonic() < deadline:
             if second_id is None and registry.exists():  # the first run's, until the second replaces it
@@ -82,9 +80,6 @@ def test_kill_9_of_the_launcher_then_the_next_run_starts_cleanly_and_leaves_noth
                 second_id = current if current != first_id else None
             time.sleep(0.2)
         code = second.wait(timeout=5)
-    finally:
-        if second.poll() is None:
-            os.killpg(second.pid, signal.SIGKILL)
     out = second_log.read_text()
     assert code == 0, out[-4000:]
     assert "finished" in out

@@ -21,7 +21,7 @@ import pytest
 
 from common.schemas import ChatMessage, Step, Trajectory
 from tests.experience_manager.conftest import TASKS, chat_trajectory
-from tests.helpers import REPO, free_port, run_env_service, run_service, write_trainer_conf
+from tests.helpers import REPO, free_port, killed_at_exit, run_env_service, run_service, write_trainer_conf
 from trainer.peers import ExperiencePeer, OutagePolicy
 
 pytestmark = pytest.mark.slow
@@ -83,16 +83,13 @@ def test_a_step_with_every_group_dropped_is_retried_then_fails_naming_the_peer(t
             proc = subprocess.Popen([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO,
                                     env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        try:
+        with killed_at_exit(proc):
             deadline = time.monotonic() + 180
             while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip()):
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.1)
             env.stop(signal.SIGKILL)  # and nobody restarts it
             code = proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert code == 3, text[-3000:]
     assert "all 2 task groups were dropped in 3 attempts" in text
