@@ -32,12 +32,14 @@ from common.schemas import ChatMessage, Step, Task
 from engine.models import ModelLoadError
 from trainer.peers import EnvPeer
 from trainer.rollout import (
+    EpisodeResult,
     EvalSummary,
     RolloutConfig,
     evaluate_policy,
     evaluation_progress,
     is_invalid_action,
     made_tool_call,
+    summarize_episodes,
 )
 from trainer.summary import interval, per_task_values
 
@@ -104,9 +106,8 @@ def load_checkpoint_model(path: str | Path, model_spec: str | None = None) -> tu
 
 
 async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: RolloutConfig, *, temperature: float,
-                        seed: int) -> tuple[float, int, int, str, bool]:
-    """One episode over chat messages (no token ids): (outcome, steps, invalid steps, last action, whether it
-    called a tool)."""
+                        seed: int) -> EpisodeResult:
+    """One episode over chat messages (no token ids)."""
     created = await env.create(config.env, task)
     try:
         messages = [{"role": m.role, "content": m.text()} for m in
@@ -128,7 +129,7 @@ async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: Rollou
             if result.done:
                 break
         outcome = float((await env.evaluate(created.instance_id, config.evaluate_params)).score)
-        return outcome, steps, invalid, action, called
+        return EpisodeResult(task.task_id, outcome, steps, invalid, action, called)
     finally:
         await env.release(created.instance_id)
 
@@ -137,32 +138,11 @@ async def evaluate_chat(tasks: list[Task], env: EnvPeer, llm: LLMClient, config:
                         temperature: float, seed: int) -> EvalSummary:
     limit = asyncio.Semaphore(config.concurrency)
 
-    async def one(task: Task, i: int) -> tuple[str, float, int, int, str, bool]:
+    async def one(task: Task, i: int) -> EpisodeResult:
         async with limit:
-            return task.task_id, *await _chat_episode(task, env, llm, config, temperature=temperature, seed=seed + i)
+            return await _chat_episode(task, env, llm, config, temperature=temperature, seed=seed + i)
 
-    results = await asyncio.gather(*(one(t, i) for t in tasks for i in range(k)))
-    per_task: dict[str, list[float]] = {}
-    steps: dict[str, int] = {}
-    invalid: dict[str, int] = {}
-    answers: dict[str, str] = {}
-    lengths: dict[str, list[int]] = {}
-    replies: dict[str, list[str]] = {}
-    called: dict[str, list[bool]] = {}
-    for task_id, outcome, n_steps, n_invalid, answer, tool_call in results:
-        called.setdefault(task_id, []).append(tool_call)
-        answers.setdefault(task_id, answer)
-        replies.setdefault(task_id, []).append(answer)
-        lengths.setdefault(task_id, []).append(n_steps)
-        per_task.setdefault(task_id, []).append(outcome)
-        steps[task_id] = steps.get(task_id, 0) + n_steps
-        invalid[task_id] = invalid.get(task_id, 0) + n_invalid
-    success = {t: [float(s >= 1.0) for s in v] for t, v in per_task.items()}
-    n = max(len(success), 1)
-    return EvalSummary(sum(sum(v) / len(v) for v in success.values()) / n, sum(max(v) for v in success.values()) / n,
-                       sum(invalid.values()) / max(sum(steps.values()), 1), len(success), k, per_task,
-                       {t: invalid[t] / max(steps[t], 1) for t in per_task}, answers, per_task_steps=lengths,
-                       per_task_replies=replies, per_task_called=called)
+    return summarize_episodes(await asyncio.gather(*(one(t, i) for t in tasks for i in range(k))), k)
 
 
 def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:

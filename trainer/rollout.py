@@ -342,6 +342,31 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     eval_config = config.model_copy(update={"experience_ratio": 0.0})
     groups = await collect_groups(tasks, env, generate, tokenizer, eval_config, seed=seed, sampling=sampling, n=k,
                                   on_rollout=on_rollout)
+    episodes = [EpisodeResult(r.trajectory.task_id, float(r.trajectory.outcome or 0.0), len(r.trajectory.steps),
+                              r.invalid_steps, r.trajectory.steps[-1].action.text() if r.trajectory.steps else "",
+                              made_tool_call(r.trajectory.steps), prompt_digest(r.trajectory.prompt_ids),
+                              r.trajectory.experience_flag)
+                for g in groups for r in g]
+    return summarize_episodes(episodes, k, success_threshold)
+
+
+@dataclass
+class EpisodeResult:
+    """What an evaluation keeps of one episode."""
+
+    task_id: str
+    outcome: float
+    steps: int
+    invalid_steps: int
+    reply: str  # the last action's text ("" without a step)
+    called_tool: bool  # whether the episode made at least one valid tool call
+    prompt: str | None = None  # prompt_digest of its first prompt, where the policy was given token ids
+    with_experience: bool = False
+
+
+def summarize_episodes(episodes: Sequence[EpisodeResult], k: int, success_threshold: float = 1.0) -> EvalSummary:
+    """avg@k (mean success over the k samples of a task), best@k (a task counts if any sample succeeds) and the
+    invalid-action rate, with each task's records, in the order of `episodes`."""
     per_task: dict[str, list[float]] = {}
     task_steps: dict[str, int] = {}
     task_invalid: dict[str, int] = {}
@@ -351,20 +376,18 @@ async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: Gener
     replies: dict[str, list[str]] = {}
     called: dict[str, list[bool]] = {}
     with_experience = 0
-    for g in groups:
-        for r in g:
-            task_id = r.trajectory.task_id
-            per_task.setdefault(task_id, []).append(float(r.trajectory.outcome or 0.0))
-            prompts.setdefault(task_id, prompt_digest(r.trajectory.prompt_ids))
-            with_experience += int(r.trajectory.experience_flag)
-            task_steps[task_id] = task_steps.get(task_id, 0) + len(r.trajectory.steps)
-            lengths.setdefault(task_id, []).append(len(r.trajectory.steps))
-            task_invalid[task_id] = task_invalid.get(task_id, 0) + r.invalid_steps
-            last = r.trajectory.steps[-1].action.text() if r.trajectory.steps else ""
-            replies.setdefault(task_id, []).append(last)
-            called.setdefault(task_id, []).append(made_tool_call(r.trajectory.steps))
-            if task_id not in answers and r.trajectory.steps:
-                answers[task_id] = last
+    for e in episodes:
+        per_task.setdefault(e.task_id, []).append(e.outcome)
+        if e.prompt is not None:
+            prompts.setdefault(e.task_id, e.prompt)
+        with_experience += int(e.with_experience)
+        task_steps[e.task_id] = task_steps.get(e.task_id, 0) + e.steps
+        lengths.setdefault(e.task_id, []).append(e.steps)
+        task_invalid[e.task_id] = task_invalid.get(e.task_id, 0) + e.invalid_steps
+        replies.setdefault(e.task_id, []).append(e.reply)
+        called.setdefault(e.task_id, []).append(e.called_tool)
+        if e.task_id not in answers and e.steps:
+            answers[e.task_id] = e.reply
     if not per_task:
         return EvalSummary(0.0, 0.0, 0.0, 0, k)
     success = {t: [float(s >= success_threshold) for s in v] for t, v in per_task.items()}

@@ -163,3 +163,25 @@ def test_successes_with_a_tool_call_counts_successful_samples_only():
     table = eval_table(none, summary)
     assert table["successes_with_tool_call"] == {"before": None, "after": 0.5}
     assert table["per_task"]["after"] == {"outcomes": summary.per_task, "called": summary.per_task_called}
+
+
+def test_episodes_summarize_into_avg_best_and_invalid_rate_by_hand():
+    from trainer.rollout import EpisodeResult, EvalSummary, summarize_episodes
+
+    episodes = [EpisodeResult("a", 1.0, 2, 1, "answer 1", True, prompt="pa"),
+                EpisodeResult("b", 0.5, 3, 0, "guess", False, prompt="pb", with_experience=True),
+                EpisodeResult("a", 0.0, 1, 1, "answer 2", False, prompt="pa"),
+                EpisodeResult("b", 1.0, 2, 0, "right", True, prompt="pb")]
+    summary = summarize_episodes(episodes, k=2)
+    # successes a: [1, 0], b: [0, 1] (0.5 is below the threshold): avg@2 (0.5 + 0.5) / 2, best@2 (1 + 1) / 2
+    assert (summary.avg_at_k, summary.best_at_k, summary.tasks, summary.k) == (0.5, 1.0, 2, 2)
+    assert summary.invalid_action_rate == 2 / 8
+    assert summary.per_task == {"a": [1.0, 0.0], "b": [0.5, 1.0]}
+    assert summary.per_task_invalid == {"a": 2 / 3, "b": 0.0}
+    assert summary.per_task_answer == {"a": "answer 1", "b": "guess"}
+    assert summary.per_task_prompt == {"a": "pa", "b": "pb"} and summary.experience_rollouts == 1
+    assert summary.per_task_steps == {"a": [2, 1], "b": [3, 2]}
+    assert summary.per_task_replies == {"a": ["answer 1", "answer 2"], "b": ["guess", "right"]}
+    assert summary.per_task_called == {"a": [True, False], "b": [False, True]}
+    assert summarize_episodes(episodes, k=2, success_threshold=0.5).avg_at_k == 0.75
+    assert summarize_episodes([], k=2) == EvalSummary(0.0, 0.0, 0.0, 0, 2)
