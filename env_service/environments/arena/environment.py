@@ -8,7 +8,6 @@ is in [0, 1] with partial credit for progress; only a full reward counts as succ
 from __future__ import annotations
 
 import re
-import warnings
 from typing import Any
 
 from common.schemas import Split
@@ -19,6 +18,7 @@ from env_service.environments.textgames import (
     Turn,
     extract_wrapped,
 )
+from env_service.environments.textgames.packages import quietly
 
 _BRACKETED = re.compile(r"\[[^\[\]\n]+\]")
 _INVALID_MOVE = re.compile(r"invalid move", re.IGNORECASE)
@@ -40,9 +40,7 @@ class TextArenaInstance(TextGameInstance):
         return "\n".join(str(m[1]) for m in observation if isinstance(m, tuple) and len(m) >= 2 and m[0] != 0).strip()
 
     def start(self) -> tuple[str, str]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.env = self.lib.make(self.make_id)
+        self.env = quietly(lambda: self.lib.make(self.make_id))
         self.env.reset(num_players=1, seed=self.seed)
         self.reward = None
         system = (f"You are playing the TextArena game {self.env_id}. Each turn, give your move in square "
@@ -90,9 +88,7 @@ class TextArenaEnvironment(SuiteEnvironment):
             raise ValueError(f"textarena.envs: {env_id!r} is not a TextArena id; known ones include "
                              f"{', '.join(base[:10])} ... ({len(ENV_REGISTRY)} in all)")
         try:  # a probe game: multi-player games and games needing downloads fail here, at start
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.lib.make(self._make_id(env_id)).reset(num_players=1, seed=0)
+            quietly(lambda: self.lib.make(self._make_id(env_id)).reset(num_players=1, seed=0))
         except Exception as exc:  # noqa: BLE001 (any failure of a third-party game means it cannot be served)
             raise ValueError(f"textarena.envs: {env_id} cannot run as a single-player game offline: "
                              f"{type(exc).__name__}: {exc}") from None

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from common.schemas import Split
 from env_service.environments.babyai.text import ACTIONS, PHRASES, describe_view
 from env_service.environments.textgames import Parsed, SuiteEnvironment, TextGameInstance, Turn, match_choice
+from env_service.environments.textgames.packages import quietly
 
 
 class BabyAIInstance(TextGameInstance):
@@ -22,9 +22,7 @@ class BabyAIInstance(TextGameInstance):
 
     def start(self) -> tuple[str, str]:
         if self.env is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.env = self.gymnasium.make(self.env_id)
+            self.env = quietly(lambda: self.gymnasium.make(self.env_id))
         observation, _ = self.env.reset(seed=self.seed)
         self.mission, self.last_reward, self.terminated = str(observation["mission"]), 0.0, False
         self.view = describe_view(observation["image"], self.env.unwrapped.carrying)

@@ -8,7 +8,6 @@ offered: the math/code/qa ids load Hugging Face datasets, which cannot be fetche
 from __future__ import annotations
 
 import re
-import warnings
 from typing import Any
 
 from common.schemas import Split
@@ -19,6 +18,7 @@ from env_service.environments.textgames import (
     Turn,
     extract_wrapped,
 )
+from env_service.environments.textgames.packages import quietly
 
 OFFLINE_FAMILIES = ("game:", "rg:")
 _BOXED = re.compile(r"\\boxed\{[^{}]*\}")
@@ -37,9 +37,7 @@ class GemInstance(TextGameInstance):
 
     def start(self) -> tuple[str, str]:
         if self.env is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.env = self.lib.make(self.env_id)
+            self.env = quietly(lambda: self.lib.make(self.env_id))
         observation, info = self.env.reset(seed=self.seed)
         self.last_reward, self.terminated = 0.0, False
         self.board = f"{observation}\n{info.get('suffix', '')}".strip()

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import warnings
+from collections.abc import Callable
 from importlib import metadata
 from types import ModuleType
+from typing import TypeVar
+
+T = TypeVar("T")
 
 EXTRA = "envs"
 
@@ -22,6 +27,14 @@ def require_package(module: str, distribution: str, env_name: str) -> ModuleType
             f"the '{env_name}' environment needs the '{distribution}' package ({exc}); install it with "
             f"pip install 'evolver[{EXTRA}]' (or re-run bash install.sh, which installs the {EXTRA} extra)"
         ) from exc
+
+
+def quietly(call: Callable[[], T]) -> T:
+    """`call()` with warnings silenced: suite packages warn each time an environment is made (deprecations,
+    gymnasium's checks), which would fill the service's log once per episode."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return call()
 
 
 def package_version(distribution: str) -> str | None:
