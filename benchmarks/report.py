@@ -508,6 +508,63 @@ def zero_human_data() -> list[str]:
                "paired change (95% CI)", "invalid-action rate after", "raw"], rows))
 
 
+WARM_START_RUNS = [  # (label, file under warm_start/, phase)
+    ("zero-shot", "smollm2-flights-v2-t1-validation-train-kinds.json", "zero_shot"),
+    ("warm start: 16 synthetic lookups of every profile kind, ids and names forms",
+     "smollm2-flights-v2-t1-validation-synthetic16.json", "synthetic"),
+    ("warm start: all 27 trainable synthetic lookups of the train tasks' kinds, names form",
+     "smollm2-flights-v2-t1-validation-train-kinds.json", "synthetic"),
+    ("warm start: 90 of the environment's train references (human data's stand-in)",
+     "smollm2-flights-v2-t1-validation-env90.json", "environment"),
+]
+
+
+def warm_start() -> list[str]:
+    rows = []
+    for label, name, phase in WARM_START_RUNS:
+        if not (RESULTS / "warm_start" / name).is_file():
+            continue
+        data = load(f"warm_start/{name}")
+        if phase not in data:
+            continue
+        result = data[phase] if phase == "zero_shot" else data[phase]["eval"]
+        kinds = result["by_kind"]
+        trained = "" if phase == "zero_shot" else (f"{data[phase]['warm_start']['tasks']} tasks, "
+                                                   f"{data[phase]['warm_start']['steps']} steps")
+        rows.append([label, trained, f"{result['success_with_call']}/{result['tasks']}",
+                     *(f"{kinds[k]['success_with_call']}/{kinds[k]['tasks']}" for k in ("credit_lookup", "id_lookup",
+                                                                                       "fare_lookup")),
+                     f"{result['tool_call_share']:.2f}", link(f"warm_start/{name}")])
+    return section(
+        "Warm start on flights v2: what supervised fine-tuning on verified references gives",
+        "SmolLM2 on the 40 tier-1 validation tasks of `flights` v2 (a world per task, strict grading), greedy, no "
+        "experience, zero-shot and after `trainer.warm_start` (AdamW, lr 3e-5 cosine, batch 4, 2 epochs, loss on the "
+        "action tokens only, the rollout's linear template) from SmolLM2's own weights. A success counts only when "
+        "the episode called a tool. The synthetic sources are the task manager's trainable synthetic tasks (never "
+        "the pool's share, never a held-out task), solved by their verified references: zero human data. These "
+        "runs shared the machine with other jobs (load 2-7), so their fine-tuning times are not comparable.",
+        [".venv/bin/python benchmarks/warm_start.py --name NAME --version 2 --episodes 32 --lookup-kinds train "
+         "--phases zero_shot,synthetic,environment"],
+        table(["policy", "fine-tuned on", "solved (with a call)", "credit", "id", "fare", "episodes with a call",
+               "raw"], rows))
+
+
+def self_questioning_without_tools() -> list[str]:
+    name = "self-questioning-text-game.json"
+    data = load(name)
+    rows = [[env, r["funnel"]["proposed"], r["funnel"]["verified"], r["funnel"]["kept"],
+             f"`{r['examples'][0][:70]}`" if r.get("examples") else ""]
+            for env, r in data["environments"].items()]
+    return section(
+        "Self-questioning on environments without tool docs",
+        "The task manager's synthesize job on two gym-adapter environments and a TextWorld game, which publish no "
+        "tool documentation: the random explorer plays the discrete actions (gym) or the admissible commands the "
+        "state lists as `valid_actions` (text games), and hindsight keeps goals that a replay in a fresh instance "
+        f"verifies. {data['command']}.",
+        [data["script"]],
+        table(["environment", "proposed", "verified", "kept", "an example task"], rows) + ["", f"Raw: {link(name)}"])
+
+
 LEVER_LABELS = {"share_prompts": "shared prompts, fp32 engine, old log-probs reused",
                 "pack": "+ packing", "pack_recompute": "packing, bf16 engine (old log-probs recomputed)",
                 "pack_recompute_fused": "+ fused old log-probs (the defaults)",
@@ -616,7 +673,7 @@ def quickstart() -> list[str]:
 
 
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
-                                           zero_human_data,
+                                           zero_human_data, warm_start, self_questioning_without_tools,
                                            environments, judge,
                                            speed_vs_trl, update_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
