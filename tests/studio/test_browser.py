@@ -242,7 +242,8 @@ def test_the_launcher_planned_and_stopped_its_studio(finished_run):
     manifest = json.loads((finished_run.run_dir / "manifest.json").read_text())
     studio_child = next(c for c in manifest["children"] if c["name"] == "studio")
     assert studio_child["argv"][1:4] == ["-m", "studio", "--runs"]
-    assert "browse it: python -m studio --runs" in finished_run.output()
+    # the launcher names its own interpreter, which the studio was started with
+    assert f"browse it: {studio_child['argv'][0]} -m studio --runs" in finished_run.output()
     with pytest.raises(httpx.ConnectError):
         httpx.get(finished_run.studio_url + "/healthz", timeout=2)
 
