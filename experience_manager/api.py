@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from common.schemas import ChatMessage, ExperienceKind, ExperienceUsage, Provenance, Trajectory, WireModel
 from common.service import ServiceError, add_error_renderer, create_app
-from experience_manager.engine import ExperienceEngine, body_digest
+from experience_manager.durable import body_digest
+from experience_manager.engine import ExperienceEngine
 from experience_manager.settings import ExperienceManagerSettings
 from experience_manager.text import ID_PATTERN, REQUEST_ID_PATTERN, forbidden_markup, valid_id
 from experience_manager.trajectories import build_view, view_of_trajectory
@@ -300,22 +301,22 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
         # Only what the client sent: server-side defaults (fresh trajectory ids) must not change the digest.
         digest = body_digest(body.model_dump(mode="json", exclude={"request_id", "run_async"}, exclude_unset=True))
         if body.run_async:
-            return engine.start_summarize_job(ws, views, mode=mode, request_id=body.request_id, digest=digest)
-        return await engine.summarize(ws, views, mode=mode, request_id=body.request_id, digest=digest)
+            return engine.ingest.start_summarize_job(ws, views, mode=mode, request_id=body.request_id, digest=digest)
+        return await engine.ingest.summarize(ws, views, mode=mode, request_id=body.request_id, digest=digest)
 
     @app.get("/v1/jobs/{job_id}", tags=["experiences"])
     async def job(job_id: str) -> dict:
-        return engine.job(job_id)
+        return engine.ingest.job(job_id)
 
     @app.post("/v1/workspaces/{ws}/retrieve", tags=["experiences"])
     async def retrieve(ws: str, body: RetrieveRequest) -> dict:
         query = body.query if body.query is not None else json.dumps(body.messages)
-        return await engine.retrieve(ws, query, top_k=body.top_k, min_similarity=body.min_similarity,
+        return await engine.retrieval.retrieve(ws, query, top_k=body.top_k, min_similarity=body.min_similarity,
                                      exclude_ids=body.exclude_ids, task_kind=body.task_kind)
 
     @app.post("/v1/workspaces/{ws}/retrieve:batch", tags=["experiences"])
     async def retrieve_batch(ws: str, body: BatchRetrieveRequest) -> dict:
-        results = await engine.retrieve_batch(ws, body.queries, top_k=body.top_k,
+        results = await engine.retrieval.retrieve_batch(ws, body.queries, top_k=body.top_k,
                                               min_similarity=body.min_similarity, exclude_ids=body.exclude_ids)
         return {"results": results}
 
@@ -335,7 +336,7 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
     async def list_experiences(ws: str, status: Literal["active", "archived", "all"] = "all",
                                offset: int = Query(default=0, ge=0), limit: int = Query(default=100, ge=1, le=10_000)
                                ) -> dict:
-        index = engine.index(ws)
+        index = engine.store.index(ws)
         chosen = [e for e in index.experiences.values() if status == "all" or e.status == status]
         return {"total": len(chosen), "experiences": [e.model_dump(mode="json") for e in chosen[offset:offset + limit]]}
 
@@ -346,7 +347,7 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
 
     @app.get("/v1/workspaces/{ws}/experiences/{experience_id}", tags=["crud"])
     async def get_experience(ws: str, experience_id: str) -> dict:
-        return engine.experience(ws, experience_id).model_dump(mode="json")
+        return engine.store.experience(ws, experience_id).model_dump(mode="json")
 
     @app.patch("/v1/workspaces/{ws}/experiences/{experience_id}", tags=["crud"])
     async def patch_experience(ws: str, experience_id: str, body: ExperiencePatch) -> dict:
@@ -383,7 +384,7 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
         views = [build_view(messages=[m.as_sent() for m in t.messages], reward=t.score, success_threshold=threshold,
                             trajectory_id=None, task_id=t.task_id, query=t.query) for t in body.trajectories]
         digest = body_digest(body.model_dump(mode="json"))
-        result = await engine.summarize(body.workspace_id, views, mode=settings.summary.mode, request_id=None,
+        result = await engine.ingest.summarize(body.workspace_id, views, mode=settings.summary.mode, request_id=None,
                                         digest=digest)
         memories = [reme_memory({**e, "author": e["provenance"]["author"]}) for e in result["experiences"]]
         return {"answer": json.dumps(memories, ensure_ascii=False), "messages": [], "success": True,
@@ -396,12 +397,12 @@ def build_app(settings: ExperienceManagerSettings, engine: ExperienceEngine | No
     async def retrieve_task_memory(body: ReMeRetrieveRequest) -> dict:
         if body.query is None and body.messages is None:
             raise ServiceError(422, "missing_query", "query or messages is required!")
-        engine.check_workspace_id(body.workspace_id)
-        if body.workspace_id not in engine.indexes:
+        engine.store.check_workspace_id(body.workspace_id)
+        if body.workspace_id not in engine.store.indexes:
             # ReMe answers an empty workspace with an empty answer: AgentEvolver retrieves before any summary.
             return {"answer": "", "messages": [], "success": True, "metadata": {"memory_list": []}}
         query = body.query if body.query is not None else json.dumps([m.as_sent() for m in body.messages])
-        result = await engine.retrieve(body.workspace_id, query, top_k=body.top_k)
+        result = await engine.retrieval.retrieve(body.workspace_id, query, top_k=body.top_k)
         memories = [reme_memory({**e, "workspace_id": body.workspace_id}, e["similarity"])
                     for e in result["experiences"]]
         return {"answer": result["rendered"], "messages": [], "success": True,
