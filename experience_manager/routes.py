@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
-from common.service import ServiceError
+from common.service import ServiceError, from_app_state
 from experience_manager.durable import body_digest
 from experience_manager.engine import ExperienceEngine
 from experience_manager.protocol import (
@@ -27,13 +27,7 @@ from experience_manager.protocol import (
 from experience_manager.text import REQUEST_ID_PATTERN
 from experience_manager.trajectories import view_of_trajectory
 
-
-async def _engine(request: Request) -> ExperienceEngine:
-    # async: FastAPI would run a plain function on its thread pool, a hop on every request.
-    return request.app.state.engine
-
-
-Engine = Annotated[ExperienceEngine, Depends(_engine)]
+Engine = Annotated[ExperienceEngine, Depends(from_app_state("engine"))]
 RequestIdParam = Annotated[str | None, Query(pattern=REQUEST_ID_PATTERN)]
 
 
