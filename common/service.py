@@ -337,6 +337,17 @@ def create_app(
     return app
 
 
+def from_app_state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A route dependency answering `app.state.<name>`, the object a service's routers work on:
+    `Engine = Annotated[ExperienceEngine, Depends(from_app_state("engine"))]`. Async, because FastAPI runs a
+    plain function dependency on its thread pool, a hop on every request."""
+
+    async def dependency(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    return dependency
+
+
 def reserve_port(host: str, port: int) -> socket.socket:
     """Bind the service's port now, before building an app that starts helper servers of its own.
 

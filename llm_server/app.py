@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
-from common.service import ServiceError, create_app
+from common.service import ServiceError, create_app, from_app_state
 from engine.generation import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
 from engine.grammar import CompiledGrammar, GrammarCompiler
 from llm_server.metrics import EngineCollector
@@ -48,93 +48,117 @@ def build_app(served: ServedModel) -> FastAPI:
                       max_body_bytes=served.settings.max_body_bytes)
     app.state.served = served
     app.state.metrics_registry.register(EngineCollector(served.engine))
-
-    @app.get("/v1/models", tags=["openai"])
-    async def models() -> dict:
-        return {"object": "list", "data": [{
-            "id": served.name, "object": "model", "created": served.created, "owned_by": "evolver",
-            "max_model_len": served.context_length, "policy_version": served.engine.policy_version,
-            "structured_outputs": capabilities() if served.grammars is not None else None}]}
-
-    @app.post("/v1/chat/completions", tags=["openai"])
-    async def chat_completions(request: ChatCompletionRequest) -> dict:
-        _check_common(served, request)
-        grammar = await _constraint(served, request, chat=True)
-        prompt_ids = _chat_prompt_ids(served, request)
-        max_tokens = request.max_completion_tokens or request.max_tokens
-        top = (request.top_logprobs or 0) if request.logprobs else 0
-        result = await _generate(served, request, prompt_ids, max_tokens, top, grammar)
-        parse_tools = bool(request.tools) and request.tool_choice != "none"
-        choices = [_chat_choice(served, i, c, request.logprobs, parse_tools) for i, c in enumerate(result.completions)]
-        return _envelope("chat.completion", "chatcmpl", served, result, choices)
-
-    @app.post("/v1/completions", tags=["openai"])
-    async def completions(request: CompletionRequest) -> dict:
-        _check_common(served, request)
-        if request.echo:
-            raise ServiceError(400, "unsupported_parameter", "echo=true is not supported")
-        if request.best_of not in (None, request.n):
-            raise ServiceError(400, "unsupported_parameter", "best_of is not supported (use n)")
-        grammar = await _constraint(served, request, chat=False)
-        prompt_ids = _completion_prompt_ids(served, request)
-        top = request.logprobs or 0
-        result = await _generate(served, request, prompt_ids, request.max_tokens, top, grammar)
-        choices = [_completion_choice(served, i, c, request.logprobs is not None)
-                   for i, c in enumerate(result.completions)]
-        return _envelope("text_completion", "cmpl", served, result, choices)
-
-    @app.post("/tokenize", tags=["vllm"])
-    async def tokenize(request: TokenizeRequest) -> dict:
-        _check_model(served, request.model)
-        if (request.prompt is None) == (request.messages is None):
-            raise ServiceError(400, "invalid_request", "give exactly one of prompt or messages")
-        if request.messages is not None:
-            tokens = _render_chat(served, request.messages, request.tools, request.add_generation_prompt,
-                                  request.continue_final_message)
-        else:
-            tokens = served.tokenizer.encode(request.prompt, add_special_tokens=False)
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": served.context_length}
-
-    @app.post("/detokenize", tags=["vllm"])
-    async def detokenize(request: DetokenizeRequest) -> dict:
-        _check_model(served, request.model)
-        _check_token_ids(served, request.tokens, "tokens")
-        return {"prompt": served.tokenizer.decode(request.tokens)}
-
-    @app.post("/v1/weights", tags=["trainer"], response_model=WeightUpdateResponse)
-    async def update_weights(request: WeightUpdateRequest) -> WeightUpdateResponse:
-        path = allowed_path(request.path, served.settings.weights_dir)
-        tensors = await asyncio.to_thread(read_state_dict, path)
-        try:
-            await asyncio.to_thread(served.engine.check_state_dict, tensors)
-        except ValueError as exc:
-            raise ServiceError(400, "weights_mismatch", f"{request.path}: {exc}") from None
-        version = await asyncio.wrap_future(served.engine.update_weights(tensors, request.policy_version))
-        return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path=request.path)
-
-    @app.get("/v1/weights", tags=["trainer"])
-    async def weights_version() -> dict:
-        return {"policy_version": served.engine.policy_version}
-
-    @app.get("/v1/stats", tags=["service"])
-    async def stats() -> dict:
-        engine = served.engine
-        s = engine.stats
-        return {
-            "model": served.name, "policy_version": engine.policy_version, "context_length": served.context_length,
-            "max_batch": engine.max_batch, "active_rows": engine.active_rows, "queued_requests": engine.queued,
-            "requests": s.requests, "rows": s.rows, "prefill_batches": s.prefill_batches,
-            "decode_steps": s.decode_steps, "forward_batches": s.forward_batches, "prompt_tokens": s.prompt_tokens,
-            "generated_tokens": s.generated_tokens, "max_rows_in_batch": s.max_rows_in_batch,
-            "weight_updates": s.weight_updates, "failed_batches": s.failed_batches,
-            "kv_peak_bytes": s.kv_peak_bytes, "kv_reallocations": s.kv_reallocations,
-            "prefill_tokens": s.prefill_tokens, "shared_prefix_tokens": s.shared_prefix_tokens,
-            "prefill_seconds": round(s.prefill_seconds, 6), "decode_seconds": round(s.decode_seconds, 6),
-            "resumed_rows": s.resumed_rows, "reused_prefix_tokens": s.reused_prefix_tokens,
-            "structured_outputs": _structured_stats(served),
-        }
-
+    for router in (openai, vllm, trainer, service):
+        app.include_router(router)
     return app
+
+
+# ---- routes -------------------------------------------------------------------------------------
+Served = Annotated[ServedModel, Depends(from_app_state("served"))]
+
+openai = APIRouter(tags=["openai"])
+
+
+@openai.get("/v1/models")
+async def models(served: Served) -> dict:
+    return {"object": "list", "data": [{
+        "id": served.name, "object": "model", "created": served.created, "owned_by": "evolver",
+        "max_model_len": served.context_length, "policy_version": served.engine.policy_version,
+        "structured_outputs": capabilities() if served.grammars is not None else None}]}
+
+
+@openai.post("/v1/chat/completions")
+async def chat_completions(request: ChatCompletionRequest, served: Served) -> dict:
+    _check_common(served, request)
+    grammar = await _constraint(served, request, chat=True)
+    prompt_ids = _chat_prompt_ids(served, request)
+    max_tokens = request.max_completion_tokens or request.max_tokens
+    top = (request.top_logprobs or 0) if request.logprobs else 0
+    result = await _generate(served, request, prompt_ids, max_tokens, top, grammar)
+    parse_tools = bool(request.tools) and request.tool_choice != "none"
+    choices = [_chat_choice(served, i, c, request.logprobs, parse_tools) for i, c in enumerate(result.completions)]
+    return _envelope("chat.completion", "chatcmpl", served, result, choices)
+
+
+@openai.post("/v1/completions")
+async def completions(request: CompletionRequest, served: Served) -> dict:
+    _check_common(served, request)
+    if request.echo:
+        raise ServiceError(400, "unsupported_parameter", "echo=true is not supported")
+    if request.best_of not in (None, request.n):
+        raise ServiceError(400, "unsupported_parameter", "best_of is not supported (use n)")
+    grammar = await _constraint(served, request, chat=False)
+    prompt_ids = _completion_prompt_ids(served, request)
+    top = request.logprobs or 0
+    result = await _generate(served, request, prompt_ids, request.max_tokens, top, grammar)
+    choices = [_completion_choice(served, i, c, request.logprobs is not None)
+               for i, c in enumerate(result.completions)]
+    return _envelope("text_completion", "cmpl", served, result, choices)
+
+
+vllm = APIRouter(tags=["vllm"])
+
+
+@vllm.post("/tokenize")
+async def tokenize(request: TokenizeRequest, served: Served) -> dict:
+    _check_model(served, request.model)
+    if (request.prompt is None) == (request.messages is None):
+        raise ServiceError(400, "invalid_request", "give exactly one of prompt or messages")
+    if request.messages is not None:
+        tokens = _render_chat(served, request.messages, request.tools, request.add_generation_prompt,
+                              request.continue_final_message)
+    else:
+        tokens = served.tokenizer.encode(request.prompt, add_special_tokens=False)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": served.context_length}
+
+
+@vllm.post("/detokenize")
+async def detokenize(request: DetokenizeRequest, served: Served) -> dict:
+    _check_model(served, request.model)
+    _check_token_ids(served, request.tokens, "tokens")
+    return {"prompt": served.tokenizer.decode(request.tokens)}
+
+
+trainer = APIRouter(tags=["trainer"])
+
+
+@trainer.post("/v1/weights", response_model=WeightUpdateResponse)
+async def update_weights(request: WeightUpdateRequest, served: Served) -> WeightUpdateResponse:
+    path = allowed_path(request.path, served.settings.weights_dir)
+    tensors = await asyncio.to_thread(read_state_dict, path)
+    try:
+        await asyncio.to_thread(served.engine.check_state_dict, tensors)
+    except ValueError as exc:
+        raise ServiceError(400, "weights_mismatch", f"{request.path}: {exc}") from None
+    version = await asyncio.wrap_future(served.engine.update_weights(tensors, request.policy_version))
+    return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path=request.path)
+
+
+@trainer.get("/v1/weights")
+async def weights_version(served: Served) -> dict:
+    return {"policy_version": served.engine.policy_version}
+
+
+service = APIRouter(tags=["service"])
+
+
+@service.get("/v1/stats")
+async def stats(served: Served) -> dict:
+    engine = served.engine
+    s = engine.stats
+    return {
+        "model": served.name, "policy_version": engine.policy_version, "context_length": served.context_length,
+        "max_batch": engine.max_batch, "active_rows": engine.active_rows, "queued_requests": engine.queued,
+        "requests": s.requests, "rows": s.rows, "prefill_batches": s.prefill_batches,
+        "decode_steps": s.decode_steps, "forward_batches": s.forward_batches, "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated_tokens, "max_rows_in_batch": s.max_rows_in_batch,
+        "weight_updates": s.weight_updates, "failed_batches": s.failed_batches,
+        "kv_peak_bytes": s.kv_peak_bytes, "kv_reallocations": s.kv_reallocations,
+        "prefill_tokens": s.prefill_tokens, "shared_prefix_tokens": s.shared_prefix_tokens,
+        "prefill_seconds": round(s.prefill_seconds, 6), "decode_seconds": round(s.decode_seconds, 6),
+        "resumed_rows": s.resumed_rows, "reused_prefix_tokens": s.reused_prefix_tokens,
+        "structured_outputs": _structured_stats(served),
+    }
 
 
 # ---- request checks and prompts ---------------------------------------------------------------

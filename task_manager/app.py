@@ -17,12 +17,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Query
+from fastapi import APIRouter, Depends, FastAPI, Query
 
-from common.service import create_app
+from common.service import create_app, from_app_state
 from task_manager.protocol import (
     BatchRequest,
     BatchResponse,
@@ -44,6 +45,8 @@ from task_manager.protocol import (
 from task_manager.service import TaskManager
 from task_manager.settings import TaskManagerSettings
 
+Manager = Annotated[TaskManager, Depends(from_app_state("manager"))]
+
 
 def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> FastAPI:
     if env_client is None:
@@ -54,8 +57,6 @@ def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        import asyncio
-
         starter = asyncio.create_task(manager.start())
         try:
             yield
@@ -68,63 +69,93 @@ def build_app(settings: TaskManagerSettings, env_client: Any | None = None) -> F
                      "curriculum", ready=lambda: manager.ready, max_body_bytes=settings.max_body_bytes,
                      lifespan=lifespan)
     app.state.manager = manager
-
-    @app.post("/v1/jobs", status_code=202, response_model=JobInfo, tags=["jobs"])
-    async def submit_job(body: JobRequest) -> Any:
-        return manager.submit(body)
-
-    @app.get("/v1/jobs", response_model=JobList, tags=["jobs"])
-    async def list_jobs() -> Any:
-        return {"jobs": manager.store.jobs()}
-
-    @app.get("/v1/jobs/{job_id}", response_model=JobInfo, tags=["jobs"])
-    async def get_job(job_id: str) -> Any:
-        return manager.job(job_id)
-
-    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, tags=["jobs"])
-    async def cancel_job(job_id: str) -> Any:
-        return manager.cancel(job_id)
-
-    @app.get("/v1/tasks", response_model=TaskPage, tags=["tasks"])
-    async def list_tasks(env: str | None = None, synthetic: bool | None = None,
-                         limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)) -> Any:
-        tasks = manager.all_tasks(env, synthetic)
-        return {"tasks": tasks[offset: offset + limit], "total": len(tasks)}
-
-    @app.get("/v1/tasks/{task_id}", response_model=TaskDetail, tags=["tasks"])
-    async def get_task(task_id: str, env: str | None = None) -> Any:
-        task, rate = manager.get_task(task_id, env)
-        return {"task": task, "pass_rate": rate[0] if rate else None, "rollouts": rate[1] if rate else 0}
-
-    @app.post("/v1/batches", response_model=BatchResponse, tags=["training"])
-    async def sample_batch(body: BatchRequest) -> Any:
-        return manager.sample(body)
-
-    @app.post("/v1/grade", response_model=GradeResponse, tags=["training"])
-    async def grade(body: GradeRequest) -> Any:
-        result = await manager.grade(body)
-        return {"task_id": body.task_id, "reward": result.reward, "method": result.method}
-
-    @app.post("/v1/feedback", response_model=FeedbackResponse, tags=["training"])
-    async def feedback(body: FeedbackRequest) -> Any:
-        updated, replay = manager.feedback(body)
-        return {"updated": updated, "idempotent_replay": replay}
-
-    @app.post("/v1/seed_experience", response_model=SeedResponse, tags=["training"])
-    async def seed_experience(body: SeedRequest) -> Any:
-        return await manager.seed_experience(body)
-
-    @app.get("/v1/references/{task_id}", response_model=ReferenceResponse, tags=["judge"])
-    async def get_reference(task_id: str) -> Any:
-        """The verified reference of a synthetic task, for reference-guided attribution: only the judge calls
-        this, and it sends back labels, never the reference; the trainer must not."""
-        return manager.reference(task_id)
-    @app.post("/v1/training_references", response_model=TrainingReferencesResponse, tags=["training"])
-    async def training_references(body: TrainingReferencesRequest) -> Any:
-        return await manager.training_references(body)
-
-    @app.get("/v1/stats", tags=["service"])
-    async def stats() -> Any:
-        return manager.stats()
-
+    for router in (jobs, tasks, training, judge, service):
+        app.include_router(router)
     return app
+
+
+jobs = APIRouter(tags=["jobs"])
+
+
+@jobs.post("/v1/jobs", status_code=202, response_model=JobInfo)
+async def submit_job(body: JobRequest, manager: Manager) -> Any:
+    return manager.submit(body)
+
+
+@jobs.get("/v1/jobs", response_model=JobList)
+async def list_jobs(manager: Manager) -> Any:
+    return {"jobs": manager.store.jobs()}
+
+
+@jobs.get("/v1/jobs/{job_id}", response_model=JobInfo)
+async def get_job(job_id: str, manager: Manager) -> Any:
+    return manager.job(job_id)
+
+
+@jobs.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo)
+async def cancel_job(job_id: str, manager: Manager) -> Any:
+    return manager.cancel(job_id)
+
+
+tasks = APIRouter(tags=["tasks"])
+
+
+@tasks.get("/v1/tasks", response_model=TaskPage)
+async def list_tasks(manager: Manager, env: str | None = None, synthetic: bool | None = None,
+                     limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)) -> Any:
+    found = manager.all_tasks(env, synthetic)
+    return {"tasks": found[offset: offset + limit], "total": len(found)}
+
+
+@tasks.get("/v1/tasks/{task_id}", response_model=TaskDetail)
+async def get_task(task_id: str, manager: Manager, env: str | None = None) -> Any:
+    task, rate = manager.get_task(task_id, env)
+    return {"task": task, "pass_rate": rate[0] if rate else None, "rollouts": rate[1] if rate else 0}
+
+
+training = APIRouter(tags=["training"])
+
+
+@training.post("/v1/batches", response_model=BatchResponse)
+async def sample_batch(body: BatchRequest, manager: Manager) -> Any:
+    return manager.sample(body)
+
+
+@training.post("/v1/grade", response_model=GradeResponse)
+async def grade(body: GradeRequest, manager: Manager) -> Any:
+    result = await manager.grade(body)
+    return {"task_id": body.task_id, "reward": result.reward, "method": result.method}
+
+
+@training.post("/v1/feedback", response_model=FeedbackResponse)
+async def feedback(body: FeedbackRequest, manager: Manager) -> Any:
+    updated, replay = manager.feedback(body)
+    return {"updated": updated, "idempotent_replay": replay}
+
+
+@training.post("/v1/seed_experience", response_model=SeedResponse)
+async def seed_experience(body: SeedRequest, manager: Manager) -> Any:
+    return await manager.seed_experience(body)
+
+
+@training.post("/v1/training_references", response_model=TrainingReferencesResponse)
+async def training_references(body: TrainingReferencesRequest, manager: Manager) -> Any:
+    return await manager.training_references(body)
+
+
+judge = APIRouter(tags=["judge"])
+
+
+@judge.get("/v1/references/{task_id}", response_model=ReferenceResponse)
+async def get_reference(task_id: str, manager: Manager) -> Any:
+    """The verified reference of a synthetic task, for reference-guided attribution: only the judge calls
+    this, and it sends back labels, never the reference; the trainer must not."""
+    return manager.reference(task_id)
+
+
+service = APIRouter(tags=["service"])
+
+
+@service.get("/v1/stats")
+async def stats(manager: Manager) -> Any:
+    return manager.stats()

@@ -23,21 +23,22 @@ async def test_pool_cap_archives_the_least_useful_and_archived_advice_stays_arch
     engine = ExperienceEngine(settings)
     await engine.start()
     try:
-        first = await engine.summarize("ws", [v for t, q, c, _ in TASKS[:3] for v in _views(t, q, c)],
-                                       mode="heuristic", request_id=None, digest="a")
+        first = await engine.ingest.summarize("ws", [v for t, q, c, _ in TASKS[:3] for v in _views(t, q, c)],
+                                              mode="heuristic", request_id=None, digest="a")
         weak = first["created"][1]
         await engine.feedback("ws", [{"experience_ids": [weak], "reward": 0.0}] * 2, request_id=None, digest="b")
         task_id, query, calls, _ = TASKS[3]
-        second = await engine.summarize("ws", _views(task_id, query, calls), mode="heuristic", request_id=None,
-                                        digest="c")
+        second = await engine.ingest.summarize("ws", _views(task_id, query, calls), mode="heuristic",
+                                               request_id=None, digest="c")
         assert second["archived"] == [weak] and len(second["created"]) == 1
         stats = engine.workspace_stats("ws")
         assert stats["active"] == 3 and stats["archived"] == 1
 
         # The same task distilled again matches the archived experience: support grows, it stays archived.
-        again = await engine.summarize("ws", _views(*TASKS[1][:3]), mode="heuristic", request_id=None, digest="d")
+        again = await engine.ingest.summarize("ws", _views(*TASKS[1][:3]), mode="heuristic", request_id=None,
+                                              digest="d")
         assert again["created"] == [] and again["merged"][0]["into"] == weak
-        assert engine.index("ws").experiences[weak].status == "archived"
-        assert engine.index("ws").experiences[weak].support == 2
+        assert engine.store.index("ws").experiences[weak].status == "archived"
+        assert engine.store.index("ws").experiences[weak].support == 2
     finally:
         await engine.close()
