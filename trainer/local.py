@@ -123,7 +123,7 @@ def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_st
         logprobs = rollout.trajectory.logprobs or None
         logprob_parts = split_row(logprobs, [len(seg.response_ids) for seg in rollout.segments]) if logprobs \
             else [None] * len(rollout.segments)
-        versions = set(rollout.trajectory.metadata.get("policy_versions", [rollout.trajectory.policy_version]))
+        versions = set(rollout.policy_versions)
         version = versions.pop() if len(versions) == 1 else None
         samples += [TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask, part,
                                 rollout.trajectory.experience_flag, rollout_logprobs=seg_logprobs,
@@ -147,8 +147,7 @@ def _staleness_metrics(rollouts: list[Rollout], trained_version: int) -> dict[st
     """How many versions behind the update's starting weights the rollouts were generated (overlap: <= 1)."""
     if not rollouts:
         return {}
-    lags = [trained_version - min(r.trajectory.metadata.get("policy_versions") or [r.trajectory.policy_version])
-            for r in rollouts]
+    lags = [trained_version - min(r.policy_versions or [r.trajectory.policy_version]) for r in rollouts]
     return {"rollout/version_lag_max": float(max(lags)), "rollout/stale_frac": float(np.mean([x > 0 for x in lags]))}
 
 

@@ -32,6 +32,11 @@ class _Rollout(Protocol):
     invalid_steps: int
     generated_tokens: int
     seconds: float
+    policy_versions: list[int]
+    synthetic: bool
+    experience_text: str | None
+    experience_demonstration: list[dict[str, Any]] | None
+    demonstration: dict[str, Any] | None
 
 
 class _Sample(Protocol):
@@ -83,18 +88,18 @@ def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_
     """`trained_version`: the policy version the update on this rollout started from; `staleness` is how
     many versions older its oldest turn's generator was (0 on-policy; at most 1 with `trainer.overlap`)."""
     t = rollout.trajectory
-    versions = [int(v) for v in t.metadata.get("policy_versions") or [t.policy_version]]
+    versions = [int(v) for v in rollout.policy_versions or [t.policy_version]]
     return {
         "step": step, "trajectory_id": t.trajectory_id, "task_id": t.task_id, "group_id": t.group_id,
-        "env_type": t.env_type, "synthetic": bool(t.metadata.get("synthetic", False)),
+        "env_type": t.env_type, "synthetic": rollout.synthetic,
         "outcome": t.outcome, "truncated": t.truncated, "policy_version": t.policy_version,
         "policy_versions": versions, "trained_version": trained_version,
         "staleness": None if trained_version is None else trained_version - min(versions),
         "experience_flag": t.experience_flag, "experience_ids": list(t.experience_ids),
-        "experience_text": t.metadata.get("experience_text"),
-        "experience_demonstration": t.metadata.get("experience_demonstration"),
+        "experience_text": rollout.experience_text,
+        "experience_demonstration": rollout.experience_demonstration,
         # which demonstration (experience id, task kind) the rollout was shown, and its task's own kind
-        "demonstration": t.metadata.get("demonstration"), "task_kind": t.metadata.get("task_kind"),
+        "demonstration": rollout.demonstration, "task_kind": t.metadata.get("task_kind"),
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
         "steps": [s.model_dump(mode="json", exclude_none=True) for s in t.steps],
         "labels": [label.model_dump(mode="json") for label in t.labels] if t.labels is not None else None,

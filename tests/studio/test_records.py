@@ -4,29 +4,18 @@ and the bound: shards rotate and the oldest go, with their index lines."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import pytest
 
 from common.schemas import ChatMessage, Step, StepLabel, Trajectory
 from engine.models import build_tiny_tokenizer
 from trainer.records import RolloutRecords, rollout_advantages, shard_paths
+from trainer.rollout import Rollout
 from trainer.templates import Segment
 from trainer.update import TrainSample
 
 
-@dataclass
-class FakeRollout:
-    """The two fields the writer reads beyond the trajectory (the agent loop's Rollout has the same)."""
-
-    trajectory: Trajectory
-    segments: list[Segment]
-    invalid_steps: int = 0
-    generated_tokens: int = 0
-    seconds: float = 0.0
-
-
-def rollout(i: int, tokenizer, *, flagged: bool = False) -> FakeRollout:
+def rollout(i: int, tokenizer, *, flagged: bool = False) -> Rollout:
     ids = tokenizer.encode("book a flight", add_special_tokens=False)[:3]
     response = ids + ids  # step 0 (policy) then step 1 (observation, mask 0)
     trajectory = Trajectory(
@@ -35,12 +24,12 @@ def rollout(i: int, tokenizer, *, flagged: bool = False) -> FakeRollout:
         steps=[Step(index=0, action=ChatMessage(role="assistant", content="search()"), reward=0.0)],
         outcome=1.0, prompt_ids=ids, response_ids=response, loss_mask=[1] * len(ids) + [0] * len(ids),
         step_ids=[0] * len(ids) + [1] * len(ids), experience_flag=flagged,
-        experience_ids=["exp_a"] if flagged else [], labels=[StepLabel(step=0, label="GOOD", reason="searched")],
-        metadata={"experience_text": "Search before booking."} if flagged else {})
+        experience_ids=["exp_a"] if flagged else [], labels=[StepLabel(step=0, label="GOOD", reason="searched")])
     half = len(ids)
     segments = [Segment(ids, response[:half], [1] * half, [0] * half),
                 Segment(ids, response[half:], [0] * half, [1] * half)]
-    return FakeRollout(trajectory, segments, generated_tokens=half)
+    return Rollout(trajectory, segments, generated_tokens=half,
+                   experience_text="Search before booking." if flagged else None)
 
 
 @pytest.fixture(scope="module")
