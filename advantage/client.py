@@ -3,7 +3,7 @@ judge's prompt that a run's manifest records.
 
     async with JudgeClient("http://127.0.0.1:8005") as judge:
         response = await judge.judge_trajectories(trajectories)   # list[Trajectory]
-    apply_judgments(trajectories, response)                      # sets trajectory.labels
+    judgments = judgments_by_id(trajectories, response)          # trajectory id -> labels, source, ...
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from common.schemas import ChatMessage, Trajectory
 
 __all__ = [
     "BatchUsage", "JudgeClient", "JudgeRequest", "JudgeResponse", "JudgeStats", "JudgeStep", "JudgeTrajectory",
-    "LabelRates", "TrajectoryJudgment", "apply_judgments", "prompt_hashes", "render_action", "to_judge_trajectory",
+    "LabelRates", "TrajectoryJudgment", "judgments_by_id", "prompt_hashes", "render_action", "to_judge_trajectory",
 ]
 
 
@@ -74,17 +74,14 @@ def to_judge_trajectory(trajectory: Trajectory, query: str | None = None) -> Jud
     )
 
 
-def apply_judgments(trajectories: Sequence[Trajectory], response: JudgeResponse) -> None:
-    """Set `labels` (and metadata judge_fallback / judge_filled_steps / judge_source) on each trajectory, by id."""
+def judgments_by_id(trajectories: Sequence[Trajectory], response: JudgeResponse) -> dict[str, TrajectoryJudgment]:
+    """The judgment of each trajectory (its labels, fallback, filled steps, source), by trajectory id; the
+    trajectories are left as they are. Raises KeyError naming a trajectory the judge returned nothing for."""
     by_id = {j.trajectory_id: j for j in response.judgments}
     for trajectory in trajectories:
-        judgment = by_id.get(trajectory.trajectory_id)
-        if judgment is None:
+        if trajectory.trajectory_id not in by_id:
             raise KeyError(f"the judge returned no judgment for trajectory {trajectory.trajectory_id}")
-        trajectory.labels = list(judgment.labels)
-        trajectory.metadata["judge_fallback"] = judgment.fallback
-        trajectory.metadata["judge_filled_steps"] = list(judgment.filled_steps)
-        trajectory.metadata["judge_source"] = judgment.source
+    return {t.trajectory_id: by_id[t.trajectory_id] for t in trajectories}
 
 
 class JudgeClient(ServiceClient):

@@ -205,7 +205,7 @@ async def start_phase(env: EnvPeer, flights: FlightsEnvironment, em_url: str, wo
               "retrievals": peer.counters.retrievals, "hits": peer.counters.hits,
               "seconds": round(time.monotonic() - started, 1),
               "example": {"query": flights.task(first.task_id).query if first else None,
-                          "demonstrated": (first.metadata.get("experience_demonstration") or [{}])[0].get("content")
+                          "demonstrated": (groups[0][0].experience_demonstration or [{}])[0].get("content")
                           if first else None,
                           "actions": [s.action.text()[:160] for s in first.steps] if first else []}}
     del policy, model

@@ -27,12 +27,14 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from advantage.client import TrajectoryJudgment  # noqa: E402
 from common.schemas import ChatMessage, Experience, Step, StepLabel, Trajectory  # noqa: E402
 from engine.models import build_tiny_tokenizer  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer.records import RolloutRecords  # noqa: E402
+from trainer.rollout import Rollout  # noqa: E402
+from trainer.step_batch import StepBatch  # noqa: E402
 from trainer.templates import Segment  # noqa: E402
-from trainer.update import TrainSample  # noqa: E402
 
 WORDS = ("search_flight(origin='SFO', destination='JFK', date='2025-06-03') then book_ticket for the passenger "
          "whose id is P1001 on the cheapest direct flight with seats left, checking the order afterwards").split()
@@ -43,13 +45,8 @@ def _ids(tokenizer, n: int, salt: int) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)[:n]
 
 
-class _Rollout:
-    def __init__(self, trajectory: Trajectory, segments: list[Segment]) -> None:
-        self.trajectory, self.segments = trajectory, segments
-        self.invalid_steps, self.generated_tokens, self.seconds = 0, 0, 1.0
-
-
-def build_rollout(tokenizer, index: int, args: argparse.Namespace, group: str, flagged: bool) -> _Rollout:
+def build_rollout(tokenizer, index: int, args: argparse.Namespace, group: str, flagged: bool
+                  ) -> tuple[Rollout, TrajectoryJudgment]:
     prompt = _ids(tokenizer, 400, index)
     steps, response, mask, step_ids, messages = [], [], [], [], [ChatMessage(role="user", content="Book a seat.")]
     for turn in range(args.turns):
@@ -68,8 +65,9 @@ def build_rollout(tokenizer, index: int, args: argparse.Namespace, group: str, f
                             env_type="flights", messages=messages, steps=steps, outcome=float(index % 2),
                             prompt_ids=prompt, response_ids=response, loss_mask=mask, step_ids=step_ids,
                             experience_flag=flagged, experience_ids=["exp_bench0000", "exp_bench0001"] if flagged
-                            else [], labels=labels)
-    return _Rollout(trajectory, [Segment(prompt, response, mask, step_ids)])
+                            else [])
+    judgment = TrajectoryJudgment(trajectory_id=trajectory.trajectory_id, labels=labels)
+    return Rollout(trajectory, [Segment(prompt, response, mask, step_ids)], seconds=1.0), judgment
 
 
 def build_run(root: Path, args: argparse.Namespace) -> str:
@@ -78,11 +76,11 @@ def build_run(root: Path, args: argparse.Namespace) -> str:
     trainer = run / "trainer"
     records = RolloutRecords(trainer / "rollouts", tokenizer)
     for step in range(args.history // args.group):
-        group = [build_rollout(tokenizer, step * args.group + i, args, f"grp_old{step}", i % 2 == 0)
+        built = [build_rollout(tokenizer, step * args.group + i, args, f"grp_old{step}", i % 2 == 0)
                  for i in range(args.group)]
-        samples = [TrainSample(s.prompt_ids, s.response_ids, s.loss_mask, [0.1] * len(s.response_ids))
-                   for r in group for s in r.segments]
-        records.write(step + 1, group, samples)
+        group = [r for r, _ in built]
+        records.write(step + 1, StepBatch([group], {j.trajectory_id: j for _, j in built},
+                                          advantages=[[0.1] * len(r.trajectory.response_ids) for r in group]))
     (trainer / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "rollout/reward_mean": 0.5}) + "\n"
                                                    for s in range(1, 11)))
     (trainer / "config.json").write_text(json.dumps({"experience": {"workspace": "default"}}))

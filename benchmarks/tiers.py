@@ -233,7 +233,7 @@ async def with_pool(tasks: list[Task], env: EnvPeer, policy: Any, tokenizer: Any
                 await peer.aclose()
     per_task = {g[0].trajectory.task_id: [float(g[0].trajectory.outcome or 0.0)] for g in groups}
     answers = {g[0].trajectory.task_id: g[0].trajectory.steps[-1].action.text() for g in groups if g[0].trajectory.steps}
-    demos = {g[0].trajectory.task_id: g[0].trajectory.metadata.get("experience_demonstration") or [] for g in groups}
+    demos = {g[0].trajectory.task_id: g[0].experience_demonstration or [] for g in groups}
     shown = {t: (d or [{}])[0].get("content") for t, d in demos.items()}
     solved = sum(v[0] >= 1.0 for v in per_task.values())
     return {"success": round(solved / max(len(per_task), 1), 3), "solved": solved, "tasks": len(per_task),

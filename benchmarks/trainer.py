@@ -42,12 +42,13 @@ from engine.models import load_model  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer import lora  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.local import LocalTrainer, training_samples  # noqa: E402
+from trainer.local import LocalTrainer  # noqa: E402
 from trainer.lora import LoraSettings  # noqa: E402
 from trainer.loss import PolicyLossConfig  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
 from trainer.policy import InProcessPolicy  # noqa: E402
 from trainer.rollout import RolloutConfig, collect_groups  # noqa: E402
+from trainer.step_batch import StepBatch  # noqa: E402
 from trainer.update import OptimConfig, PolicyUpdater  # noqa: E402
 
 # The update levers off: what the trainer did before they existed.
@@ -158,7 +159,9 @@ async def update_levers(url: str, args: argparse.Namespace) -> dict[str, Any]:
         await policy.aclose()
         await env.aclose()
     config = trainer_config(args, url, {})
-    samples, _ = training_samples([r for g in groups for r in g], config, 0, exact_logprobs=True)
+    batch = StepBatch(groups, exact_logprobs=True)
+    batch.estimate(config.advantage.estimator, config.advantage.estimator_config(), 0)
+    samples = batch.samples()
     trained = sum(sum(s.loss_mask) for s in samples)
     out: dict[str, Any] = {
         "samples": len(samples), "repeats": args.repeats, "trained_tokens": trained,

@@ -1,7 +1,8 @@
 """The local GRPO trainer: rollouts against the env service, advantages, PPO updates, weight sync.
 
 One training step: the next `tasks_per_step` tasks from the data cursor -> n rollouts each through
-the policy (complete groups only) -> token advantages from `advantage/` -> `PolicyUpdater.update`
+the policy (complete groups only), judged when the estimator needs labels -> one `StepBatch`
+(`trainer.step_batch`) -> token advantages from `advantage/` -> `PolicyUpdater.update`
 (old log-probs on the stripped context, epochs x minibatches) -> the new weights go to the policy
 (the in-process engine or the served endpoint via `/v1/weights`), bumping the policy version.
 Evaluation (avg@k, best@k, invalid-action rate) runs before training, every `eval.every` steps
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from loguru import logger
 
-from advantage.estimators import batch_from_trajectories, estimate, split_row
+from advantage.client import TrajectoryJudgment
 from common.schemas import Task
 from engine.models import export_model, load_model, native_bf16
 from trainer import lora
@@ -55,8 +56,9 @@ from trainer.rollout import (
     evaluation_progress,
     rollout_progress,
 )
+from trainer.step_batch import StepBatch
 from trainer.summary import RunRecord, mechanisms_summary, mixed_outcome_groups, run_summary, write_summary
-from trainer.update import PolicyUpdater, TrainSample, UpdateProgress
+from trainer.update import PolicyUpdater, UpdateProgress
 from trainer.warm_start import warm_start
 
 
@@ -105,40 +107,14 @@ class TaskCursor:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def training_samples(rollouts: list[Rollout], config: TrainerConfig, training_step: int,
-                     exact_logprobs: bool = False) -> tuple[list[TrainSample], dict[str, float]]:
-    """Token advantages per trajectory from the configured estimator, split back onto its segments.
-
-    Every sample carries the generator's log-probs (the behaviour policy's, for the importance weight of
-    an off-policy sample); `exact_logprobs`: the generator computes them with the training model's
-    numerics (the in-process engine), so the updater may also reuse them as old log-probs.
-    """
-    trajectories = [r.trajectory for r in rollouts]
-    batch = batch_from_trajectories(trajectories)
-    result = estimate(config.advantage.estimator, batch, config.advantage.estimator_config(),
-                      training_step=training_step)
-    samples: list[TrainSample] = []
-    for row, rollout in enumerate(rollouts):
-        parts = split_row(result.advantages[row].tolist(), [len(seg.response_ids) for seg in rollout.segments])
-        logprobs = rollout.trajectory.logprobs or None
-        logprob_parts = split_row(logprobs, [len(seg.response_ids) for seg in rollout.segments]) if logprobs \
-            else [None] * len(rollout.segments)
-        versions = set(rollout.trajectory.metadata.get("policy_versions", [rollout.trajectory.policy_version]))
-        version = versions.pop() if len(versions) == 1 else None
-        samples += [TrainSample(seg.prompt_ids, seg.response_ids, seg.loss_mask, part,
-                                rollout.trajectory.experience_flag, rollout_logprobs=seg_logprobs,
-                                policy_version=version, logprobs_exact=exact_logprobs)
-                    for seg, part, seg_logprobs in zip(rollout.segments, parts, logprob_parts, strict=True)]
-    metrics = {f"advantage/{k.removeprefix('adv/')}": v for k, v in result.metrics.items()}
-    return samples, metrics
-
-
 @dataclass
 class CollectedStep:
-    """One step's batch before its update: task ids, complete groups (labelled), rollout metrics."""
+    """One step's rollouts before its update: task ids, complete groups, the judge's judgments (by trajectory
+    id; empty when the estimator needs no labels), rollout metrics."""
 
     task_ids: list[str]
     groups: list[list[Rollout]]
+    judgments: dict[str, TrajectoryJudgment]
     metrics: dict[str, float]
     cursor: dict[str, int]  # the task cursor right after this batch was drawn
 
@@ -147,8 +123,7 @@ def _staleness_metrics(rollouts: list[Rollout], trained_version: int) -> dict[st
     """How many versions behind the update's starting weights the rollouts were generated (overlap: <= 1)."""
     if not rollouts:
         return {}
-    lags = [trained_version - min(r.trajectory.metadata.get("policy_versions") or [r.trajectory.policy_version])
-            for r in rollouts]
+    lags = [trained_version - min(r.policy_versions or [r.trajectory.policy_version]) for r in rollouts]
     return {"rollout/version_lag_max": float(max(lags)), "rollout/stale_frac": float(np.mean([x > 0 for x in lags]))}
 
 
@@ -346,9 +321,9 @@ class LocalTrainer:
                                      "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)),
                                      "rollout/synthetic_frac": float(np.mean([t.synthetic for t in tasks]))}
         metrics.update(self._rollout_metrics(rollouts, t1 - t0))
-        await mechanisms.label([r.trajectory for r in rollouts])
+        judgments = await mechanisms.label([r.trajectory for r in rollouts])
         metrics["time/judge_s"] = time.monotonic() - t1
-        return CollectedStep([t.task_id for t in tasks], groups, metrics, cursor)
+        return CollectedStep([t.task_id for t in tasks], groups, judgments or {}, metrics, cursor)
 
     async def train_step(self) -> dict[str, float]:
         """One step: its batch (collected now, or while the previous step updated), update, sync, feedback.
@@ -380,13 +355,14 @@ class LocalTrainer:
             self._prefetch_cursor = self.cursor.state()  # what a checkpoint taken meanwhile resumes from
             self._prefetch = asyncio.create_task(self._collect_step(step + 1))
         if rollouts:
-            # Only a generator with the training numerics gives log-probs that may stand for the old ones.
-            samples, adv_metrics = training_samples(rollouts, cfg, step,
-                                                    exact_logprobs=getattr(self.policy, "exact_logprobs", False))
-            self.records.write(step + 1, rollouts, samples, trained_version=trained_version)
-            metrics.update(adv_metrics)
-            metrics.update(await asyncio.to_thread(self.updater.update, samples, policy_version=trained_version,
-                                                   progress=_update_progress))
+            # The step batch, from rollout to loss. Only a generator with the training numerics gives log-probs
+            # that may stand for the old ones.
+            batch = StepBatch(groups, collected.judgments,
+                              exact_logprobs=getattr(self.policy, "exact_logprobs", False))
+            metrics.update(batch.estimate(cfg.advantage.estimator, cfg.advantage.estimator_config(), step))
+            self.records.write(step + 1, batch, trained_version=trained_version)
+            metrics.update(await asyncio.to_thread(self.updater.update, batch.samples(),
+                                                   policy_version=trained_version, progress=_update_progress))
         t3 = time.monotonic()
         version = await self.policy.load_weights(lora.serving_view(self.model))
         t4 = time.monotonic()

@@ -7,8 +7,8 @@ One step, in order:
    environment's own tasks);
 2. experience: a `GroupExperience` per task group -- one retrieval per group, shared by the group's
    flagged rollouts; which rollouts are flagged is `experience_flags` (the first round(n * eta));
-3. judge: `label` -- GOOD/BAD step labels for the whole batch in one call, only when the estimator
-   declares `step_labels` among its needs (the estimator catalog says so, nothing else);
+3. judge: `label` -- GOOD/BAD step labels for the whole batch in one call, returned by trajectory id,
+   only when the estimator declares `step_labels` among its needs (the estimator catalog says so);
 4. feedback: `after_step` -- the step's trajectories summarized into the pool, usage feedback for every
    experience-given rollout against its group's no-experience baseline, pass rates to the curriculum.
 
@@ -22,6 +22,7 @@ import threading
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
+from advantage.client import TrajectoryJudgment
 from advantage.estimators import catalog
 from common.schemas import Task, Trajectory
 from trainer.config import ExperienceConfig, TaskSourceConfig
@@ -146,14 +147,14 @@ class Mechanisms:
 
     # ------------------------------------------------------------------ 3. judge
 
-    async def label(self, trajectories: Sequence[Trajectory]) -> bool:
+    async def label(self, trajectories: Sequence[Trajectory]) -> dict[str, TrajectoryJudgment] | None:
         """Step labels for the whole batch in one judge call, when the estimator needs them.
 
-        Returns whether the judge was asked (the labels are written onto the trajectories)."""
+        Returns the judgment of each trajectory with steps, by trajectory id; None when the judge was not
+        asked. The trajectories are left as they are: the caller puts the labels on its step batch."""
         if not trajectories or not self.needs_step_labels or self.judge is None:
-            return False
-        await self.judge.label(list(trajectories))
-        return True
+            return None
+        return await self.judge.label(list(trajectories))
 
     # ------------------------------------------------------------------ 4. feedback
 

@@ -15,7 +15,7 @@ Every client rides out its peer's outages under one `OutagePolicy` (see `common.
 unreachable or 503 -> wait on `/healthz` and send again, up to the outage budget, then an error that
 names the peer and its launcher log. Two degradations are allowed, both counted and listed in the
 run summary: the judge down past `judge_fallback_after_s` -> that batch gets the outcome's sign as
-every step's label, flagged `judge_fallback` (what the judge itself does when its LLM's answer does
+every step's label, a judgment flagged `fallback` (what the judge itself does when its LLM's answer does
 not parse); the experience manager down when a step's summaries and feedback are due -> they are
 queued under their request ids and delivered when it is back (the service applies an id once).
 """
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from advantage.client import JudgeClient, apply_judgments
+from advantage.client import JudgeClient, TrajectoryJudgment, judgments_by_id
 from advantage.judge.schemas import fallback_labels
 from common.http import OutageCounters, PeerUnavailable, ServiceCallError, ServiceClient
 from common.schemas import ChatMessage, Task, Trajectory
@@ -359,7 +359,7 @@ class JudgeCounters:
 
 
 class JudgePeer:
-    """GOOD/BAD step labels for every rollout of a step, written onto the trajectories."""
+    """GOOD/BAD step labels for every rollout of a step, returned by trajectory id."""
 
     def __init__(self, base_url: str, *, timeout: float = 900.0, outage: OutagePolicy | None = None,
                  success_threshold: float = 0.5) -> None:
@@ -369,22 +369,27 @@ class JudgePeer:
         self.counters = JudgeCounters()
         self.success_threshold = success_threshold  # the judge service's default: an outcome above it is success
 
-    async def label(self, trajectories: list[Trajectory]) -> None:
+    async def label(self, trajectories: list[Trajectory]) -> dict[str, TrajectoryJudgment]:
+        """The judgment (K labels, source, fallback) of each trajectory with steps, by trajectory id; the
+        trajectories are left as they are."""
         # A rollout cut off before its first step (its prompt filled the context) has nothing to label,
         # and the judge refuses it: send only the others.
         trajectories = [t for t in trajectories if t.steps]
         if not trajectories:
-            return
+            return {}
         try:
             response = await self.client.judge_trajectories(trajectories)
         except PeerUnavailable as exc:
-            self._outcome_sign(trajectories, str(exc))
-            return
-        apply_judgments(trajectories, response)
+            return self._outcome_sign(trajectories, str(exc))
+        judgments = judgments_by_id(trajectories, response)
+        self._count(response.judgments)
+        return judgments
+
+    def _count(self, judgments: Sequence[TrajectoryJudgment]) -> None:
         c = self.counters
         c.batches += 1
-        c.trajectories += len(trajectories)
-        for judgment in response.judgments:
+        c.trajectories += len(judgments)
+        for judgment in judgments:
             c.steps_labelled += len(judgment.labels)
             c.good += sum(label.label == "GOOD" for label in judgment.labels)
             c.bad += sum(label.label == "BAD" for label in judgment.labels)
@@ -393,27 +398,18 @@ class JudgePeer:
             c.filled_steps += len(judgment.filled_steps)
             c.labels_by_source[judgment.source] = c.labels_by_source.get(judgment.source, 0) + len(judgment.labels)
 
-    def _outcome_sign(self, trajectories: list[Trajectory], why: str) -> None:
+    def _outcome_sign(self, trajectories: list[Trajectory], why: str) -> dict[str, TrajectoryJudgment]:
         """The judge stayed down: every step gets the outcome's sign, flagged like the judge's own fallback."""
         logger.warning("judge unavailable: labelling {} trajectories by their outcome's sign ({})",
                        len(trajectories), why)
-        for t in trajectories:
-            success = float(t.outcome or 0.0) > self.success_threshold
-            t.labels = fallback_labels(len(t.steps), success, "judge service unreachable")
-            t.metadata["judge_fallback"] = True
-            t.metadata["judge_filled_steps"] = []
-            t.metadata["judge_source"] = "outcome"
-        c = self.counters
-        c.batches += 1
-        c.trajectories += len(trajectories)
-        c.fallbacks += len(trajectories)
-        for t in trajectories:
-            c.steps_labelled += len(t.labels)
-            c.good += sum(label.label == "GOOD" for label in t.labels)
-            c.bad += sum(label.label == "BAD" for label in t.labels)
-        c.unreachable_batches += 1
-        c.unreachable_trajectories += len(trajectories)
-        c.labels_by_source["outcome"] = c.labels_by_source.get("outcome", 0) + sum(len(t.labels) for t in trajectories)
+        judgments = [TrajectoryJudgment(
+            trajectory_id=t.trajectory_id, source="outcome", fallback=True,
+            labels=fallback_labels(len(t.steps), float(t.outcome or 0.0) > self.success_threshold,
+                                   "judge service unreachable")) for t in trajectories]
+        self._count(judgments)
+        self.counters.unreachable_batches += 1
+        self.counters.unreachable_trajectories += len(trajectories)
+        return {j.trajectory_id: j for j in judgments}
 
     def outage_counters(self) -> OutageCounters:
         return self.client.outage_counters

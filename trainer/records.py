@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from advantage.estimators.segments import join_segments
 from trainer.protocol import INDEX_NAME, SHARD_PREFIX
 
 
@@ -32,10 +31,22 @@ class _Rollout(Protocol):
     invalid_steps: int
     generated_tokens: int
     seconds: float
+    policy_versions: list[int]
+    synthetic: bool
+    experience_text: str | None
+    experience_demonstration: list[dict[str, Any]] | None
+    demonstration: dict[str, Any] | None
 
 
-class _Sample(Protocol):
-    advantages: list[float]
+class _StepBatch(Protocol):
+    """What the writer reads of a `trainer.step_batch.StepBatch`."""
+
+    advantages: list[list[float]] | None
+
+    @property
+    def rollouts(self) -> list[Any]: ...
+
+    def labels(self, rollout: Any) -> list[Any] | None: ...
 
 
 def shard_number(path: Path) -> int:
@@ -65,39 +76,26 @@ class TokenText:
         return out
 
 
-def rollout_advantages(rollouts: Sequence[_Rollout], samples: Sequence[_Sample]) -> list[list[float]]:
-    """Per rollout, its response tokens' advantages: the samples are its segments, in rollout order."""
-    out: list[list[float]] = []
-    cursor = 0
-    for rollout in rollouts:
-        parts = [samples[cursor + k].advantages for k in range(len(rollout.segments))]
-        out.append([float(a) for a in join_segments(parts)])
-        cursor += len(rollout.segments)
-    if cursor != len(samples):
-        raise ValueError(f"{len(samples)} samples for {cursor} segments of {len(rollouts)} rollouts")
-    return out
-
-
 def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_text: TokenText,
-                   trained_version: int | None = None) -> dict[str, Any]:
+                   trained_version: int | None = None, *, labels: list[Any] | None = None) -> dict[str, Any]:
     """`trained_version`: the policy version the update on this rollout started from; `staleness` is how
     many versions older its oldest turn's generator was (0 on-policy; at most 1 with `trainer.overlap`)."""
     t = rollout.trajectory
-    versions = [int(v) for v in t.metadata.get("policy_versions") or [t.policy_version]]
+    versions = [int(v) for v in rollout.policy_versions or [t.policy_version]]
     return {
         "step": step, "trajectory_id": t.trajectory_id, "task_id": t.task_id, "group_id": t.group_id,
-        "env_type": t.env_type, "synthetic": bool(t.metadata.get("synthetic", False)),
+        "env_type": t.env_type, "synthetic": rollout.synthetic,
         "outcome": t.outcome, "truncated": t.truncated, "policy_version": t.policy_version,
         "policy_versions": versions, "trained_version": trained_version,
         "staleness": None if trained_version is None else trained_version - min(versions),
         "experience_flag": t.experience_flag, "experience_ids": list(t.experience_ids),
-        "experience_text": t.metadata.get("experience_text"),
-        "experience_demonstration": t.metadata.get("experience_demonstration"),
+        "experience_text": rollout.experience_text,
+        "experience_demonstration": rollout.experience_demonstration,
         # which demonstration (experience id, task kind) the rollout was shown, and its task's own kind
-        "demonstration": t.metadata.get("demonstration"), "task_kind": t.metadata.get("task_kind"),
+        "demonstration": rollout.demonstration, "task_kind": t.metadata.get("task_kind"),
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in t.messages],
         "steps": [s.model_dump(mode="json", exclude_none=True) for s in t.steps],
-        "labels": [label.model_dump(mode="json") for label in t.labels] if t.labels is not None else None,
+        "labels": [label.model_dump(mode="json") for label in labels] if labels is not None else None,
         "prompt_ids": list(t.prompt_ids), "prompt_tokens": token_text(t.prompt_ids),
         "response_ids": list(t.response_ids), "response_tokens": token_text(t.response_ids),
         "loss_mask": list(t.loss_mask), "step_ids": list(t.step_ids), "advantages": advantages,
@@ -138,12 +136,15 @@ class RolloutRecords:
     def index_path(self) -> Path:
         return self.directory / INDEX_NAME
 
-    def write(self, step: int, rollouts: Sequence[_Rollout], samples: Sequence[_Sample], *,
-              trained_version: int | None = None) -> int:
-        """Record one training step's rollouts with their advantages; returns how many were written."""
+    def write(self, step: int, batch: _StepBatch, *, trained_version: int | None = None) -> int:
+        """Record one training step's rollouts with their judge labels and advantages; returns how many were
+        written."""
+        if batch.advantages is None:
+            raise ValueError("the step batch has no advantages yet: estimate them before recording the step")
         entries = []
-        for rollout, advantages in zip(rollouts, rollout_advantages(rollouts, samples), strict=True):
-            record = rollout_record(step, rollout, advantages, self.token_text, trained_version)
+        for rollout, advantages in zip(batch.rollouts, batch.advantages, strict=True):
+            record = rollout_record(step, rollout, [float(a) for a in advantages], self.token_text, trained_version,
+                                    labels=batch.labels(rollout))
             line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
             if self._shard.exists() and self._shard.stat().st_size + len(line) > self.shard_max_bytes:
                 self._rotate()

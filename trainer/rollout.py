@@ -42,7 +42,8 @@ class SyntheticGrader(Protocol):
 
 @dataclass
 class Rollout:
-    """One finished episode: the wire trajectory and its training segments (experience stripped)."""
+    """One finished episode: the wire trajectory, its training segments (experience stripped) and the facts
+    only training reads, as fields (the trajectory's `metadata` carries what other services read)."""
 
     trajectory: Trajectory
     segments: list[Segment]
@@ -51,6 +52,13 @@ class Rollout:
     seconds: float = 0.0
     environment_error: str | None = None  # the environment's error text when the episode ended in one
     environment_error_steps: int = 0
+    policy_versions: list[int] = field(default_factory=list)  # the generator's policy version at each turn
+    synthetic: bool = False  # the task was synthesized by the task manager
+    # What the policy was shown (stripped from the training context): the experience text, or the
+    # demonstration as chat turns, and which demonstration it was (its experience id and task kind).
+    experience_text: str | None = None
+    experience_demonstration: list[dict[str, Any]] | None = None
+    demonstration: dict[str, Any] | None = None
 
 
 @dataclass
@@ -184,12 +192,8 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                                 messages=trajectory_messages, steps=steps, truncated=truncated,
                                 experience_flag=exp_text is not None or demo is not None, experience_ids=exp_ids,
                                 policy_version=min(versions) if versions else 0,
-                                metadata={"policy_versions": versions, "synthetic": task.synthetic,
-                                          **({"task_kind": task_kind} if task_kind else {}),
-                                          **({"demonstration": shown} if shown else {}),
-                                          # what the policy saw; stripped from the training context
-                                          **({"experience_text": exp_text} if exp_text is not None else {}),
-                                          **({"experience_demonstration": demo} if demo is not None else {})})
+                                # the task's kind: the experience manager files the summary under it
+                                metadata={"task_kind": task_kind} if task_kind else {})
         if task.synthetic and grader is not None:
             state = await env.state(instance_id)
             trajectory.outcome = float(await grader.grade(task, state, trajectory))
@@ -207,13 +211,10 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
     trajectory.loss_mask = [t for s in segments for t in s.loss_mask]
     trajectory.step_ids = [t for s in segments for t in s.step_ids]
     trajectory.logprobs = _align_logprobs(segments, logprobs)
-    trajectory.metadata["segments"] = len(segments)
-    trajectory.metadata["invalid_steps"] = invalid
-    trajectory.metadata["environment_error_steps"] = env_error_steps
-    if env_error is not None:
-        trajectory.metadata["environment_error"] = env_error
     return Rollout(trajectory, segments, invalid, generated, time.monotonic() - started,
-                   environment_error=env_error, environment_error_steps=env_error_steps)
+                   environment_error=env_error, environment_error_steps=env_error_steps, policy_versions=versions,
+                   synthetic=task.synthetic, experience_text=exp_text, experience_demonstration=demo,
+                   demonstration=shown)
 
 
 async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,

@@ -34,6 +34,12 @@ from trainer.settings import OptimConfig, PolicyLossConfig
 
 @dataclass
 class TrainSample:
+    """One row of the update: one training segment of a rollout (`trainer.step_batch.StepBatch.samples`).
+
+    prompt_ids (P,), then per response token (N,): response_ids, loss_mask (1: trained), advantages and,
+    when known, rollout_logprobs.
+    """
+
     prompt_ids: list[int]
     response_ids: list[int]
     loss_mask: list[int]
@@ -72,16 +78,19 @@ class UpdateProgress:
 
 @dataclass
 class _Batch:
-    input_ids: torch.Tensor  # (B, L)
-    attention_mask: torch.Tensor  # (B, L)
-    starts: list[int]  # where each response begins in its row
-    lengths: list[int]
-    mask: torch.Tensor  # (B, T) response loss mask
-    advantages: torch.Tensor  # (B, T)
-    experience_flag: torch.Tensor  # (B,)
+    """A micro-batch of B samples, right-padded: L = max(P + N) over the rows, T = max N."""
+
+    input_ids: torch.Tensor  # (B, L) long, prompt then response, pad_id after
+    attention_mask: torch.Tensor  # (B, L) long, 1 on the row's tokens
+    starts: list[int]  # (B,) where each response begins in its row (P)
+    lengths: list[int]  # (B,) response lengths (N)
+    mask: torch.Tensor  # (B, T) float32 response loss mask, 0 on padding
+    advantages: torch.Tensor  # (B, T) float32, 0 on padding
+    experience_flag: torch.Tensor  # (B,) bool
 
 
 def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> _Batch:
+    """The samples as one padded micro-batch on `device` (see `_Batch` for the shapes)."""
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     t = max(len(s.response_ids) for s in samples)
     b = len(samples)
@@ -407,7 +416,7 @@ class PolicyUpdater:
                progress: Callable[[UpdateProgress], None] | None = None) -> dict[str, float]:
         """Old log-probs on the training context, then epochs x minibatches optimizer steps.
 
-        `policy_version` is the version of the model's current weights (what rollouts record);
+        `samples`: the step batch's rows (`StepBatch.samples()`, one per segment); `policy_version` is the version of the model's current weights (what rollouts record);
         `progress` is called once per optimizer step.
         """
         if not samples:

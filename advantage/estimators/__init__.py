@@ -25,7 +25,8 @@ from advantage.estimators.spec import EstimatorSpec, estimator
 # name -> the module that defines it (imported lazily: these pull in torch)
 _LAZY = {
     "AdvantageBatch": "batch", "anchor_keys_for": "batch",
-    "batch_from_trajectories": "batch", "label_values": "batch", "normalize_observation": "batch",
+    "batch_from_rows": "batch", "batch_from_trajectories": "batch", "label_values": "batch",
+    "normalize_observation": "batch",
     "Estimator": "registry", "compute_advantages": "registry",
     "estimate": "registry", "get_estimator": "registry", "list_estimators": "registry",
     "register_estimator": "registry",

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from advantage.estimators.result import BatchError
-from common.schemas import Trajectory
+from common.schemas import StepLabel, Trajectory
 
 
 @dataclass
@@ -159,22 +159,22 @@ def anchor_keys_for(trajectory: Trajectory) -> list[str]:
     return keys
 
 
-def label_values(trajectory: Trajectory) -> list[float] | None:
-    """The judge's labels of a trajectory as one value per step 0..K-1 (None: not judged).
+def label_values(labels: Sequence[StepLabel] | None, steps: int, trajectory_id: str = "") -> list[float] | None:
+    """The judge's labels of a trajectory of `steps` steps as one value per step 0..K-1 (None: not judged).
 
     The only label -> value conversion: both backends use it, and it is strict (exactly one label
     per step), so a partial judgment fails here instead of shifting labels onto the wrong steps.
     """
-    if trajectory.labels is None:
+    if labels is None:
         return None
-    k = len(trajectory.steps)
-    by_step = {lab.step: lab.value for lab in trajectory.labels}
+    k = steps
+    by_step = {lab.step: lab.value for lab in labels}
     missing = [t for t in range(k) if t not in by_step]
     extra = sorted(s for s in by_step if s >= k)
-    if missing or extra or len(trajectory.labels) != k:
-        raise BatchError(f"trajectory {trajectory.trajectory_id}: labels must give exactly one label per step "
+    if missing or extra or len(labels) != k:
+        raise BatchError(f"trajectory {trajectory_id}: labels must give exactly one label per step "
                          f"0..{k - 1} (missing {missing}, beyond the last step {extra}, "
-                         f"{len(trajectory.labels)} labels for {k} steps)")
+                         f"{len(labels)} labels for {k} steps)")
     return [by_step[t] for t in range(k)]
 
 
@@ -185,36 +185,50 @@ def batch_from_trajectories(trajectories: Sequence[Trajectory], *, pad_to: int |
     Group key: `group_id`, else `task_id`. A trajectory without step ids gets -1 on every token (it
     then only works with `grpo`). Labels, anchors and step rewards come from `labels` and `steps`.
     """
+    for row, traj in enumerate(trajectories):
+        if traj.response_ids and not traj.loss_mask:
+            raise BatchError(f"trajectory {traj.trajectory_id} (row {row}) has {len(traj.response_ids)} response "
+                             "tokens but no loss_mask; the rollout must record which tokens the policy generated")
+    return batch_from_rows(trajectories, loss_masks=[t.loss_mask for t in trajectories],
+                           step_ids=[t.step_ids for t in trajectories],
+                           labels=[label_values(t.labels, len(t.steps), t.trajectory_id) for t in trajectories],
+                           pad_to=pad_to, device=device)
+
+
+def batch_from_rows(trajectories: Sequence[Trajectory], *, loss_masks: Sequence[Sequence[int]],
+                    step_ids: Sequence[Sequence[int]], labels: Sequence[list[float] | None],
+                    pad_to: int | None = None, device: torch.device | str | None = None) -> AdvantageBatch:
+    """An AdvantageBatch of B rows, right-padded to T = the longest row (or `pad_to`).
+
+    Per row i: `loss_masks[i]` and `step_ids[i]` (N_i response tokens each; no step ids: -1 on every
+    token), `labels[i]` (K_i label values or None) and, from `trajectories[i]`, the outcome, the group key
+    (`group_id`, else `task_id`), the anchor keys and step rewards of its K_i steps.
+    """
     if not trajectories:
         raise BatchError("no trajectories: the batch is empty")
-    longest = max(len(t.response_ids) for t in trajectories)
+    longest = max(len(m) for m in loss_masks)
     width = longest if pad_to is None else pad_to
     if width < longest:
         raise BatchError(f"pad_to={pad_to} is shorter than the longest response ({longest} tokens)")
     b = len(trajectories)
     mask = torch.zeros((b, width), dtype=torch.float32)
-    step_ids = torch.full((b, width), -1, dtype=torch.long)
+    ids = torch.full((b, width), -1, dtype=torch.long)
     outcome = torch.zeros(b, dtype=torch.float32)
-    labels: list[list[float] | None] = []
     for row, traj in enumerate(trajectories):
-        n = len(traj.response_ids)
+        n = len(loss_masks[row])
         if traj.outcome is None:
             raise BatchError(f"trajectory {traj.trajectory_id} (row {row}) has no outcome; grade it first")
-        if n and not traj.loss_mask:
-            raise BatchError(f"trajectory {traj.trajectory_id} (row {row}) has {n} response tokens but no "
-                             "loss_mask; the rollout must record which tokens the policy generated")
         outcome[row] = traj.outcome
         if n:
-            mask[row, :n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
-            if traj.step_ids:
-                step_ids[row, :n] = torch.tensor(traj.step_ids, dtype=torch.long)
-        labels.append(label_values(traj))
+            mask[row, :n] = torch.tensor(loss_masks[row], dtype=torch.float32)
+            if step_ids[row]:
+                ids[row, :n] = torch.tensor(step_ids[row], dtype=torch.long)
     batch = AdvantageBatch(
         response_mask=mask.to(device) if device is not None else mask,
-        step_ids=step_ids.to(device) if device is not None else step_ids,
+        step_ids=ids.to(device) if device is not None else ids,
         outcome=outcome.to(device) if device is not None else outcome,
         group_index=[t.group_id or t.task_id for t in trajectories],
-        step_labels=labels if any(lab is not None for lab in labels) else None,
+        step_labels=list(labels) if any(lab is not None for lab in labels) else None,
         anchor_keys=[anchor_keys_for(t) for t in trajectories],
         step_rewards=[[s.reward for s in t.steps] for t in trajectories],
         num_steps=[len(t.steps) for t in trajectories],

@@ -51,7 +51,8 @@ def estimate(name: str, batch: AdvantageBatch, config: BaseModel | dict | None =
              training_step: int = 0) -> AdvantageResult:
     """Run estimator `name` on `batch`. `config`: its config model, a dict of its fields, or None (defaults).
 
-    `training_step` (0-based) drives ADCA-GRPO's alpha schedule and its `prm_steps` cut-off.
+    `training_step` (0-based) drives ADCA-GRPO's alpha schedule and its `prm_steps` cut-off. The result's
+    advantages are (B, T) float32 on the batch's device, exactly 0 where `response_mask` is 0.
     """
     estimator = get_estimator(name)
     if config is None or isinstance(config, dict):

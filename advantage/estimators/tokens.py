@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def broadcast_rows(batch: AdvantageBatch, per_row: np.ndarray) -> torch.Tensor:
-    """One value per trajectory onto all of its tokens (masking happens in `estimate`)."""
+    """per_row (B,) onto all of each row's tokens: (B, T) float32 (masking happens in `estimate`)."""
     import torch
 
     values = torch.as_tensor(per_row, dtype=torch.float32, device=batch.response_mask.device)
@@ -26,7 +26,8 @@ def broadcast_rows(batch: AdvantageBatch, per_row: np.ndarray) -> torch.Tensor:
 
 
 def broadcast_steps(batch: AdvantageBatch, per_step: Sequence[Sequence[float]]) -> torch.Tensor:
-    """Step t's value onto the tokens with step id t; tokens in no step (-1) get 0."""
+    """per_step (B rows of K_i values): step t's value onto the tokens with step id t, (B, T) float32;
+    tokens in no step (-1) get 0."""
     import torch
 
     b = batch.size

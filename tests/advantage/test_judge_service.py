@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from advantage.client import JudgeClient, apply_judgments
+from advantage.client import JudgeClient, judgments_by_id
 from advantage.estimators import batch_from_trajectories, compute_advantages
 from common.http import ServiceCallError
 from common.schemas import ChatMessage, Step, Trajectory
@@ -79,17 +79,20 @@ async def test_labels_parse_and_map_to_adca_advantages(judge, fake_llm):
     assert response.judgments[0].labels[0].reason.startswith("the step did")
     assert {j.source for j in response.judgments} == {"llm"}  # no labeller: reference_rule, no reference: true
 
-    # End to end: labels onto the trajectories, then ADCA-GRPO on the token batch. These are the
-    # labels and outcomes of group a in test_estimators_hand.py: z(GOOD)=8/sqrt(80), z(BAD)=-10/sqrt(80),
+    # End to end: the judgments by trajectory, then ADCA-GRPO on the token batch of the labelled trajectories.
+    # These are the labels and outcomes of group a in test_estimators_hand.py: z(GOOD)=8/sqrt(80), z(BAD)=-10/sqrt(80),
     # outcome z = 1/sqrt2, -sqrt2, 1/sqrt2.
-    apply_judgments(trajs, response)
-    assert trajs[0].metadata["judge_source"] == "llm"
-    # The trainer's side counts the labels by source for its summary.
+    judgments = judgments_by_id(trajs, response)
+    assert judgments["a0"].source == "llm"
+    # The trainer's side gets the same judgments back and counts the labels by source for its summary.
     peer = JudgePeer(judge.url)
-    await peer.label(trajs)
+    again = await peer.label(trajs)
+    assert {k: j.labels for k, j in again.items()} == {k: j.labels for k, j in judgments.items()}
+    assert all(t.labels is None for t in trajs), "the judge returns labels, the trajectories stay as they were"
     await peer.aclose()
     assert peer.summary()["labels_by_source"] == {"llm": 6}
-    adv = compute_advantages("adca_grpo", batch_from_trajectories(trajs), {"alpha": 0.1})
+    labelled = [t.model_copy(update={"labels": judgments[t.trajectory_id].labels}) for t in trajs]
+    adv = compute_advantages("adca_grpo", batch_from_trajectories(labelled), {"alpha": 0.1})
     g, b, o = 0.8 / math.sqrt(80), -1.0 / math.sqrt(80), [1 / math.sqrt(2), -math.sqrt(2), 1 / math.sqrt(2)]
     a0 = [g + b + g + o[0], b + g + o[0], g + o[0]]
     a1 = [b + b + o[1], b + o[1]]

@@ -95,14 +95,16 @@ async def test_the_judge_down_past_its_wait_labels_by_the_outcome_sign_flagged_a
     judge = JudgePeer(f"http://127.0.0.1:{free_port()}",
                       outage=OutagePolicy(budget_s=120, judge_fallback_after_s=0.3, logs_dir="runs/x/logs"))
     won, lost, empty = _trajectory(1.0, 3), _trajectory(0.0, 2), _trajectory(1.0, 0)
-    await judge.label([won, lost, empty])
+    judgments = await judge.label([won, lost, empty])
     await judge.aclose()
-    assert [x.label for x in won.labels] == ["GOOD"] * 3 and [x.label for x in lost.labels] == ["BAD"] * 2
-    assert empty.labels is None, "a rollout without steps has nothing to label"
-    assert won.metadata["judge_fallback"] and lost.metadata["judge_fallback"]
+    got_won, got_lost = judgments[won.trajectory_id], judgments[lost.trajectory_id]
+    assert [x.label for x in got_won.labels] == ["GOOD"] * 3 and [x.label for x in got_lost.labels] == ["BAD"] * 2
+    assert empty.trajectory_id not in judgments, "a rollout without steps has nothing to label"
+    assert got_won.fallback and got_lost.fallback
+    assert won.labels is None and not won.metadata, "the judge returns labels, the trajectories stay as they were"
     c = judge.counters
     assert (c.unreachable_batches, c.unreachable_trajectories, c.fallbacks, c.good, c.bad) == (1, 2, 2, 3, 2)
-    assert c.labels_by_source == {"outcome": 5} and won.metadata["judge_source"] == "outcome"
+    assert c.labels_by_source == {"outcome": 5} and got_won.source == "outcome"
     assert judge.client.outage_counters.gave_up == 1
     [line] = judge.degradations()
     assert "judge" in line and "2 trajectories" in line and "outcome's sign" in line

@@ -1,5 +1,5 @@
-"""The rollout records in the run folder: every field the studio shows, advantages split back per rollout,
-and the bound: shards rotate and the oldest go, with their index lines."""
+"""The rollout records in the run folder: every field the studio shows (the step batch's labels and
+advantages included), and the bound: shards rotate and the oldest go, with their index lines."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import json
 
 import pytest
 
+from advantage.client import TrajectoryJudgment
 from common.schemas import ChatMessage, Step, StepLabel, Trajectory
 from engine.models import build_tiny_tokenizer
-from trainer.records import RolloutRecords, rollout_advantages, shard_paths
+from trainer.records import RolloutRecords, shard_paths
 from trainer.rollout import Rollout
+from trainer.step_batch import StepBatch
 from trainer.templates import Segment
-from trainer.update import TrainSample
 
 
 def rollout(i: int, tokenizer, *, flagged: bool = False) -> Rollout:
@@ -24,12 +25,12 @@ def rollout(i: int, tokenizer, *, flagged: bool = False) -> Rollout:
         steps=[Step(index=0, action=ChatMessage(role="assistant", content="search()"), reward=0.0)],
         outcome=1.0, prompt_ids=ids, response_ids=response, loss_mask=[1] * len(ids) + [0] * len(ids),
         step_ids=[0] * len(ids) + [1] * len(ids), experience_flag=flagged,
-        experience_ids=["exp_a"] if flagged else [], labels=[StepLabel(step=0, label="GOOD", reason="searched")],
-        metadata={"experience_text": "Search before booking."} if flagged else {})
+        experience_ids=["exp_a"] if flagged else [])
     half = len(ids)
     segments = [Segment(ids, response[:half], [1] * half, [0] * half),
                 Segment(ids, response[half:], [0] * half, [1] * half)]
-    return Rollout(trajectory, segments, generated_tokens=half)
+    return Rollout(trajectory, segments, generated_tokens=half,
+                   experience_text="Search before booking." if flagged else None)
 
 
 @pytest.fixture(scope="module")
@@ -37,25 +38,14 @@ def tokenizer():
     return build_tiny_tokenizer()
 
 
-def test_advantages_of_each_rollout_are_its_segments_in_order():
-    class R:
-        def __init__(self, n: int) -> None:
-            self.segments = [None] * n
-
-    samples = [TrainSample([1], [2, 3], [1, 1], [0.5, 0.5]), TrainSample([1], [4], [1], [-1.0]),
-               TrainSample([1], [5, 6, 7], [1, 0, 1], [2.0, 2.0, 2.0])]
-    assert rollout_advantages([R(2), R(1)], samples) == [[0.5, 0.5, -1.0], [2.0, 2.0, 2.0]]
-    with pytest.raises(ValueError, match="3 samples for 2 segments"):
-        rollout_advantages([R(1), R(1)], samples)
-
-
 def test_a_record_holds_tokens_mask_steps_labels_advantages_and_the_experience_flag(tmp_path, tokenizer):
     records = RolloutRecords(tmp_path / "rollouts", tokenizer)
     r = rollout(1, tokenizer, flagged=True)
     n = len(r.trajectory.response_ids) // 2
-    samples = [TrainSample(s.prompt_ids, s.response_ids, s.loss_mask, [0.25] * len(s.response_ids))
-               for s in r.segments]
-    assert records.write(4, [r], samples) == 1
+    judged = TrajectoryJudgment(trajectory_id=r.trajectory.trajectory_id,
+                                labels=[StepLabel(step=0, label="GOOD", reason="searched")])
+    batch = StepBatch([[r]], {judged.trajectory_id: judged}, advantages=[[0.25] * (2 * n)])
+    assert records.write(4, batch) == 1
     entry = json.loads((tmp_path / "rollouts" / "index.jsonl").read_text())
     with (tmp_path / "rollouts" / entry["shard"]).open("rb") as f:
         f.seek(entry["offset"])
@@ -71,17 +61,16 @@ def test_a_record_holds_tokens_mask_steps_labels_advantages_and_the_experience_f
 
 
 def test_shards_rotate_and_the_oldest_go_with_their_index_lines(tmp_path, tokenizer):
-    one = rollout(0, tokenizer)
-    samples = [TrainSample(s.prompt_ids, s.response_ids, s.loss_mask, [0.0] * len(s.response_ids))
-               for s in one.segments]
+    def step(r: Rollout) -> StepBatch:
+        return StepBatch([[r]], advantages=[[0.0] * len(r.trajectory.response_ids)])
+
     probe = RolloutRecords(tmp_path / "probe", tokenizer)
-    probe.write(1, [one], samples)
+    probe.write(1, step(rollout(0, tokenizer)))
     size = (tmp_path / "probe" / "shard-000001.jsonl").stat().st_size
     # Two records fit a shard (ids of equal width keep every record the same size); three shards are kept.
     records = RolloutRecords(tmp_path / "rollouts", tokenizer, shard_max_bytes=2 * size + 10, max_shards=3)
     for i in range(1, 10):
-        r = rollout(i, tokenizer)
-        records.write(i, [r], samples)
+        records.write(i, step(rollout(i, tokenizer)))
     names = [p.name for p in shard_paths(tmp_path / "rollouts")]
     # 9 records, 2 a shard: shards 1..5; only the newest 3 remain.
     assert names == ["shard-000003.jsonl", "shard-000004.jsonl", "shard-000005.jsonl"]
@@ -90,5 +79,5 @@ def test_shards_rotate_and_the_oldest_go_with_their_index_lines(tmp_path, tokeni
     assert {e["shard"] for e in index} == set(names)
     # A resumed writer appends to the last shard.
     again = RolloutRecords(tmp_path / "rollouts", tokenizer, shard_max_bytes=2 * size + 10, max_shards=3)
-    again.write(10, [rollout(10, tokenizer)], samples)
+    again.write(10, step(rollout(10, tokenizer)))
     assert [p.name for p in shard_paths(tmp_path / "rollouts")][-1] == "shard-000005.jsonl"

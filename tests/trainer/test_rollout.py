@@ -402,8 +402,8 @@ def test_turns_mode_shows_a_retrieved_demonstration_to_generation_only(env_url, 
     # A failed source keeps no demonstration: the flagged rollout gets the text, counted as a fallback.
     assert plain_stats.turns_injected == 0 and plain_stats.text_fallbacks == 1
     fell_back = next(r for r in fallback[0] if r.trajectory.experience_flag)
-    assert fell_back.trajectory.metadata["experience_text"]
-    assert "experience_demonstration" not in fell_back.trajectory.metadata
+    assert fell_back.experience_text
+    assert fell_back.experience_demonstration is None
     exp_ids = tok.encode(EXP_OPEN, add_special_tokens=False)
     assert sum(_contains(c, exp_ids) for c in plain_policy.contexts) == len(fell_back.trajectory.steps)
 

@@ -35,7 +35,6 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from advantage.estimators.batch import label_values
 from advantage.estimators.segments import split_row
 from common.schemas import Task
 from trainer.mechanisms import GroupExperience, experience_flags
@@ -133,9 +132,10 @@ def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_le
                          metrics: AgentLoopMetrics) -> list[AgentLoopOutput]:
     """One AgentLoopOutput per training segment, experience-free prompts, per-token step ids."""
     traj = rollout.trajectory
+    # `step_labels`: the judge's, put in once per batch by `evolver_sync` (VerlMechanisms.label_batch).
     shared = {
         "task_id": traj.task_id, "trajectory_id": traj.trajectory_id, "experience_flag": traj.experience_flag,
-        "experience_ids": list(traj.experience_ids), "step_labels": label_values(traj), "num_steps": len(traj.steps),
+        "experience_ids": list(traj.experience_ids), "step_labels": None, "num_steps": len(traj.steps),
         "step_rewards": [s.reward for s in traj.steps],
         "anchor_keys": _anchor_keys(traj), "truncated": traj.truncated, "num_segments": len(rollout.segments),
         "min_global_steps": min(generate.global_steps) if generate.global_steps else None,

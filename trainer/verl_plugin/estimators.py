@@ -36,7 +36,11 @@ def _check_norm_flag(name: str, settings: Any, algorithm_config: Any) -> None:
 
 
 def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """A veRL-signature estimator running our estimator `name` (settings from `algorithm.evolver`)."""
+    """A veRL-signature estimator running our estimator `name` (settings from `algorithm.evolver`).
+
+    token_level_rewards (B, T), response_mask (B, T), index (B,) group uids; optional step_ids (B, T) and per
+    row K_i step_labels / anchor_keys / step_rewards. Returns (advantages, returns), each (B, T).
+    """
 
     def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence | None = None,
                   config: Any = None, *, step_ids: torch.Tensor | None = None, training_step: int = 0,

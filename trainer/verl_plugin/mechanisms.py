@@ -48,8 +48,11 @@ class VerlMechanisms:
         """One judge call for the batch when the estimator needs step labels; the labels go into every
         segment's `step_labels` (as per-step values). Keeps the trajectories for `after_step`."""
         trajectories = trajectories_of(extras)
-        if self.loop.run(self.mechanisms.label(trajectories)):
-            values = {t.trajectory_id: label_values(t) for t in trajectories}
+        judgments = self.loop.run(self.mechanisms.label(trajectories))
+        if judgments is not None:
+            values = {t.trajectory_id: label_values(judgments[t.trajectory_id].labels if t.trajectory_id in judgments
+                                                    else None, len(t.steps), t.trajectory_id)
+                      for t in trajectories}
             for extra in extras:
                 if extra.get("trajectory_id") in values:
                     extra["step_labels"] = values[extra["trajectory_id"]]

@@ -94,6 +94,8 @@ def standardize_labels(labels: list[np.ndarray], groups: list[list[int]]) -> lis
 
 @estimator("adca_grpo", AdcaGrpoConfig, needs=("step_labels",))
 def adca_grpo(batch: AdvantageBatch, config: AdcaGrpoConfig, training_step: int) -> AdvantageResult:
+    """Reads outcome (B,), step_ids (B, T), per row K_i step labels; advantages (B, T) float32 (A_{i,t} on
+    the tokens of step t), step_advantages K_i per row. From `prm_steps` on: `grpo` with `after_prm`."""
     if config.prm_steps is not None and training_step >= config.prm_steps:
         result = grpo(batch, config.after_prm, training_step)
         result.metrics.update({"adv/attribution_active": 0.0, "adv/alpha": 0.0})

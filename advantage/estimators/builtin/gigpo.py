@@ -51,6 +51,8 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
 
 @estimator("gigpo", GigpoConfig, needs=("anchor_keys",))
 def gigpo(batch: AdvantageBatch, config: GigpoConfig, training_step: int) -> AdvantageResult:
+    """Reads outcome (B,), step_ids (B, T), per row K_i anchor keys and step rewards; advantages (B, T)
+    float32 (A_{i,t} on the tokens of step t, 0 on tokens in no step), step_advantages K_i per row."""
     if batch.anchor_keys is None or any(row is None for row in batch.anchor_keys):
         raise BatchError("gigpo needs anchor_keys (the state each step acted in) for every row")
     groups = batch.groups()

@@ -25,7 +25,7 @@ class GrpoConfig(StrictModel):
 
 
 def grpo_scores(batch: AdvantageBatch, config: GrpoConfig):
-    """Per-trajectory GRPO advantage (B,) as float64 numpy."""
+    """Per-trajectory GRPO advantage (B,) as float64 numpy, from outcome (B,) and the groups."""
     outcome = batch.outcome.detach().double().cpu().numpy()
     return normalize_in_groups(outcome, batch.groups(), std=config.std, by_std=config.normalize_by_std,
                                epsilon=config.epsilon)
@@ -33,6 +33,7 @@ def grpo_scores(batch: AdvantageBatch, config: GrpoConfig):
 
 @estimator("grpo", GrpoConfig)
 def grpo(batch: AdvantageBatch, config: GrpoConfig, training_step: int) -> AdvantageResult:
+    """Reads outcome (B,) and the group of each row; advantages (B, T) float32: row i's score on its tokens."""
     scores = grpo_scores(batch, config)
     groups = batch.groups()
     degenerate = sum(1 for rows in groups if len(set(scores[rows].tolist())) == 1)
