@@ -50,7 +50,7 @@ class ServicesConfig(StrictModel):
         "how long a call waits for a peer that is unreachable or answers 503 (probing its /healthz) before "
         "the run fails naming it; 0: no waiting"))
     judge_fallback_after_s: float = Field(default=30.0, ge=0, description=(
-        "the judge down this long: that batch is labelled by the outcome's sign (flagged judge_fallback)"))
+        "the judge down this long: that batch is labelled by the outcome's sign (counted in judge/fallbacks)"))
     logs_dir: str | None = Field(default=None, description="where the launcher logs each peer (<name>.log); "
                                                            "named in outage errors (the launcher fills it)")
 

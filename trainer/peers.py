@@ -419,7 +419,7 @@ class JudgePeer:
         if not c.unreachable_batches:
             return []
         return [f"judge: {c.unreachable_batches} batch(es), {c.unreachable_trajectories} trajectories "
-                "labelled by the outcome's sign (flagged judge_fallback) while the judge was down"]
+                "labelled by the outcome's sign (counted in judge/fallbacks) while the judge was down"]
 
     async def stats(self) -> dict[str, Any]:
         return (await self.client.stats()).model_dump()

@@ -56,7 +56,7 @@ class EvolverVerlSettings(StrictModel):
     outage_budget_s: float = Field(default=120.0, ge=0, description=(
         "how long a call waits for a service that is unreachable or answers 503 before failing; 0: no waiting"))
     judge_fallback_after_s: float = Field(default=30.0, ge=0, description=(
-        "the judge down this long: that batch is labelled by the outcome's sign (flagged judge_fallback)"))
+        "the judge down this long: that batch is labelled by the outcome's sign (counted in judge/fallbacks)"))
     logs_dir: str | None = Field(default=None, description="where each service logs (<name>.log): named in errors")
 
     def outage(self) -> Any:
