@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance, negative_data_rejection]
 # About 3 CI minutes for the five services together (~70 operations); raise it for a deeper local run.
-FUZZ = settings(max_examples=int(os.environ.get("EVOLVER_FUZZ_EXAMPLES", "12")), deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=int(os.environ.get("EVOLVER_FUZZ_EXAMPLES", "10")), deadline=None, derandomize=True, database=None,
                 phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
 

@@ -104,9 +104,8 @@ def test_a_failing_registration_is_logged_and_the_rest_still_register():
 
 
 def test_the_installed_package_declares_the_verl_plugins_entry_point():
+    """What veRL's workers load: the entry point's mechanism itself is tested above with throwaway metadata."""
     ours = [ep for ep in entry_points(group="verl.plugins") if ep.value == "trainer.verl_plugin"]
     assert ours, ('no installed `verl.plugins` entry point points at trainer.verl_plugin: add\n'
                   '  [project.entry-points."verl.plugins"]\n  evolver = "trainer.verl_plugin"\n'
                   'to pyproject.toml and run `pip install -e .`; without it veRL\'s Ray workers never load the plugin')
-    state, _ = probe({"VERL_USE_EXTERNAL_PLUGINS": ours[0].name})
-    assert_all_registered(state)
