@@ -98,13 +98,16 @@ def test_rows_differ_only_in_their_mechanisms(tmp_path):
         assert c["trainer"]["optim"] == configs["full"]["trainer"]["optim"]
 
 
+def assert_refused(tmp_path: Path, text: str, match: str) -> None:
+    """A protocol file with this text is refused by load_protocol with an error matching `match`."""
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_protocol(tmp_path / "p.yaml")
+
+
 def test_a_protocol_without_every_mechanism_is_refused(tmp_path):
-    (tmp_path / "p.yaml").write_text(PROTOCOL.replace("advantage: {estimator: adca_grpo}", "advantage: {}"))
-    with pytest.raises(ValueError, match="adca_grpo"):
-        load_protocol(tmp_path / "p.yaml")
-    (tmp_path / "p.yaml").write_text(PROTOCOL.replace("experience_ratio: 0.5}", "experience_ratio: 0.5, top_p: 0.9}"))
-    with pytest.raises(ValueError, match="top_p"):
-        load_protocol(tmp_path / "p.yaml")
+    assert_refused(tmp_path, PROTOCOL.replace("advantage: {estimator: adca_grpo}", "advantage: {}"), "adca_grpo")
+    assert_refused(tmp_path, PROTOCOL.replace("experience_ratio: 0.5}", "experience_ratio: 0.5, top_p: 0.9}"), "top_p")
 
 
 def test_paired_changes_and_steps_to_target_by_hand():
@@ -399,12 +402,10 @@ def test_v2_rows_switch_on_what_their_table_says(tmp_path):
     assert configs["env_n"]["launcher"]["synthesis"] == {"episodes": 0, "seed_experience": False}
     for c in configs.values():  # curve off: no in-run evaluation
         assert c["trainer"]["eval"]["every"] == 0 and c["trainer"]["eval"]["after"] is False
-    (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("rows: [base, w_qn]", "rows: [base, qn]"))
-    with pytest.raises(ValueError, match="not rows of ablation version 2"):
-        load_protocol(tmp_path / "p.yaml")
-    (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("warm_start: {enabled: true,", "warm_start: {enabled: false,"))
-    with pytest.raises(ValueError, match="W\\+full row: enable the warm start"):
-        load_protocol(tmp_path / "p.yaml")
+    assert_refused(tmp_path, PROTOCOL_V2.replace("rows: [base, w_qn]", "rows: [base, qn]"),
+                   "not rows of ablation version 2")
+    assert_refused(tmp_path, PROTOCOL_V2.replace("warm_start: {enabled: true,", "warm_start: {enabled: false,"),
+                   "W\\+full row: enable the warm start")
 
 
 def test_strict_metric_counts_a_success_without_a_tool_call_as_zero_by_hand():
