@@ -83,7 +83,8 @@ class EvalProtocol(StrictModel):
     tasks: int = Field(default=64, ge=1, description="the first N task ids of the split")
     k: int = Field(default=4, ge=1)
     temperature: float = Field(default=0.7, gt=0)
-    concurrency: int = Field(default=32, ge=1, description="episodes in flight (their generations batch)")
+    concurrency: int = Field(default=32, ge=1, description=(
+        "episodes in flight, and the rows the evaluating engine generates together"))
 
 
 class CurveProtocol(StrictModel):
@@ -344,7 +345,7 @@ class Harness:
                 "--template", rollout.get("template", "linear"), "--max-turns", str(rollout.get("max_turns", 8)),
                 "--max-new-tokens", str(rollout.get("max_new_tokens", 128)),
                 "--max-context", str(rollout.get("max_context", 2048)),
-                "--concurrency", str(self.eval.concurrency), "--threads", str(self.settings.eval_threads)]
+                "--concurrency", str(self.eval.concurrency), "--max-batch", str(self.eval.concurrency), "--threads", str(self.settings.eval_threads)]
         if sample:
             argv += ["--sample", "--temperature", str(self.eval.temperature)]
         out = self.runs_dir / "evaluations" / f"{hashlib.sha256(json.dumps([policy, argv]).encode()).hexdigest()[:12]}.json"
