@@ -6,7 +6,8 @@ the policy (complete groups only), judged when the estimator needs labels -> one
 (old log-probs on the stripped context, epochs x minibatches) -> the new weights go to the policy
 (the in-process engine or the served endpoint via `/v1/weights`), bumping the policy version.
 Evaluation (avg@k, best@k, invalid-action rate) runs before training, after the warm start (when there
-is one), every `eval.every` steps and at the end; checkpoints every `checkpoint.every` steps; metrics to JSONL and TensorBoard.
+is one), every `eval.every` steps and at the end; checkpoints every `checkpoint.every` steps; metrics to
+JSONL and TensorBoard.
 `TrainerActor` runs the same loop inside a Ray actor.
 """
 
