@@ -82,6 +82,10 @@ class TaskSourceConfig(StrictModel):
 class EvalConfig(StrictModel):
     every: int = Field(default=0, ge=0, description="evaluate every N steps (0: only before and after)")
     before: bool = True
+    after_warm_start: bool | None = Field(default=None, description=(
+        "evaluate right after trainer.warm_start, before the first RL step (labelled warm_start in the summary, "
+        "which then splits the change into the warm start's and RL's); None: when `before` is on. Only with "
+        "warm_start.enabled"))
     after: bool = True
     split: Literal["train", "validation", "test"] = "validation"
     tasks: int = Field(default=64, ge=1, description="held-out tasks (the first N of the split)")
@@ -154,6 +158,16 @@ class TrainerConfig(StrictModel):
                 and not self.services.task_url):
             raise ValueError("warm_start.source=synthetic fine-tunes on the task manager's synthetic tasks: set "
                              "services.task_url, or use warm_start.source: environment")
+        if self.eval.after_warm_start and not self.warm_start.enabled:
+            raise ValueError("eval.after_warm_start: true evaluates after the warm start, which is off: enable "
+                             "warm_start, or drop eval.after_warm_start")
         if self.rollout.experience_ratio > 0 and not self.services.experience_url:
             raise ValueError("rollout.experience_ratio > 0 needs services.experience_url (the experience manager)")
         return self
+
+    @property
+    def evaluates_after_warm_start(self) -> bool:
+        """Whether the held-out evaluation runs between the warm start and the first RL step."""
+        if not self.warm_start.enabled:
+            return False
+        return self.eval.before if self.eval.after_warm_start is None else self.eval.after_warm_start

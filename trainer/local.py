@@ -5,8 +5,9 @@ the policy (complete groups only), judged when the estimator needs labels -> one
 (`trainer.step_batch`) -> token advantages from `advantage/` -> `PolicyUpdater.update`
 (old log-probs on the stripped context, epochs x minibatches) -> the new weights go to the policy
 (the in-process engine or the served endpoint via `/v1/weights`), bumping the policy version.
-Evaluation (avg@k, best@k, invalid-action rate) runs before training, every `eval.every` steps
-and at the end; checkpoints every `checkpoint.every` steps; metrics to JSONL and TensorBoard.
+Evaluation (avg@k, best@k, invalid-action rate) runs before training, after the warm start (when there
+is one), every `eval.every` steps and at the end; checkpoints every `checkpoint.every` steps; metrics to
+JSONL and TensorBoard.
 `TrainerActor` runs the same loop inside a Ray actor.
 """
 
@@ -137,7 +138,7 @@ class LocalTrainer:
         self.mechanisms: Mechanisms | None = None
         self.group_stats = GroupStats()
         self.step_counters = StepCounters()
-        self.evaluations: dict[str, EvalSummary] = {}  # "before" / "after"
+        self.evaluations: dict[str, EvalSummary] = {}  # "before" / "warm_start" / "after"
         self.collapse = CollapseDetector(config.collapse)
         self.warm_start_report: dict[str, Any] | None = None  # trainer.warm_start, before the first RL step
         self._saved_outages: dict[str, dict[str, Any]] = {}
@@ -212,7 +213,7 @@ class LocalTrainer:
         self.updater.load_state_dict(state["updater"])
         self.cursor.load(state["cursor"])
         self.group_stats = GroupStats(**state.get("group_stats", {}))
-        # The held-out "before" result: without it a resumed run's summary has no before/after change.
+        # The held-out "before" (and "warm_start") results: without them a resumed run's summary has no changes.
         self.evaluations = {label: EvalSummary(**saved) for label, saved in state.get("evaluations", {}).items()}
         self.warm_start_report = state.get("warm_start")
         assert self.mechanisms is not None
@@ -437,7 +438,7 @@ class LocalTrainer:
             stats=self.group_stats, plot=plot, before=self.evaluations.get("before"),
             after=self.evaluations.get("after"), eval_split=self.config.eval.split, metrics=self.metrics.records(),
             warm_start=self.warm_start_report, resilience=self.resilience_summary(),
-            collapse=self.collapse.summary())
+            collapse=self.collapse.summary(), after_warm_start=self.evaluations.get("warm_start"))
         return run_summary(record, mechanisms)
 
     @property
@@ -482,13 +483,8 @@ class LocalTrainer:
             history: list[dict[str, float]] = []
             if self.collapse.collapsed and cfg.collapse.enabled:  # resumed: a collapsed run is not continued
                 raise RunCollapsed(self.collapse.collapse["message"])
-            if cfg.eval.before and self.step == 0 and "before" not in self.evaluations:
-                before = await self.evaluate("before")
-                self.metrics.log(0, before)
-                history.append({"step": 0, **before})
-                logger.info("eval before training: {}", _short(before))
-                if cfg.checkpoint.every:  # a run killed in step 1 then resumes without evaluating again
-                    self.save()
+            if cfg.eval.before:
+                await self._evaluate_at_start("before", "before training", history)
             if cfg.warm_start.enabled and self.step == 0 and self.warm_start_report is None:
                 assert self.policy is not None and self.env is not None
                 self.warm_start_report = await warm_start(
@@ -497,6 +493,8 @@ class LocalTrainer:
                     model=self.model, device=self.device, policy=self.policy, ref_model=self.updater.ref_model)
                 if cfg.checkpoint.every:  # a resumed run starts from the warm-started weights
                     self.save()
+            if cfg.evaluates_after_warm_start:  # the summary splits the change: warm start, then RL
+                await self._evaluate_at_start("warm_start", "after the warm start", history)
             progress = _progress(cfg.progress, cfg.steps, self.step)
             while self.step < cfg.steps:
                 metrics = await self.train_step()
@@ -522,6 +520,17 @@ class LocalTrainer:
             return {**summary, "history": history}
         finally:
             await self.close()
+
+    async def _evaluate_at_start(self, label: str, when: str, history: list[dict[str, float]]) -> None:
+        """A held-out evaluation before the first RL step, kept as `label`; once per run, resumes included."""
+        if self.step != 0 or label in self.evaluations:
+            return
+        metrics = await self.evaluate(label)
+        self.metrics.log(0, metrics)
+        history.append({"step": 0, **metrics})
+        logger.info("eval {}: {}", when, _short(metrics))
+        if self.config.checkpoint.every:  # a run killed later resumes without evaluating again
+            self.save()
 
     async def close(self) -> None:
         if self._prefetch is not None:  # a run ended early (an error, a caller stopping between steps)

@@ -3,7 +3,9 @@
 Written to `<output_dir>/summary.json` and printed as rich tables by `python -m trainer` (the
 launcher runs the trainer as a child and shows the same file). Confidence intervals are 95%, over
 held-out tasks (the unit that varies between runs): normal approximation of the mean of per-task
-values, and for the change the mean of paired per-task differences (same tasks before and after).
+values, and for a change the mean of paired per-task differences (the same tasks in both evaluations).
+A run with a warm start evaluated after it has three evaluations, so the change splits in two: the warm
+start's and RL's.
 """
 
 from __future__ import annotations
@@ -47,28 +49,37 @@ def per_task_values(summary: EvalSummary, threshold: float = 1.0) -> dict[str, d
     return out
 
 
-def eval_table(before: EvalSummary | None, after: EvalSummary | None, split: str | None = None) -> dict[str, Any]:
-    """Rows metric -> before / after / paired change, each a mean with its 95% interval; `split` names the
-    held-out split the tasks came from."""
-    runs = {name: per_task_values(s) for name, s in (("before", before), ("after", after)) if s is not None}
-    if not runs:
+# A run's held-out evaluations in order (`warm_start`: right after the warm start, before the first RL step),
+# and the paired changes between them: key, from, to. `delta` is always the total change.
+EVALUATIONS = ("before", "warm_start", "after")
+CHANGES = (("delta_warm_start", "before", "warm_start"), ("delta_rl", "warm_start", "after"), ("delta", "before", "after"))
+
+
+def eval_table(before: EvalSummary | None, after: EvalSummary | None, split: str | None = None,
+               warm_start: EvalSummary | None = None) -> dict[str, Any]:
+    """Rows metric -> each evaluation and the paired changes between them, each a mean with its 95% interval;
+    `split` names the held-out split the tasks came from. With `warm_start` the total change (`delta`, after -
+    before) splits into the warm start's (`delta_warm_start`) and RL's (`delta_rl`, after - warm_start)."""
+    given = dict(zip(EVALUATIONS, (before, warm_start, after), strict=True))
+    evaluations = {name: summary for name, summary in given.items() if summary is not None}
+    if not evaluations:
         return {"rows": [], "tasks": 0, "k": None, "split": split}
-    k = (after or before).k  # type: ignore[union-attr]
+    runs = {name: per_task_values(summary) for name, summary in evaluations.items()}
+    k = list(evaluations.values())[-1].k
     rows = []
     for metric in (f"avg@{k}", f"best@{k}", "invalid_action_rate"):
         row: dict[str, Any] = {"metric": metric}
         for name, values in runs.items():
             row[name] = interval([v[metric] for v in values.values()], (0.0, 1.0))
-        if "before" in runs and "after" in runs:
-            paired = sorted(set(runs["before"]) & set(runs["after"]))
-            row["delta"] = interval([runs["after"][t][metric] - runs["before"][t][metric] for t in paired],
-                                    (-1.0, 1.0))
+        for key, start, end in CHANGES:
+            if start in runs and end in runs:
+                paired = sorted(set(runs[start]) & set(runs[end]))
+                row[key] = interval([runs[end][t][metric] - runs[start][t][metric] for t in paired], (-1.0, 1.0))
         rows.append(row)
     # A success without a tool call is a guess on a tool-use task: the share says how much of avg@k is skill.
-    called = {name: s.successes_with_tool_call() for name, s in (("before", before), ("after", after)) if s is not None}
+    called = {name: s.successes_with_tool_call() for name, s in evaluations.items()}
     # Each task's sample outcomes and tool calls, so that a report can break results down (by kind, by task).
-    per_task = {name: {"outcomes": s.per_task, "called": s.per_task_called}
-                for name, s in (("before", before), ("after", after)) if s is not None}
+    per_task = {name: {"outcomes": s.per_task, "called": s.per_task_called} for name, s in evaluations.items()}
     return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k, "split": split,
             "successes_with_tool_call": called, "per_task": per_task}
 
@@ -121,11 +132,14 @@ def loop_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
     target and whether it was met (None: not measured in this run, e.g. the mechanism was off)."""
     rows = []
     ev = summary.get("eval") or {}
-    change = next((r.get("delta") for r in ev.get("rows") or [] if str(r["metric"]).startswith("avg@")), None)
+    avg = next((r for r in ev.get("rows") or [] if str(r["metric"]).startswith("avg@")), {})
+    change, rl = avg.get("delta"), avg.get("delta_rl")
     where = f"{ev.get('tasks', 0)} {ev.get('split') or 'held-out'} tasks"
     if change and change.get("n"):
-        rows.append(_check(f"held-out avg@{ev.get('k')} change, paired", f"{_cell(change, signed=True)} on {where}",
-                           "95% CI above 0", change["lo"] > 0))
+        # The total (after - before); after a warm start, RL's part of it beside (after - warm start).
+        rl_part = f" (RL's part {_cell(rl, signed=True)})" if rl and rl.get("n") else ""
+        rows.append(_check(f"held-out avg@{ev.get('k')} change, paired",
+                           f"{_cell(change, signed=True)} on {where}{rl_part}", "95% CI above 0", change["lo"] > 0))
     else:
         rows.append(_check("held-out change, paired", "not evaluated before and after", "95% CI above 0", None))
     training = summary.get("training") or {}
@@ -236,6 +250,7 @@ class RunRecord:
     warm_start: dict[str, Any] | None  # trainer.warm_start: data, token counts, loss curve
     resilience: dict[str, Any]
     collapse: dict[str, Any]
+    after_warm_start: EvalSummary | None = None  # held-out evaluation between the warm start and the first step
 
 
 def run_summary(run: RunRecord, mechanisms: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +262,7 @@ def run_summary(run: RunRecord, mechanisms: dict[str, Any]) -> dict[str, Any]:
         "dropped_groups": stats.dropped_groups, "failed_attempts": stats.failed_attempts, "rollouts": stats.rollouts,
         "environment_errors": stats.environment_errors,  # rollouts the environment failed, not the policy
         "plot": str(run.plot) if run.plot else None,
-        "eval": eval_table(run.before, run.after, split=run.eval_split),
+        "eval": eval_table(run.before, run.after, split=run.eval_split, warm_start=run.after_warm_start),
         "training": training_signal(run.metrics),
         "warm_start": run.warm_start,
         "mechanisms": mechanisms,
@@ -273,33 +288,84 @@ def _cell(value: dict[str, float] | None, signed: bool = False) -> str:
     return f"{value['mean']:{sign}.3f} [{value['lo']:{sign}.3f}, {value['hi']:{sign}.3f}]"
 
 
+# Counters kept as a mapping whose every entry is printed (`labels_by_source/rule`), not skipped as nested.
+SPLIT_COUNTERS = ("labels_by_source",)
+
+
+def _counter_rows(values: dict[str, Any]) -> list[tuple[str, Any]]:
+    rows = []
+    for key, value in values.items():
+        if key in SPLIT_COUNTERS and isinstance(value, dict):
+            rows += [(f"{key}/{part}", count) for part, count in sorted(value.items())]
+        elif not (isinstance(value, dict | list) or value is None):
+            rows.append((key, value))
+    return rows
+
+
+def _eval_title(ev: dict[str, Any], what: str) -> str:
+    split = f"{ev['split']} split, " if ev.get("split") else ""
+    return f"{what} ({split}{ev['tasks']} tasks, k={ev['k']}): mean [95% CI]"
+
+
+def _tool_call_cells(ev: dict[str, Any], names: Sequence[str]) -> list[str]:
+    called = ev.get("successes_with_tool_call") or {}
+    return [f"{called[n]:.3f}" if called.get(n) is not None else "-" for n in names]
+
+
+def _print_before_after(console: Any, ev: dict[str, Any]) -> None:
+    """One table: before, after and the paired change."""
+    from rich.table import Table
+
+    table = Table(title=_eval_title(ev, "held-out tasks"))
+    for column in ("metric", "before", "after", "change (paired)"):
+        table.add_column(column)
+    for row in ev["rows"]:
+        table.add_row(row["metric"], _cell(row.get("before")), _cell(row.get("after")),
+                      _cell(row.get("delta"), signed=True))
+    if any(v is not None for v in (ev.get("successes_with_tool_call") or {}).values()):
+        table.add_row("successes with a tool call", *_tool_call_cells(ev, ("before", "after")), "")
+    console.print(table)
+
+
+def _print_three_evaluations(console: Any, ev: dict[str, Any]) -> None:
+    """Two tables: the three evaluations (before, after the warm start, after RL), then the paired changes
+    the warm start made, RL made, and both together."""
+    from rich.table import Table
+
+    table = Table(title=_eval_title(ev, "held-out tasks"))
+    for column in ("metric", "before", "after the warm start", "after RL"):
+        table.add_column(column)
+    for row in ev["rows"]:
+        table.add_row(row["metric"], *(_cell(row.get(name)) for name in EVALUATIONS))
+    if any(v is not None for v in (ev.get("successes_with_tool_call") or {}).values()):
+        table.add_row("successes with a tool call", *_tool_call_cells(ev, EVALUATIONS))
+    console.print(table)
+    table = Table(title=_eval_title(ev, "paired changes on the same tasks"))
+    for column in ("metric", "warm start", "RL", "total"):
+        table.add_column(column)
+    for row in ev["rows"]:
+        table.add_row(row["metric"], *(_cell(row.get(key), signed=True) for key, _, _ in CHANGES))
+    console.print(table)
+
+
 def print_summary(summary: dict[str, Any]) -> None:
-    """Rich tables: held-out before/after with 95% intervals, then each mechanism's counters."""
+    """Rich tables: the held-out evaluations and their paired changes with 95% intervals, each mechanism's
+    counters, then the loop's checks."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     ev = summary.get("eval") or {}
     if ev.get("rows"):
-        split = f"{ev['split']} split, " if ev.get("split") else ""
-        table = Table(title=f"held-out tasks ({split}{ev['tasks']} tasks, k={ev['k']}): mean [95% CI]")
-        for column in ("metric", "before", "after", "change (paired)"):
-            table.add_column(column)
-        for row in ev["rows"]:
-            table.add_row(row["metric"], _cell(row.get("before")), _cell(row.get("after")),
-                          _cell(row.get("delta"), signed=True))
-        called = ev.get("successes_with_tool_call") or {}
-        if any(v is not None for v in called.values()):
-            table.add_row("successes with a tool call", *(f"{called[n]:.3f}" if called.get(n) is not None else "-"
-                                                          for n in ("before", "after")), "")
-        console.print(table)
+        if any("warm_start" in row for row in ev["rows"]):
+            _print_three_evaluations(console, ev)
+        else:
+            _print_before_after(console, ev)
     for name, values in (summary.get("mechanisms") or {}).items():
         table = Table(title=name)
         table.add_column("counter")
         table.add_column("value", justify="right")
-        for key, value in values.items():
-            if isinstance(value, dict | list) or value is None:
-                continue
+        for key, value in _counter_rows(values):
             table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         console.print(table)
     checks = summary.get("checks") or loop_checks(summary)

@@ -106,13 +106,13 @@ def test_the_compose_run_config_validates_section_by_section(monkeypatch):
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 RUN_YAML = REPO / "docker" / "run.yaml"
-# Per section, what only the deployment decides (URLs, stores on the volume, Ray, threads, the run folder):
-# everything else in docker/run.yaml must equal examples/quickstart.yaml.
+# Per section, what only the deployment decides (URLs, stores on the volume, Ray, threads, the run folder, what
+# the launcher switches on in a local run): everything else in docker/run.yaml must equal examples/quickstart.yaml.
 DEPLOYMENT_KEYS = {
     "launcher": {"experiment", "services", "ports", "threads", "restart", "ray", "studio"},
     "llm_server": {"threads"},
     "env_service": set(),
-    "task_manager": {"store_dir"},
+    "task_manager": {"store_dir", "serve_training_references"},
     "experience_manager": {"store", "qdrant_url"},
     "judge": {"llm", "audit_log"},
     "trainer": {"output_dir", "torch_threads", "services", "ray"},
@@ -180,6 +180,10 @@ def test_the_compose_trainer_runs_the_quickstart_loop_with_every_mechanism(monke
     drift = config_drift(run_yaml, quickstart, allowed)
     assert drift == [], f"docker/run.yaml differs from examples/quickstart.yaml at {drift}"
     assert quickstart["judge"]["llm"] == {"base_url": "llm_server"}, "the quickstart's judge uses llm_server too"
+    # What the launcher switches on for the quickstart (references served to the warm start), compose sets itself.
+    planned = build_plan(compose(QUICKSTART), QUICKSTART, check_ports=False).data["task_manager"]
+    assert run_yaml["task_manager"].get("serve_training_references", False) == \
+        planned.get("serve_training_references", False)
 
 
 def launcher_filled_peer_urls() -> dict[str, str]:

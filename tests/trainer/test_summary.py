@@ -185,3 +185,60 @@ def test_episodes_summarize_into_avg_best_and_invalid_rate_by_hand():
     assert summary.per_task_called == {"a": [True, False], "b": [False, True]}
     assert summarize_episodes(episodes, k=2, success_threshold=0.5).avg_at_k == 0.75
     assert summarize_episodes([], k=2) == EvalSummary(0.0, 0.0, 0.0, 0, 2)
+
+
+def _three_evaluations():
+    """Three tasks, k = 2: before, right after the warm start, after RL (same tasks, same k)."""
+    before = EvalSummary(1 / 6, 1 / 3, 0.5, 3, 2, per_task={"a": [0.0, 0.0], "b": [0.0, 0.0], "c": [1.0, 0.0]},
+                         per_task_invalid={"a": 1.0, "b": 0.5, "c": 0.0})
+    warm = EvalSummary(2 / 3, 1.0, 0.0, 3, 2, per_task={"a": [1.0, 0.0], "b": [1.0, 1.0], "c": [1.0, 0.0]},
+                       per_task_invalid={"a": 0.0, "b": 0.0, "c": 0.0})
+    after = EvalSummary(5 / 6, 1.0, 0.0, 3, 2, per_task={"a": [1.0, 1.0], "b": [1.0, 0.0], "c": [1.0, 1.0]},
+                        per_task_invalid={"a": 0.0, "b": 0.5, "c": 0.0})
+    return before, warm, after
+
+
+def test_a_warm_start_splits_the_change_into_the_warm_starts_and_rls_by_hand():
+    before, warm, after = _three_evaluations()
+    table = eval_table(before, after, split="test", warm_start=warm)
+    avg = next(row for row in table["rows"] if row["metric"] == "avg@2")
+    # avg@2 per task (a, b, c): before 0, 0, 0.5; after the warm start 0.5, 1, 0.5; after RL 1, 0.5, 1.
+    assert [avg[name]["mean"] for name in ("before", "warm_start", "after")] == pytest.approx([1 / 6, 2 / 3, 5 / 6])
+    # Paired differences and their sample sd: warm start 0.5, 1, 0 (sd 0.5); RL 0.5, -0.5, 0.5 (sd 1/sqrt(3));
+    # total 1, 0.5, 0.5 (sd 1/sqrt(12)); the 95% half-width is 1.959964 sd / sqrt(3).
+    half = {key: 1.959964 * sd / math.sqrt(3) for key, sd in
+            (("delta_warm_start", 0.5), ("delta_rl", 1 / math.sqrt(3)), ("delta", 1 / math.sqrt(12)))}
+    for key, mean, hi_clip in (("delta_warm_start", 0.5, 1.0), ("delta_rl", 1 / 6, None), ("delta", 2 / 3, None)):
+        got = avg[key]
+        assert got["n"] == 3 and got["mean"] == pytest.approx(mean), key
+        assert got["lo"] == pytest.approx(mean - half[key]), key
+        assert got["hi"] == pytest.approx(hi_clip if hi_clip is not None else mean + half[key]), key
+    assert avg["delta"]["lo"] > 0 > avg["delta_rl"]["lo"]  # the total is a gain, RL's part alone is not
+    invalid = next(row for row in table["rows"] if row["metric"] == "invalid_action_rate")
+    assert (invalid["delta_warm_start"]["mean"], invalid["delta_rl"]["mean"], invalid["delta"]["mean"]) == \
+        pytest.approx((-0.5, 1 / 6, -1 / 3))
+    assert set(table["per_task"]) == set(table["successes_with_tool_call"]) == {"before", "warm_start", "after"}
+
+    # Without the warm start's evaluation: today's two-column table, key for key.
+    two = eval_table(before, after, split="test")
+    assert two == eval_table(before, after, split="test", warm_start=None)
+    assert {key for row in two["rows"] for key in row} == {"metric", "before", "after", "delta"}
+    assert two["rows"][0]["delta"] == avg["delta"] and set(two["per_task"]) == {"before", "after"}
+
+
+def test_the_loop_check_reads_the_total_change_and_reports_rls_part(capsys, monkeypatch):
+    from trainer.summary import print_summary
+
+    monkeypatch.setenv("COLUMNS", "200")
+    before, warm, after = _three_evaluations()
+    summary = {**_constructed_summary(), "eval": eval_table(before, after, split="test", warm_start=warm)}
+    summary["mechanisms"]["self_attributing"]["labels_by_source"] = {"rule": 90, "llm": 10}
+    check = _checks(summary)["held-out avg@2 change, paired"]
+    assert check["met"] is True and check["value"] == (
+        "+0.667 [+0.340, +0.993] on 3 test tasks (RL's part +0.167 [-0.487, +0.820])")
+    print_summary(summary)
+    out = capsys.readouterr().out
+    for header in ("after the warm start", "after RL", "paired changes on the same tasks", "warm start", "total"):
+        assert header in out, header
+    assert "+0.500 [-0.066, +1.000]" in out  # the warm start's change
+    assert "labels_by_source/llm" in out and "labels_by_source/rule" in out

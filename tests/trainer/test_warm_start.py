@@ -102,7 +102,7 @@ def _plant_held_out(store_dir: Path) -> list[str]:
     return planted
 
 
-def _config(out: Path, env_url: str, task_url: str | None, warm_start: dict) -> TrainerConfig:
+def _config(out: Path, env_url: str, task_url: str | None, warm_start: dict, **overrides: object) -> TrainerConfig:
     return TrainerConfig.model_validate({
         "model": "tiny", "seed": 3, "steps": 1, "tasks_per_step": 1, "output_dir": str(out), "torch_threads": 1,
         "progress": False, "tensorboard": False, "plot": False,
@@ -110,7 +110,7 @@ def _config(out: Path, env_url: str, task_url: str | None, warm_start: dict) -> 
         "optim": {"lr": 1e-4, "minibatches": 1, "micro_batch_size": 2},
         "services": {"env_url": env_url, "task_url": task_url},
         "eval": {"before": False, "after": False}, "ray": {"enabled": False},
-        "warm_start": {"enabled": True, "epochs": 2, "batch_size": 4, "lr": 1e-3, **warm_start}})
+        "warm_start": {"enabled": True, "epochs": 2, "batch_size": 4, "lr": 1e-3, **warm_start}, **overrides})
 
 
 def test_a_warm_start_trains_only_on_trainable_synthetic_tasks(flights_env: ServiceProcess,  # noqa: F811
@@ -158,10 +158,30 @@ def test_a_warm_start_from_the_environments_train_references(flights_env: Servic
         assert refused.status_code == 403 and "validation" in refused.json()["error"]["message"]
         episode = http.get("/v1/environments/flights/tasks/train-0000/reference").json()["messages"]
     assert [m["role"] for m in episode[:3]] == ["system", "user", "assistant"] and episode[-1]["role"] == "assistant"
-    config = _config(tmp_path / "run", flights_env.url, None, {"source": "environment", "max_tasks": 3, "epochs": 1})
-    report = asyncio.run(LocalTrainer(config).run())["warm_start"]
+    # Evaluated before, right after the warm start (eval.before on: after_warm_start follows it) and after RL.
+    run = tmp_path / "run"
+    config = _config(run, flights_env.url, None, {"source": "environment", "max_tasks": 3, "epochs": 1},
+                     eval={"split": "validation", "tasks": 2, "k": 1}, checkpoint={"every": 1, "keep": 2})
+    assert config.evaluates_after_warm_start
+    result = asyncio.run(LocalTrainer(config).run())
+    report = result["warm_start"]
     assert report["task_ids"] == ["train-0000", "train-0001", "train-0002"] and report["steps"] == 1
     assert report["source_report"]["train_tasks"] > 3 and 0 < report["assistant_tokens"] < report["tokens"]
+    [avg] = [row for row in result["eval"]["rows"] if row["metric"] == "avg@1"]
+    assert {"before", "warm_start", "after", "delta_warm_start", "delta_rl", "delta"} <= set(avg)
+    assert all(avg[key]["n"] == 2 for key in ("delta_warm_start", "delta_rl", "delta"))
+    assert set(json.loads((run / "summary.json").read_text())["eval"]["per_task"]) == {"before", "warm_start", "after"}
+
+    # Killed after the step-0 checkpoint: the resumed run neither fine-tunes nor evaluates again before step 1.
+    def step0_evaluations() -> int:
+        return sum(1 for line in (run / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(line)["step"] == 0 and "eval/avg@1" in json.loads(line))
+
+    assert step0_evaluations() == 2
+    (run / "checkpoints" / "step_000001.pt").unlink()
+    resumed = asyncio.run(LocalTrainer(config.model_copy(update={"resume": True})).run())
+    assert step0_evaluations() == 2 and resumed["warm_start"] == report and resumed["steps"] == 1
+    assert resumed["eval"]["per_task"]["warm_start"] == result["eval"]["per_task"]["warm_start"]
 
 
 def test_a_shared_warm_start_is_only_a_warm_started_step_0_checkpoint_with_its_weights(tmp_path: Path) -> None:
@@ -187,6 +207,20 @@ def test_a_shared_warm_start_is_only_a_warm_started_step_0_checkpoint_with_its_w
                 "warm_start": {"weights_sha256": weights_digest(weights)}}, path)
     with pytest.raises(ValueError, match="differ from the warm start's digest"):
         shared_warm_start(str(path))
+
+
+def test_the_evaluation_after_the_warm_start_follows_eval_before_unless_set(tmp_path: Path) -> None:
+    config = _config(tmp_path, "http://127.0.0.1:1", None, {"source": "environment"}).model_dump()
+
+    def evaluates(eval_settings: dict, warm: bool = True) -> bool:
+        merged = {**config, "eval": {**config["eval"], **eval_settings}, "warm_start": {**config["warm_start"], "enabled": warm}}
+        return TrainerConfig.model_validate(merged).evaluates_after_warm_start
+
+    assert evaluates({"before": True}) and not evaluates({"before": False})
+    assert evaluates({"before": False, "after_warm_start": True}) and not evaluates({"after_warm_start": False})
+    assert not evaluates({"before": True}, warm=False)  # no warm start, nothing to evaluate after
+    with pytest.raises(ValueError, match="eval.after_warm_start: true evaluates after the warm start, which is off"):
+        evaluates({"after_warm_start": True}, warm=False)
 
 
 def test_zero_rl_steps_only_with_a_warm_start(tmp_path: Path) -> None:
