@@ -72,6 +72,19 @@ class ExperienceConfig(StrictModel):
         "observations is cut to this many "
         "tokens (the calls stay whole), and when it still does not fit the rollout goes without it (both "
         "counted in the summary)"))
+    mode: Literal["group_start", "action", "step"] = Field(default="group_start", description=(
+        "how experience reaches a rollout. group_start: one retrieval per task group, injected into "
+        "round(n * rollout.experience_ratio) rollouts and stripped from the training sample; action: the "
+        "policy asks the pool itself (a reserved tool or EvolveR's tag), the answer stays in the context with "
+        "loss mask 0; step: a retrieval before every turn keyed on the task and the latest observation, kept "
+        "in the context with loss mask 0"))
+    ask_budget: int = Field(default=2, ge=0, description=(
+        "mode: action -- answered asks per episode; an ask over it gets an observation saying so. Asks are "
+        "generation turns on top of rollout.max_turns environment steps"))
+    ask_format: Literal["auto", "tool", "tag"] = Field(default="auto", description=(
+        "mode: action -- how the policy asks. tool: search_experience(query='...') listed with the "
+        "environment's tools; tag: <search_experience>query</search_experience>; auto: tool when the chat "
+        "template renders a tools list, else tag"))
 
 
 class TaskSourceConfig(StrictModel):
@@ -95,6 +108,10 @@ class EvalConfig(StrictModel):
         "in-process: rows generated together while evaluating, by an engine built for the evaluation and closed "
         "after it (None: the rollout engine's policy.max_batch); as many episodes run at once (at least "
         "rollout.concurrency). Only the speed changes: each sample is seeded"))
+    asks: bool = Field(default=False, description=(
+        "experience.mode action or step: also evaluate with the policy's asks (or step retrievals) on, against "
+        "the run's pool, reported as eval_asks/* beside the plain eval/*; the pool is checked to hold no "
+        "experience distilled from an evaluated task"))
 
 
 class CheckpointConfig(StrictModel):
@@ -163,6 +180,16 @@ class TrainerConfig(StrictModel):
                              "warm_start, or drop eval.after_warm_start")
         if self.rollout.experience_ratio > 0 and not self.services.experience_url:
             raise ValueError("rollout.experience_ratio > 0 needs services.experience_url (the experience manager)")
+        mode = self.experience.mode
+        if mode != "group_start" and not self.services.experience_url:
+            raise ValueError(f"experience.mode={mode} searches the pool: set services.experience_url (the "
+                             "experience manager)")
+        if mode != "group_start" and self.rollout.experience_ratio > 0:
+            raise ValueError(f"experience.mode={mode} replaces the group-start injection: set "
+                             "rollout.experience_ratio to 0 (or use experience.mode: group_start)")
+        if self.eval.asks and mode == "group_start":
+            raise ValueError("eval.asks evaluates with the policy's asks or step retrievals: set experience.mode "
+                             "to action or step")
         return self
 
     @property

@@ -39,6 +39,7 @@ from env_service.client import EnvClient
 from env_service.protocol import CreateResponse, EvaluateResponse, StepResponse
 from experience_manager.client import ExperienceClient, FeedbackItem
 from task_manager.client import TaskClient
+from trainer.asks import Hit, retrieved_ids
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,14 @@ class EnvPeer:
         await self.client.aclose()
 
 
+def shown_ids(trajectory: Trajectory) -> list[str]:
+    """The experiences a rollout was shown: injected at its group's start (when flagged), else answered to its
+    asks or retrieved at its steps (`trainer.asks.retrieved_ids`); [] for a rollout shown none."""
+    if trajectory.experience_flag:
+        return list(trajectory.experience_ids)
+    return retrieved_ids(trajectory)
+
+
 @dataclass
 class Retrieved:
     """What one retrieval gives a rollout: the rendered text, the experience ids, and the demonstration
@@ -127,6 +136,9 @@ class ExperienceCounters:
     delivered_late: int = 0
     # A step re-run after a resume whose earlier attempt was already delivered (same request id, new rollouts).
     already_delivered: int = 0
+    ask_searches: int = 0  # experience.mode action/step: searches by asks or before steps
+    ask_hits: int = 0  # ... that returned at least one experience
+    ask_feedback_items: int = 0  # feedback items of rollouts shown experience by asks or step retrievals
 
 
 @dataclass
@@ -172,23 +184,35 @@ class ExperiencePeer:
         return Retrieved(got.rendered, list(got.experience_ids), shown.demonstration, shown.experience_id,
                          shown.task_kind)
 
+    async def search(self, query: str, task_kind: str | None = None) -> list[Hit]:
+        """An ask's (or a step's) search of the pool (`trainer.asks.AskSource`): the hits with their scores."""
+        got = await self.client.retrieve(self.workspace, query, top_k=self.top_k,
+                                         min_similarity=self.min_similarity, task_kind=task_kind)
+        self.counters.ask_searches += 1
+        self.counters.ask_hits += bool(got.experiences)
+        return [Hit(e.experience_id, float(e.score), f"{e.when_to_use.strip()} {e.content.strip()}")
+                for e in got.experiences]
+
     async def after_step(self, groups: list[list[Trajectory]], *, summarize: bool, feedback: bool,
                          request_id: str) -> None:
-        """Summarize the step's trajectories; report each experience-given rollout against its group's
-        rollouts without experience (the baseline the experience manager scores advantage with)."""
+        """Summarize the step's trajectories; report each rollout that was shown experience (injected at the
+        group's start, answered to its asks, or retrieved at its steps) against its group's rollouts shown
+        none (the baseline the experience manager scores advantage with)."""
         await self.deliver_pending()
         trajectories = [t for g in groups for t in g]
         self.counters.injected_rollouts += sum(t.experience_flag for t in trajectories)
         if feedback:
             items = []
             for group in groups:
-                plain = [float(t.outcome or 0.0) for t in group if not t.experience_flag]
+                shown = [shown_ids(t) for t in group]
+                plain = [float(t.outcome or 0.0) for t, ids in zip(group, shown, strict=True) if not ids]
                 baseline = sum(plain) / len(plain) if plain else None
-                for t in group:
-                    if t.experience_flag and t.experience_ids:
+                for t, ids in zip(group, shown, strict=True):
+                    if ids:
                         reward = float(t.outcome or 0.0)
-                        items.append(FeedbackItem(experience_ids=list(t.experience_ids), reward=reward,
-                                                  success=reward >= 1.0, baseline=baseline))
+                        items.append(FeedbackItem(experience_ids=ids, reward=reward, success=reward >= 1.0,
+                                                  baseline=baseline))
+                        self.counters.ask_feedback_items += not t.experience_flag
             if items:
                 await self._deliver(Pending("feedback", f"{request_id}-feedback", self._feedback_sender(
                     items, f"{request_id}-feedback")))

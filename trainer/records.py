@@ -36,6 +36,8 @@ class _Rollout(Protocol):
     experience_text: str | None
     experience_demonstration: list[dict[str, Any]] | None
     demonstration: dict[str, Any] | None
+    asks: int
+    asks_over_budget: int
 
 
 class _StepBatch(Protocol):
@@ -99,6 +101,8 @@ def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_
         "prompt_ids": list(t.prompt_ids), "prompt_tokens": token_text(t.prompt_ids),
         "response_ids": list(t.response_ids), "response_tokens": token_text(t.response_ids),
         "loss_mask": list(t.loss_mask), "step_ids": list(t.step_ids), "advantages": advantages,
+        # experience.mode action: the episode's asks (each ask step's info["ask"] holds its query and hits)
+        "asks": rollout.asks, "asks_over_budget": rollout.asks_over_budget,
         "invalid_steps": rollout.invalid_steps, "generated_tokens": rollout.generated_tokens,
         "seconds": round(rollout.seconds, 3),
     }
@@ -110,7 +114,7 @@ def index_entry(record: dict[str, Any], shard: str, offset: int, length: int) ->
             "policy_version": record["policy_version"], "staleness": record["staleness"],
             "experience_flag": record["experience_flag"], "experience_ids": record["experience_ids"],
             "demonstration": record["demonstration"], "task_kind": record["task_kind"],
-            "turns": len(record["steps"]), "tokens": len(record["response_ids"]),
+            "turns": len(record["steps"]), "tokens": len(record["response_ids"]), "asks": record["asks"],
             "shard": shard, "offset": offset, "length": length}
 
 

@@ -21,8 +21,19 @@ from typing import Any, Protocol
 from loguru import logger
 
 from common.schemas import ChatMessage, Step, Task, Trajectory, new_id
+from trainer.asks import (
+    AskPolicy,
+    answer,
+    ask_record,
+    environment_steps,
+    experience_block,
+    instruction,
+    other_calls,
+    parse_ask,
+    step_query,
+)
 from trainer.mechanisms import ExperienceSource, GroupExperience, InjectMode, experience_flags
-from trainer.policy import GenerateFn, Sampling
+from trainer.policy import GenerateFn, Generation, Sampling
 from trainer.settings import RolloutConfig
 from trainer.templates import DemonstrationBudget, Segment, make_template
 
@@ -59,6 +70,14 @@ class Rollout:
     experience_text: str | None = None
     experience_demonstration: list[dict[str, Any]] | None = None
     demonstration: dict[str, Any] | None = None
+    # Asks (experience.mode: action): answered ones, and those over the budget (answered with a refusal).
+    asks: int = 0
+    asks_over_budget: int = 0
+    retrievals: int = 0  # experience.mode: step -- pool searches made for this episode
+    # Every turn's generation (asks included) in turn order: the paired branch replays them.
+    turn_generations: list[Generation] = field(default_factory=list)
+    seed: int | None = None  # the episode's sampling seed: turn t samples with seed * 1000 + t
+    instance_id: str | None = None  # the environment instance the episode ran on
 
 
 @dataclass
@@ -77,6 +96,10 @@ class GroupStats:
     retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
     last_error: str = ""  # the latest rollout failure, named when a step ends up empty
     environment_errors: int = 0  # rollouts that ended in an environment error (the env failed, not the policy)
+    asks: int = 0  # experience.mode: action -- answered asks
+    asks_over_budget: int = 0  # ... asks refused because the episode's budget was spent
+    asking_rollouts: int = 0  # ... rollouts that asked at least once
+    step_retrievals: int = 0  # experience.mode: step -- pool searches
 
 
 def environment_error(info: dict[str, Any]) -> str | None:
@@ -97,10 +120,11 @@ def is_invalid_action(info: dict[str, Any]) -> bool:
 
 
 def made_tool_call(steps: Sequence[Any]) -> bool:
-    """Whether an episode called a tool: a valid step the environment answered as a tool. A success without one
-    was a guess or a memorised value, not the skill a tool-use task asks for."""
+    """Whether an episode called a tool: a valid step the environment answered as a tool (an ask of the
+    experience pool is not one). A success without one was a guess or a memorised value, not the skill a
+    tool-use task asks for."""
     return any(s.observation is not None and s.observation.role == "tool" and not is_invalid_action(s.info)
-               for s in steps)
+               for s in environment_steps(steps))
 
 
 def environment_failure(groups: Sequence[Sequence[Rollout]]) -> str | None:
@@ -123,8 +147,12 @@ def _align_logprobs(segments: Sequence[Segment], generated_logprobs: list[float]
 async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenizer: Any, config: RolloutConfig, *,
                       experience: GroupExperience | None = None, group_id: str | None = None,
                       seed: int | None = None, grader: SyntheticGrader | None = None,
-                      sampling: Sampling | None = None) -> Rollout:
-    """One episode. Raises on service or generation failures (the caller retries)."""
+                      sampling: Sampling | None = None, asks: AskPolicy | None = None) -> Rollout:
+    """One episode. Raises on service or generation failures (the caller retries).
+
+    `asks`: the episode reaches the pool itself (`trainer.asks`): the policy asks (mode action; asks are turns
+    on top of `max_turns` environment steps, at most the budget) or a retrieval precedes every turn (mode step).
+    """
     started = time.monotonic()
     template = make_template(config.template, tokenizer, config.max_context, **config.template_options)
     created = await env.create(config.env, task)
@@ -147,6 +175,19 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                     budget = DemonstrationBudget(config.max_new_tokens, config.max_turns,
                                                  experience.demonstration_observation_tokens)
                     shown = {"id": got.demonstration_id, "kind": got.demonstration_kind}
+        task_query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
+        retrievals = 0
+        shown_retrieval: dict[str, Any] | None = None  # mode step: the search the next turn acts on
+        if asks is not None and asks.mode == "action":
+            chat = _with_system_note(chat, instruction(asks))
+        elif asks is not None:  # mode step: the first search, on the task alone, follows it in its user message
+            hits = await asks.source.search(task_query, task_kind)
+            retrievals += 1
+            shown_retrieval = {"query": task_query, "hits": [h.record() for h in hits]}
+            if hits:
+                last_user = max(i for i, m in enumerate(chat) if m["role"] == "user")
+                chat[last_user] = {**chat[last_user],
+                                   "content": f"{chat[last_user]['content']}\n\n{experience_block(hits)}"}
         template.start(chat, exp_text, demo, budget)
         if experience is not None and demo:
             experience.record_fit(template.demonstration_fit)
@@ -159,9 +200,15 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
         versions: list[int] = []
         truncated, invalid, generated = False, 0, 0
         env_error, env_error_steps = None, 0
+        asked, over_budget, env_steps = 0, 0, 0
+        turns: list[Generation] = []
         base = sampling or Sampling(max_tokens=config.max_new_tokens, temperature=config.temperature,
                                     top_p=config.top_p)
-        for turn in range(config.max_turns):
+        turn_limit = config.max_turns + (asks.extra_turns() if asks is not None else 0)
+        for turn in range(turn_limit):
+            if env_steps >= config.max_turns:  # asks on top of the environment's turns, never instead of them
+                truncated = True
+                break
             budget = template.budget()
             if budget <= 0:
                 truncated = True
@@ -170,21 +217,51 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
             out = await generate(template.generation_context(),
                                  Sampling(max_tokens=min(base.max_tokens, budget), temperature=base.temperature,
                                           top_p=base.top_p, seed=step_seed))
+            turns.append(out)
             action = template.add_turn(turn, out.token_ids, out.text)
             logprobs += out.logprobs
             versions.append(out.policy_version)
             generated += len(out.token_ids)
+            query = parse_ask(out.text, asks.format) if asks is not None and asks.mode == "action" else None
+            if query is not None:
+                assert asks is not None
+                over = asked >= asks.budget
+                asked += not over
+                over_budget += over
+                if asks.on_ask is not None and not over:
+                    await asks.on_ask(instance_id, turn)
+                hits = [] if over or asks.withhold or not query else await asks.source.search(query, task_kind)
+                text = answer(query, hits, asks, over_budget=over, skipped_calls=other_calls(out.text)
+                              if asks.format == "tool" else 0)
+                steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
+                                  observation=ChatMessage(role="tool" if asks.format == "tool" else "user",
+                                                          content=text),
+                                  info={"ask": ask_record(query, hits, over_budget=over, withheld=asks.withhold),
+                                        "finish_reason": out.finish_reason}))
+                template.add_observation(text)
+                continue
             result = await env.step(instance_id, action)
+            env_steps += 1
             invalid += int(is_invalid_action(result.info))
             env_error = environment_error(result.info)
             env_error_steps += env_error is not None
+            info = {**result.info, "finish_reason": out.finish_reason}
+            if shown_retrieval is not None:
+                info["retrieval"], shown_retrieval = shown_retrieval, None
             steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
-                              observation=result.observation, reward=result.reward, done=result.done,
-                              info={**result.info, "finish_reason": out.finish_reason}))
+                              observation=result.observation, reward=result.reward, done=result.done, info=info))
             if result.done:
                 template.add_observation(None)
                 break
-            template.add_observation(result.observation.text())
+            observation = result.observation.text()
+            if asks is not None and asks.mode == "step" and env_steps < config.max_turns:
+                search = step_query(task_query, observation)
+                hits = await asks.source.search(search, task_kind)
+                retrievals += 1
+                shown_retrieval = {"query": search, "hits": [h.record() for h in hits]}
+                if hits:
+                    observation = f"{observation}\n\n{experience_block(hits)}"
+            template.add_observation(observation)
         else:
             truncated = True  # max turns reached without the environment ending the episode
         trajectory_messages = messages + [m for s in steps for m in (s.action, s.observation) if m is not None]
@@ -214,7 +291,15 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
     return Rollout(trajectory, segments, invalid, generated, time.monotonic() - started,
                    environment_error=env_error, environment_error_steps=env_error_steps, policy_versions=versions,
                    synthetic=task.synthetic, experience_text=exp_text, experience_demonstration=demo,
-                   demonstration=shown)
+                   demonstration=shown, asks=asked, asks_over_budget=over_budget, retrievals=retrievals,
+                   turn_generations=turns, seed=seed, instance_id=instance_id)
+
+
+def _with_system_note(chat: list[dict[str, str]], note: str) -> list[dict[str, str]]:
+    """The chat with `note` after the system message (the environment's tool list), or as one when none."""
+    if chat and chat[0]["role"] == "system":
+        return [{**chat[0], "content": f"{chat[0]['content']}\n{note}"}, *chat[1:]]
+    return [{"role": "system", "content": note}, *chat]
 
 
 async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
@@ -223,8 +308,11 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                          stats: GroupStats | None = None, sampling: Sampling | None = None,
                          n: int | None = None, on_rollout: Callable[[Rollout], None] | None = None,
                          inject: InjectMode = "text",
-                         demonstration_observation_tokens: int = 96) -> list[list[Rollout]]:
+                         demonstration_observation_tokens: int = 96,
+                         asks: AskPolicy | None = None) -> list[list[Rollout]]:
     """n rollouts per task, concurrently; returns the complete groups only (in task order).
+
+    `asks`: every rollout reaches the pool itself (experience.mode action or step; see `run_episode`).
 
     `on_rollout` is called once per finished rollout (progress), in completion order.
     `demonstration_observation_tokens`: inject: turns -- the cap on each demonstration observation when
@@ -244,7 +332,7 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                 try:
                     rollout = await run_episode(task, env, generate, tokenizer, config, experience=group_exp,
                                                 group_id=group_id, seed=rollout_seed + 7919 * tries, grader=grader,
-                                                sampling=sampling)
+                                                sampling=sampling, asks=asks)
                 except Exception as exc:  # service down, timeout, engine failure: bounded retry
                     last = exc
                     stats.failed_attempts += 1
@@ -252,6 +340,10 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                     logger.warning("rollout of {} failed (attempt {}/{}): {}", task.task_id, tries + 1,
                                    config.retries + 1, exc)
                     continue
+            stats.asks += rollout.asks
+            stats.asks_over_budget += rollout.asks_over_budget
+            stats.asking_rollouts += rollout.asks > 0
+            stats.step_retrievals += rollout.retrievals
             if rollout.environment_error is not None:
                 stats.environment_errors += 1
                 stats.last_error = f"environment error: {rollout.environment_error}"[:500]

@@ -1,0 +1,221 @@
+"""Retrieval as the agent's own action (`trainer.experience.mode: action`) and at every step (`mode: step`).
+
+Shared by the local trainer, evaluation and the veRL agent loop: `run_episode` takes an `AskPolicy` and
+calls the functions here; nothing in this module knows which backend runs the episode.
+
+`action`: the policy asks the experience pool itself, by a reserved tool listed with the environment's tools
+(`search_experience(query='...')`, format `tool`) or by EvolveR's tag (`<search_experience>query
+</search_experience>`, format `tag`). An ask is answered here and never reaches the environment. It is a
+`Step` like an environment step (its generated tokens carry its step index) with `info["ask"]`:
+`{"query", "hits": [{"id", "score", "text"}], "over_budget", "withheld"}`. The answer is an observation that
+stays in the context (training and generation see the same tokens, so the rollout's log-probs stay valid) and
+is mask 0 like every observation.
+
+`step`: before every turn the pool is searched with the task's query and the latest observation (SLEA-RL);
+the hits go into the context as an `<experience>` block after that observation (before the first turn: after
+the task in its user message), kept for training like any observation. The step's `info["retrieval"]` holds
+the query and the hits; it is an environment step, not an ask.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from common.actions import ActionParseError, parse_text_actions
+from common.schemas import Step, Trajectory
+
+if TYPE_CHECKING:
+    from trainer.config import ExperienceConfig
+
+ExperienceMode = Literal["group_start", "action", "step"]
+AskFormat = Literal["tool", "tag"]
+ASK_TOOL = "search_experience"
+_TAG = re.compile(r"<search_experience>(.*?)</search_experience>", re.DOTALL)
+WITHHELD_NOTE = "No experience is given in this episode: continue without it."
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One experience an ask (or a step's retrieval) returned: its id, retrieval score and rendered text."""
+
+    id: str
+    score: float
+    text: str
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, "score": self.score, "text": self.text}
+
+
+class AskSource(Protocol):
+    async def search(self, query: str, task_kind: str | None = None) -> list[Hit]:
+        """The pool's hits for `query`, best first (empty: nothing relevant)."""
+
+
+@dataclass
+class AskPolicy:
+    """How an episode reaches the pool on its own: `mode` action (the policy asks, at most `budget` times) or
+    step (a retrieval before every turn).
+
+    `withhold`: every ask is recorded and counted but answered with `WITHHELD_NOTE` and no retrieval (the
+    paired branch's "without the answer"). `on_ask(instance_id, turn)` is awaited before an ask within the
+    budget is answered (the paired branch forks the environment there)."""
+
+    source: AskSource
+    mode: Literal["action", "step"] = "action"
+    budget: int = 2
+    format: AskFormat = "tag"
+    withhold: bool = False
+    on_ask: Callable[[str, int], Awaitable[None]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("action", "step"):
+            raise ValueError(f"AskPolicy.mode must be action or step, got {self.mode!r}")
+        if self.format not in ("tool", "tag"):
+            raise ValueError(f"AskPolicy.format must be tool or tag (resolve auto with `resolve_format`), "
+                             f"got {self.format!r}")
+        if self.budget < 0:
+            raise ValueError(f"AskPolicy.budget must be >= 0, got {self.budget}")
+
+    def extra_turns(self) -> int:
+        """Generation turns an episode may take beyond `max_turns` environment steps: the asks' budget."""
+        return self.budget if self.mode == "action" else 0
+
+
+def resolve_format(ask_format: str, tokenizer: Any) -> AskFormat:
+    """`auto`: the reserved tool when the chat template renders a tools list (the model has a tool-call
+    convention, and the environment's tools are called in it), else EvolveR's tag."""
+    if ask_format in ("tool", "tag"):
+        return ask_format  # type: ignore[return-value]
+    if ask_format != "auto":
+        raise ValueError(f"trainer.experience.ask_format must be auto, tool or tag, got {ask_format!r}")
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "tool" if "tools" in str(template) else "tag"
+
+
+def instruction(policy: AskPolicy) -> str:
+    """What the system message says about asking (action mode), after the environment's own tool list."""
+    if policy.format == "tool":
+        how = (f"You may also call {ASK_TOOL}(query='...') to search the experience of earlier solved tasks "
+               f"for advice")
+    else:
+        how = ("You may also write <search_experience>what you need to know</search_experience> to search the "
+               "experience of earlier solved tasks for advice")
+    return (f"{how}; the trainer answers it, not the environment, and it does not count as a step. "
+            f"At most {policy.budget} per conversation.")
+
+
+def parse_ask(text: str, ask_format: AskFormat) -> str | None:
+    """The query of an ask in a generated turn, or None when the turn is not an ask.
+
+    tool: a call of `search_experience` among the turn's calls (its `query` argument, else its first string
+    argument); tag: the first `<search_experience>` block. A turn that asks is answered as an ask as a whole:
+    other calls in it are not executed (the answer says so)."""
+    if ask_format == "tag":
+        match = _TAG.search(text)
+        return match.group(1).strip() if match else None
+    if ASK_TOOL not in text:
+        return None
+    try:
+        calls = parse_text_actions(text)
+    except ActionParseError:
+        return None
+    for call in calls:
+        if call.name == ASK_TOOL:
+            query = call.arguments.get("query")
+            if not isinstance(query, str):
+                query = next((v for v in [*call.positional, *call.arguments.values()] if isinstance(v, str)), "")
+            return query.strip()
+    return None
+
+
+def other_calls(text: str) -> int:
+    """Calls in an ask turn besides the ask (not executed)."""
+    try:
+        return sum(call.name != ASK_TOOL for call in parse_text_actions(text))
+    except ActionParseError:
+        return 0
+
+
+def render_hits(hits: Sequence[Hit], ask_format: AskFormat) -> str:
+    """The answer to an ask: a tool result (JSON, like the environment's) or EvolveR's `<experience>` block."""
+    if ask_format == "tool":
+        return json.dumps({"experiences": [{"score": round(h.score, 3), "advice": h.text} for h in hits]},
+                          ensure_ascii=False)
+    return experience_block(hits)
+
+
+def experience_block(hits: Sequence[Hit]) -> str:
+    """Hits as an `<experience>` block, one numbered line each with its score."""
+    if not hits:
+        return "<experience>\nNo relevant experience.\n</experience>"
+    lines = [f"[{i}] (score {h.score:.2f}) {h.text.strip()}" for i, h in enumerate(hits, 1)]
+    return "<experience>\n" + "\n".join(lines) + "\n</experience>"
+
+
+def answer(query: str, hits: Sequence[Hit], policy: AskPolicy, *, over_budget: bool, skipped_calls: int) -> str:
+    """The observation an ask gets."""
+    if over_budget:
+        return f"No answer: the budget of {policy.budget} experience searches per conversation is spent."
+    if policy.withhold:
+        text = WITHHELD_NOTE
+    elif not query:
+        text = f"{ASK_TOOL} needs a query: say what you need to know."
+    else:
+        text = render_hits(hits, policy.format)
+    if skipped_calls:
+        text += f"\n({skipped_calls} other call(s) in that message were not run: send them again.)"
+    return text
+
+
+def ask_record(query: str, hits: Sequence[Hit], *, over_budget: bool, withheld: bool) -> dict[str, Any]:
+    """`Step.info["ask"]`."""
+    return {"query": query, "hits": [h.record() for h in hits], "over_budget": over_budget, "withheld": withheld}
+
+
+def step_query(task_query: str, observation: str | None) -> str:
+    """`mode: step`: the search text of a turn -- the task, then the observation the policy acts on."""
+    return task_query if not observation else f"{task_query}\n\n{observation}"
+
+
+def is_ask(step: Step) -> bool:
+    """Whether a step is an ask (answered by the trainer, not the environment)."""
+    return isinstance(step.info.get("ask"), dict)
+
+
+def environment_steps(steps: Sequence[Step]) -> list[Step]:
+    """The steps the environment answered (asks left out)."""
+    return [s for s in steps if not is_ask(s)]
+
+
+def asked(trajectory: Trajectory) -> bool:
+    """Whether an episode asked at least once (within the budget)."""
+    return any(is_ask(s) and not s.info["ask"].get("over_budget") for s in trajectory.steps)
+
+
+def retrieved_ids(trajectory: Trajectory) -> list[str]:
+    """The experiences an episode was shown by its asks (answered ones) and step retrievals, each once, in
+    order: the ids its outcome is reported against (usage, utility, pruning)."""
+    ids: list[str] = []
+    for step in trajectory.steps:
+        record = step.info.get("ask") if is_ask(step) else step.info.get("retrieval")
+        if not isinstance(record, dict) or record.get("over_budget") or record.get("withheld"):
+            continue
+        for hit in record.get("hits", []):
+            if hit.get("id") and hit["id"] not in ids:
+                ids.append(hit["id"])
+    return ids
+
+
+def ask_policy(experience: ExperienceConfig, source: AskSource | None, tokenizer: Any) -> AskPolicy | None:
+    """The run's `AskPolicy` from `trainer.experience` (None for mode group_start), searching `source`."""
+    if experience.mode == "group_start":
+        return None
+    if source is None:
+        raise ValueError(f"experience.mode={experience.mode} searches the pool: configure the experience manager "
+                         "(services.experience_url)")
+    return AskPolicy(source, mode=experience.mode, budget=experience.ask_budget,  # type: ignore[arg-type]
+                     format=resolve_format(experience.ask_format, tokenizer))
