@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -208,6 +208,16 @@ def retrieved_ids(trajectory: Trajectory) -> list[str]:
             if hit.get("id") and hit["id"] not in ids:
                 ids.append(hit["id"])
     return ids
+
+
+def refuse_held_out(pool_task_ids: Iterable[str], held_out_task_ids: Iterable[str], workspace: str) -> None:
+    """An evaluation with asks searches a pool that must hold train-split content only: refuse one with an
+    experience distilled from a held-out task (it would hand the policy the answer)."""
+    leaked = sorted(set(pool_task_ids) & set(held_out_task_ids))
+    if leaked:
+        raise ValueError(f"experience workspace {workspace!r} holds experience distilled from {len(leaked)} held-out "
+                         f"task(s) ({', '.join(leaked[:5])}{' ...' if len(leaked) > 5 else ''}): evaluating with "
+                         "asks needs a pool seeded from train tasks only; use a workspace without them")
 
 
 def ask_policy(experience: ExperienceConfig, source: AskSource | None, tokenizer: Any) -> AskPolicy | None:

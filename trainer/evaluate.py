@@ -12,6 +12,11 @@ The policy is one of:
     python -m trainer.evaluate --env-url http://127.0.0.1:8080 --env signal --model runs/x/export \\
         --split test --tasks 64 --k 4 --sample
 
+`--asks action|step` evaluates a second time with the policy's asks of the experience pool (or a search before
+every turn) on, against `--experience-url` / `--workspace`, and reports it under `with_asks` beside the plain
+numbers. The pool must hold train-split content only: it is refused when an experience was distilled from any
+task of the evaluated split (seed it from train references, e.g. the task manager's verified train tasks).
+
 Prints rich tables and, last, one JSON line; `--out FILE` writes the same JSON with per-task scores.
 """
 
@@ -30,7 +35,9 @@ from loguru import logger
 from common.llm import LLMClient, LLMRoleConfig
 from common.schemas import ChatMessage, Step, Task
 from engine.models import ModelLoadError
-from trainer.peers import EnvPeer
+from trainer.asks import ask_policy, refuse_held_out
+from trainer.config import ExperienceConfig
+from trainer.peers import EnvPeer, ExperiencePeer
 from trainer.rollout import (
     EpisodeResult,
     EvalSummary,
@@ -74,7 +81,17 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="in-process policy: MiB of caches kept for an episode's next turn (0: off)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the in-process policy")
     parser.add_argument("--out", default=None, help="write the JSON result (with per-task scores) here")
+    parser.add_argument("--asks", choices=["action", "step"], default=None,
+                        help="also evaluate with asks of the experience pool on (reported under with_asks)")
+    parser.add_argument("--experience-url", default=None, help="with --asks: the experience manager")
+    parser.add_argument("--workspace", default="default", help="with --asks: its workspace (train content only)")
+    parser.add_argument("--ask-budget", type=int, default=2, help="with --asks action: asks per episode")
+    parser.add_argument("--ask-format", choices=["auto", "tool", "tag"], default="auto")
     args = parser.parse_args(argv)
+    if args.asks and not args.experience_url:
+        parser.error("--asks needs --experience-url (and --workspace): the pool the policy asks")
+    if args.asks and args.chat:
+        parser.error("--asks runs through the context template: it needs token ids, not --chat")
     if args.checkpoint is None and args.endpoint is None and args.model is None:
         parser.error("give the policy: --checkpoint, --model or --endpoint")
     if args.chat and not args.endpoint:
@@ -204,13 +221,35 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=args.k,
                                             greedy=not args.sample, seed=args.seed,
                                             on_rollout=evaluation_progress(len(tasks) * args.k, time.monotonic()))
+            with_asks = (await _evaluate_with_asks(args, tasks, env, policy.generate, tokenizer, config)
+                         if args.asks else None)
             if isinstance(policy, InProcessPolicy):
                 meta["engine"] = engine_usage(policy.stats)
+            result = result_json(summary, meta)
+            if with_asks is not None:
+                result["with_asks"] = {**result_json(with_asks, {"mode": args.asks, "workspace": args.workspace}),
+                                       **with_asks.ask_split()}
+            return result
         return result_json(summary, meta)
     finally:
         if policy is not None:
             await policy.aclose()
         await env.aclose()
+
+
+async def _evaluate_with_asks(args: argparse.Namespace, tasks: list[Task], env: EnvPeer, generate: Any,
+                              tokenizer: Any, config: RolloutConfig) -> EvalSummary:
+    """The same tasks and seeds with asks on, after checking the pool holds no experience of the split's tasks."""
+    experience = ExperiencePeer(args.experience_url, args.workspace)
+    try:
+        refuse_held_out(await experience.source_task_ids(), await env.task_ids(args.env, args.split), args.workspace)
+        settings = ExperienceConfig(workspace=args.workspace, mode=args.asks, ask_budget=args.ask_budget,
+                                    ask_format=args.ask_format)
+        return await evaluate_policy(tasks, env, generate, tokenizer, config, k=args.k, greedy=not args.sample,
+                                     seed=args.seed, asks=ask_policy(settings, experience, tokenizer),
+                                     on_rollout=evaluation_progress(len(tasks) * args.k, time.monotonic()))
+    finally:
+        await experience.aclose()
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -223,6 +262,8 @@ def print_result(result: dict[str, Any]) -> None:
     table.add_column("mean [95% CI]")
     for metric, value in result["ci95"].items():
         table.add_row(metric, f"{value['mean']:.3f} [{value['lo']:.3f}, {value['hi']:.3f}]")
+    for metric, value in (result.get("with_asks") or {}).get("ci95", {}).items():
+        table.add_row(f"{metric} (with asks)", f"{value['mean']:.3f} [{value['lo']:.3f}, {value['hi']:.3f}]")
     Console(stderr=True).print(table)
 
 

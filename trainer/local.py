@@ -30,6 +30,7 @@ from advantage.client import TrajectoryJudgment
 from common.schemas import Task
 from engine.models import export_model, load_model, native_bf16
 from trainer import lora
+from trainer.asks import AskPolicy, ask_policy, environment_steps, refuse_held_out
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.collapse import CollapseDetector, RunCollapsed, replies_of_trajectory
 from trainer.config import TrainerConfig
@@ -136,6 +137,7 @@ class LocalTrainer:
         self.policy: Policy | None = None
         self.env: EnvPeer | None = None
         self.mechanisms: Mechanisms | None = None
+        self.asks: AskPolicy | None = None  # experience.mode action or step
         self.group_stats = GroupStats()
         self.step_counters = StepCounters()
         self.evaluations: dict[str, EvalSummary] = {}  # "before" / "warm_start" / "after"
@@ -175,6 +177,7 @@ class LocalTrainer:
                                      judge_url=services.judge_url, experience=cfg.experience, tasks=cfg.tasks,
                                      timeout=services.timeout_s, outage=outage)
         await self.mechanisms.start()
+        self.asks = ask_policy(cfg.experience, self.mechanisms.experience, self.tokenizer)
         train_ids = await self.env.task_ids(cfg.rollout.env, cfg.train_split)
         self.cursor = TaskCursor(train_ids, cfg.seed)
         held_out = await self.env.task_ids(cfg.rollout.env, cfg.eval.split)
@@ -264,18 +267,35 @@ class LocalTrainer:
             summary = await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate, self.tokenizer,
                                             rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17,
                                             on_rollout=progress)
+            # With asks on, the same tasks and seeds again: "with asks" beside the plain numbers.
+            with_asks = (await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate,
+                                               self.tokenizer, rollout, k=cfg.eval.k, greedy=cfg.eval.greedy,
+                                               seed=cfg.seed + 17, on_rollout=progress,
+                                               asks=await self._evaluation_asks())
+                         if cfg.eval.asks else None)
         finally:
             if wide is not None:
                 await wide.aclose()
         if label:
             self.evaluations[label] = summary
+            if with_asks is not None:
+                self.evaluations[f"{label}_asks"] = with_asks
         metrics = summary.metrics("eval")
+        if with_asks is not None:
+            metrics.update(with_asks.metrics("eval_asks"))
         metrics["time/eval_s"] = time.monotonic() - started
         engine_after = engine_seconds(wide or self.policy)
         if engine_before is not None and engine_after is not None:
             metrics["time/eval_prefill_s"] = engine_after[0] - engine_before[0]
             metrics["time/eval_decode_s"] = engine_after[1] - engine_before[1]
         return metrics
+
+    async def _evaluation_asks(self) -> AskPolicy:
+        """The run's asks for a held-out evaluation, after checking that no held-out task reached the pool."""
+        assert self.asks is not None and self.experience is not None and self.env is not None
+        held_out = await self.env.task_ids(self.config.rollout.env, self.config.eval.split)
+        refuse_held_out(await self.experience.source_task_ids(), held_out, self.experience.workspace)
+        return self.asks
 
     def _evaluation_engine(self) -> InProcessPolicy | None:
         """A wider engine for held-out evaluation (`eval.max_batch`), on a copy of the current weights.
@@ -392,7 +412,8 @@ class LocalTrainer:
                                           stats=self.group_stats, inject=self.mechanisms.experience_config.inject,
                                           demonstration_observation_tokens=(
                                               self.mechanisms.experience_config.demonstration_observation_tokens),
-                                          on_rollout=rollout_progress(len(tasks) * cfg.rollout.n, started))
+                                          on_rollout=rollout_progress(len(tasks) * cfg.rollout.n, started),
+                                          asks=self.asks)
             failure = environment_failure(groups)
             if groups and failure is None:
                 return groups
@@ -432,7 +453,8 @@ class LocalTrainer:
     async def summary(self, plot: Path | None) -> dict[str, Any]:
         """The end-of-run summary: the mechanisms' counters and services first, then this run's record."""
         mechanisms = await mechanisms_summary(self.tasks, self.experience, self.judge,
-                                              self.config.experience.inject, self.group_stats)
+                                              self.config.experience.inject, self.group_stats,
+                                              self.config.experience.mode)
         record = RunRecord(
             collapsed=self.collapse.collapsed, steps=self.step, output_dir=self.out, run_id=self.run_id,
             stats=self.group_stats, plot=plot, before=self.evaluations.get("before"),
@@ -460,9 +482,9 @@ class LocalTrainer:
         if not rollouts:
             return {}
         rewards = [float(r.trajectory.outcome or 0.0) for r in rollouts]
-        steps = sum(len(r.trajectory.steps) for r in rollouts)
+        steps = sum(len(environment_steps(r.trajectory.steps)) for r in rollouts)  # asks are counted apart
         tokens = sum(r.generated_tokens for r in rollouts)
-        return {
+        return {**self._ask_metrics(rollouts, rewards),
             "rollout/reward_mean": float(np.mean(rewards)), "rollout/reward_std": float(np.std(rewards)),
             "rollout/success_rate": float(np.mean([x >= 1.0 for x in rewards])),
             "rollout/truncated_frac": float(np.mean([r.trajectory.truncated for r in rollouts])),
@@ -473,6 +495,21 @@ class LocalTrainer:
             "rollout/generated_tokens": float(tokens), "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
             "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),
         }
+
+    def _ask_metrics(self, rollouts: list[Rollout], rewards: list[float]) -> dict[str, float]:
+        """experience.mode action: how often the policy asks, and success with and without an ask; step: searches."""
+        if self.asks is None:
+            return {}
+        if self.asks.mode == "step":
+            return {"rollout/step_retrievals_mean": float(np.mean([r.retrievals for r in rollouts]))}
+        asked = [r.asks > 0 for r in rollouts]
+        out = {"rollout/ask_rate": float(np.mean(asked)), "rollout/asks_mean": float(np.mean([r.asks for r in rollouts])),
+               "rollout/asks_over_budget": float(sum(r.asks_over_budget for r in rollouts))}
+        for name, side in (("success_asked", True), ("success_not_asked", False)):
+            chosen = [x >= 1.0 for x, a in zip(rewards, asked, strict=True) if a == side]
+            if chosen:
+                out[f"rollout/{name}"] = float(np.mean(chosen))
+        return out
 
     # ------------------------------------------------------------------ the run
 

@@ -193,6 +193,18 @@ class ExperiencePeer:
         return [Hit(e.experience_id, float(e.score), f"{e.when_to_use.strip()} {e.content.strip()}")
                 for e in got.experiences]
 
+    async def source_task_ids(self) -> set[str]:
+        """The task ids every experience of the pool (archived ones included) was distilled from."""
+        ids: set[str] = set()
+        offset, page = 0, 1000
+        while True:
+            experiences = await self.client.list_experiences(self.workspace, status="all", offset=offset, limit=page)
+            for e in experiences:
+                ids.update(e.provenance.task_ids)
+            if len(experiences) < page:
+                return ids
+            offset += page
+
     async def after_step(self, groups: list[list[Trajectory]], *, summarize: bool, feedback: bool,
                          request_id: str) -> None:
         """Summarize the step's trajectories; report each rollout that was shown experience (injected at the

@@ -405,6 +405,22 @@ class EvalSummary:
     # Whether each sample's episode made at least one valid tool call, in sample order.
     per_task_called: dict[str, list[bool]] = field(default_factory=dict)
     success_threshold: float = 1.0
+    # Evaluated with asks (experience.mode action/step): whether each sample asked, in sample order.
+    with_asks: bool = False
+    per_task_asked: dict[str, list[bool]] = field(default_factory=dict)
+
+    def ask_split(self) -> dict[str, float]:
+        """With asks: the share of samples that asked, and the success rate of those that did and did not."""
+        pairs = [(score >= self.success_threshold, asked) for task_id, scores in self.per_task.items()
+                 for score, asked in zip(scores, self.per_task_asked.get(task_id, []), strict=False)]
+        if not pairs:
+            return {}
+        out = {"ask_rate": sum(a for _, a in pairs) / len(pairs)}
+        for name, side in (("success_asked", True), ("success_not_asked", False)):
+            chosen = [ok for ok, a in pairs if a == side]
+            if chosen:
+                out[name] = sum(chosen) / len(chosen)
+        return out
 
     def successes_with_tool_call(self) -> float | None:
         """The share of successful samples whose episode called a tool (None: no success, or not recorded)."""
@@ -419,28 +435,40 @@ class EvalSummary:
         share = self.successes_with_tool_call()
         if share is not None:
             out[f"{prefix}/successes_with_tool_call"] = share
+        if self.with_asks:
+            out.update({f"{prefix}/{name}": value for name, value in self.ask_split().items()})
         return out
 
 
 async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
                           config: RolloutConfig, *, k: int = 1, greedy: bool = True, seed: int = 0,
                           success_threshold: float = 1.0,
-                          on_rollout: Callable[[Rollout], None] | None = None) -> EvalSummary:
+                          on_rollout: Callable[[Rollout], None] | None = None,
+                          asks: AskPolicy | None = None) -> EvalSummary:
     """avg@k (mean success over k samples per task) and best@k (a task counts if any sample succeeds),
     with the invalid-action rate beside them so format fixes are not mistaken for skill.
 
-    `on_rollout` is called once per finished episode (progress)."""
+    `on_rollout` is called once per finished episode (progress). `asks`: the policy may ask the pool (or a
+    retrieval precedes every turn); off by default, and the pool must hold train-split content only
+    (`trainer.asks.refuse_held_out`)."""
     sampling = Sampling(max_tokens=config.max_new_tokens, temperature=0.0 if greedy else config.temperature,
                         top_p=config.top_p)
     eval_config = config.model_copy(update={"experience_ratio": 0.0})
     groups = await collect_groups(tasks, env, generate, tokenizer, eval_config, seed=seed, sampling=sampling, n=k,
-                                  on_rollout=on_rollout)
-    episodes = [EpisodeResult(r.trajectory.task_id, float(r.trajectory.outcome or 0.0), len(r.trajectory.steps),
-                              r.invalid_steps, r.trajectory.steps[-1].action.text() if r.trajectory.steps else "",
-                              made_tool_call(r.trajectory.steps), prompt_digest(r.trajectory.prompt_ids),
-                              r.trajectory.experience_flag)
-                for g in groups for r in g]
-    return summarize_episodes(episodes, k, success_threshold)
+                                  on_rollout=on_rollout, asks=asks)
+    episodes = [episode_result(r) for g in groups for r in g]
+    summary = summarize_episodes(episodes, k, success_threshold)
+    summary.with_asks = asks is not None
+    return summary
+
+
+def episode_result(rollout: Rollout) -> EpisodeResult:
+    """What an evaluation keeps of a rollout; its steps are the environment's (asks counted apart)."""
+    t = rollout.trajectory
+    env_steps = environment_steps(t.steps)
+    return EpisodeResult(t.task_id, float(t.outcome or 0.0), len(env_steps), rollout.invalid_steps,
+                         env_steps[-1].action.text() if env_steps else "", made_tool_call(t.steps),
+                         prompt_digest(t.prompt_ids), t.experience_flag, rollout.asks)
 
 
 @dataclass
@@ -455,6 +483,7 @@ class EpisodeResult:
     called_tool: bool  # whether the episode made at least one valid tool call
     prompt: str | None = None  # prompt_digest of its first prompt, where the policy was given token ids
     with_experience: bool = False
+    asks: int = 0  # answered asks of the experience pool (not among `steps`)
 
 
 def summarize_episodes(episodes: Sequence[EpisodeResult], k: int, success_threshold: float = 1.0) -> EvalSummary:
@@ -468,8 +497,10 @@ def summarize_episodes(episodes: Sequence[EpisodeResult], k: int, success_thresh
     lengths: dict[str, list[int]] = {}
     replies: dict[str, list[str]] = {}
     called: dict[str, list[bool]] = {}
+    asked: dict[str, list[bool]] = {}
     with_experience = 0
     for e in episodes:
+        asked.setdefault(e.task_id, []).append(e.asks > 0)
         per_task.setdefault(e.task_id, []).append(e.outcome)
         if e.prompt is not None:
             prompts.setdefault(e.task_id, e.prompt)
@@ -489,7 +520,7 @@ def summarize_episodes(episodes: Sequence[EpisodeResult], k: int, success_thresh
     invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
     per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
     return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers, prompts,
-                       with_experience, lengths, replies, called, success_threshold)
+                       with_experience, lengths, replies, called, success_threshold, per_task_asked=asked)
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:

@@ -201,7 +201,7 @@ async def _service_stats(peer: Any, name: str) -> dict[str, Any] | None:
 
 
 async def mechanisms_summary(tasks: TaskPeer | None, experience: ExperiencePeer | None, judge: JudgePeer | None,
-                             inject: str, stats: GroupStats) -> dict[str, Any]:
+                             inject: str, stats: GroupStats, mode: str = "group_start") -> dict[str, Any]:
     """What each mechanism did: its peer's counters, and the statistics its service reports now."""
     mechanisms: dict[str, Any] = {}
     if tasks is not None:
@@ -216,6 +216,11 @@ async def mechanisms_summary(tasks: TaskPeer | None, experience: ExperiencePeer 
         mechanisms["self_navigating"] = {**experience.summary(),
                                          # inject: turns -- demonstrations shown as turns, and text fallbacks
                                          "inject": inject,
+                                         # experience.mode action: the policy's asks; step: searches per step
+                                         "mode": mode, "asks": stats.asks,
+                                         "asks_over_budget": stats.asks_over_budget,
+                                         "asking_rollouts": stats.asking_rollouts,
+                                         "step_retrievals": stats.step_retrievals,
                                          "turns_injected": stats.turns_injected,
                                          "text_fallbacks": stats.text_fallbacks,
                                          # demonstrations cut to fit the context, and those that still did not

@@ -14,6 +14,11 @@ experience manager and the judge are called through their own clients. What come
 A template that rewrites its context (sliding_window, self_managed) yields several segments: one
 `AgentLoopOutput` each (veRL's v1 path trains each as a row and copies the reward to all).
 
+With `experience.mode` action or step every session reaches the pool itself through the `AskPolicy` the local
+trainer builds (`trainer.asks`): the policy's asks (or a search before every turn) are answered in the context,
+kept in the training sample with mask 0; `extra_fields` counts them (`asks`, `asks_over_budget`) and the
+trajectory's ask steps carry the queries and hits, which `evolver_sync` reports to the pool as usage feedback.
+
 The mechanisms are the same as the local trainer's (`trainer.mechanisms`): session `i` of a prompt's
 `rollout.n` sessions is given experience by the flag rule `experience_flags`; the flagged sessions of a
 prompt (one `uid`) share one retrieval, made by the first of them; a synthetic task is graded by the task
@@ -37,6 +42,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from advantage.estimators.segments import split_row
 from common.schemas import Task
+from trainer.asks import Hit, ask_policy
 from trainer.mechanisms import GroupExperience, experience_flags
 from trainer.peers import EnvPeer, ExperiencePeer, Retrieved, TaskPeer
 from trainer.policy import Generation, Sampling
@@ -100,13 +106,24 @@ class FreshExperienceRetrieval:
         self.settings, self.timeout, self.outage = settings, timeout, outage
 
     async def retrieve(self, query: str, task_kind: str | None = None) -> Retrieved | None:
-        s = self.settings
-        peer = ExperiencePeer(s.url, s.workspace, top_k=s.top_k, min_similarity=s.min_similarity,
-                              timeout=self.timeout, outage=self.outage)
+        peer = self._peer()
         try:
             return await peer.retrieve(query, task_kind)
         finally:
             await peer.aclose()
+
+    async def search(self, query: str, task_kind: str | None = None) -> list[Hit]:
+        """An ask's search (`trainer.asks.AskSource`)."""
+        peer = self._peer()
+        try:
+            return await peer.search(query, task_kind)
+        finally:
+            await peer.aclose()
+
+    def _peer(self) -> ExperiencePeer:
+        s = self.settings
+        return ExperiencePeer(s.url, s.workspace, top_k=s.top_k, min_similarity=s.min_similarity,
+                              timeout=self.timeout, outage=self.outage)
 
 
 # uid -> the group's shared retrieval, in this rollout worker process (a prompt's sessions run together).
@@ -138,6 +155,7 @@ def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_le
         "experience_ids": list(traj.experience_ids), "step_labels": None, "num_steps": len(traj.steps),
         "step_rewards": [s.reward for s in traj.steps],
         "anchor_keys": _anchor_keys(traj), "truncated": traj.truncated, "num_segments": len(rollout.segments),
+        "asks": rollout.asks, "asks_over_budget": rollout.asks_over_budget,
         "min_global_steps": min(generate.global_steps) if generate.global_steps else None,
         "max_global_steps": max(generate.global_steps) if generate.global_steps else None,
     }
@@ -188,6 +206,9 @@ class EvolverEnvAgentLoop(AgentLoopBase):
         uid = str(kwargs.get("uid", task.task_id))
         ratio = settings.rollout.experience_ratio if settings.experience is not None else 0.0
         flagged = experience_flags(n, ratio)[session_id] if session_id < n else False
+        asks = (ask_policy(settings.experience, FreshExperienceRetrieval(settings.experience, settings.timeout_s,
+                                                                         settings.outage()), self.tokenizer)
+                if settings.experience is not None else None)
         generate = ServerGenerate(self.server_manager, self.tokenizer, sampling_params)
         sampling = Sampling(max_tokens=settings.rollout.max_new_tokens,
                             temperature=float(sampling_params.get("temperature", settings.rollout.temperature)),
@@ -199,7 +220,7 @@ class EvolverEnvAgentLoop(AgentLoopBase):
         try:
             rollout = await run_episode(task, env, generate, self.tokenizer, settings.rollout,
                                         experience=group_experience(uid, settings) if flagged else None,
-                                        group_id=uid, sampling=sampling, grader=grader)
+                                        group_id=uid, sampling=sampling, grader=grader, asks=asks)
         finally:
             await env.aclose()
             if grader is not None:

@@ -141,6 +141,12 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
     if trainer.rollout.experience_ratio > 0 and not experience_url:
         raise ValueError("trainer.rollout.experience_ratio > 0 needs trainer.services.experience_url "
                          "(or --experience-url)")
+    if trainer.experience.mode != "group_start" and not experience_url:
+        raise ValueError(f"trainer.experience.mode={trainer.experience.mode} searches the pool: set "
+                         "trainer.services.experience_url (or --experience-url)")
+    if trainer.experience.mode != "group_start" and trainer.rollout.experience_ratio > 0:
+        raise ValueError(f"trainer.experience.mode={trainer.experience.mode} replaces the group-start injection: "
+                         "set trainer.rollout.experience_ratio to 0")
     if trainer.tasks_per_step % trainer.optim.minibatches:
         raise ValueError(f"trainer.tasks_per_step={trainer.tasks_per_step} must be a multiple of "
                          f"trainer.optim.minibatches={trainer.optim.minibatches} (veRL mini-batches are whole groups)")

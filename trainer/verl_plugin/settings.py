@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from advantage.estimators import AdvantageConfig
 from common.config import StrictModel, validate
@@ -58,6 +58,13 @@ class EvolverVerlSettings(StrictModel):
     judge_fallback_after_s: float = Field(default=30.0, ge=0, description=(
         "the judge down this long: that batch is labelled by the outcome's sign (counted in judge/fallbacks)"))
     logs_dir: str | None = Field(default=None, description="where each service logs (<name>.log): named in errors")
+
+    @model_validator(mode="after")
+    def _one_experience_mode(self) -> EvolverVerlSettings:
+        if self.experience is not None and self.experience.mode != "group_start" and self.rollout.experience_ratio > 0:
+            raise ValueError(f"experience.mode={self.experience.mode} replaces the group-start injection: set "
+                             "rollout.experience_ratio to 0")
+        return self
 
     def outage(self) -> Any:
         """The `trainer.peers.OutagePolicy` of these settings (imported here: this module stays light)."""
