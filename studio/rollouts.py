@@ -61,6 +61,10 @@ class Turn:
     reason: str
     advantage: float | None  # mean over the step's policy tokens
     tokens: list[tuple[str, int, float]] = field(default_factory=list)  # text, mask, advantage
+    # experience.mode action: the step was an ask of the pool ({query, hits: [{id, score, text}], over_budget,
+    # withheld}); mode step: the search made before it ({query, hits})
+    ask: dict[str, Any] | None = None
+    retrieval: dict[str, Any] | None = None
 
     @property
     def spans(self) -> Markup:
@@ -90,11 +94,23 @@ def turns(record: dict[str, Any]) -> list[Turn]:
         tokens = by_step.get(i, [])
         policy = [a for _, m, a in tokens if m]
         label = labels.get(i)
+        info = step.get("info") or {}
         out.append(Turn(i, (step.get("action") or {}).get("content") or "",
                         (step.get("observation") or {}).get("content") or "", float(step.get("reward") or 0.0),
                         label["label"] if label else None, label.get("reason", "") if label else "",
-                        sum(policy) / len(policy) if policy else None, tokens))
+                        sum(policy) / len(policy) if policy else None, tokens,
+                        _search(info.get("ask")), _search(info.get("retrieval"))))
     return out
+
+
+def _search(record: Any) -> dict[str, Any] | None:
+    """An ask's or a step retrieval's record with its hits in a shape the page can read whatever was stored."""
+    if not isinstance(record, dict):
+        return None
+    hits = [h for h in record.get("hits") or [] if isinstance(h, dict)]
+    return {**record, "query": str(record.get("query") or ""),
+            "hits": [{"id": str(h.get("id", "")), "score": h.get("score"), "text": str(h.get("text", ""))}
+                     for h in hits]}
 
 
 def pass_rates_by_step(index: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:

@@ -32,7 +32,7 @@ from tests.helpers import run_env_service, run_service  # noqa: E402
 from trainer.verl_plugin.agent_loop import TASK_KEY, EvolverEnvAgentLoop  # noqa: E402
 
 VOCAB = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "play", "signal", "look", "at",
-         "the", "then", "answer", "north", ",", "south", "is", "hi"]
+         "the", "then", "answer", "north", ",", "south", "is", "hi", "search_experience", "(", "query", "=", "'", ")"]
 ID = {word: i for i, word in enumerate(VOCAB)}
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -183,6 +183,34 @@ def test_turns_mode_puts_the_retrieved_demonstration_before_the_task_for_generat
     assert server.requests[0]["prompt_ids"] == PROMPT[:5] + demo + PROMPT[5:]
     assert out.prompt_ids == PROMPT and out.response_ids == RESPONSE and out.response_mask == MASK
     assert out.extra_fields["experience_flag"] is True
+
+
+def test_an_ask_of_the_scripted_model_is_answered_by_the_shared_ask_handling(env_url, experience_url):
+    """experience.mode action through the veRL agent loop: the scripted model asks once (the reserved tool,
+    `search_experience ( query = ' signal ' )` in this word vocabulary), the real experience manager answers, the
+    answer stays in the context with mask 0 and the environment never sees the ask."""
+    experience = {"url": experience_url, "workspace": "signal-ws", "mode": "action", "ask_format": "tool",
+                  "min_similarity": -1.0}
+    config = veRL_config(env_url, experience, n=2)
+    config.evolver.rollout.experience_ratio = 0.0  # the modes are exclusive
+    ask = [ID[w] for w in ("search_experience", "(", "query", "=", "'", "signal", "'", ")")] + [2]
+    server = ScriptedServerManager([ask, TURN_1, TURN_2])
+    [out] = run_loop(config, server, session_id=0, uid="prompt-uid-ask")
+    # The answer (a tool result of words outside the vocabulary) closes the ask turn as a user turn, mask 0.
+    answer = len(out.response_ids) - len(ask) - 5 - len(RESPONSE)
+    assert answer > 0
+    assert out.response_ids == ask + [1, 4] + [0] * answer + [2, 1, 5] + RESPONSE
+    assert out.response_mask == [1] * len(ask) + [0] * (answer + 5) + MASK
+    assert out.extra_fields["step_ids"] == [0] * (len(ask) + answer + 5) + [s + 1 for s in STEP_IDS]
+    # Nothing is stripped: the training prompt is the generation prompt, and turn 2 continued the answer.
+    assert out.prompt_ids == server.requests[0]["prompt_ids"]
+    assert server.requests[1]["prompt_ids"] == out.prompt_ids + out.response_ids[:len(ask) + answer + 5]
+    assert out.reward_score == 1.0 and out.extra_fields["experience_flag"] is False
+    assert (out.extra_fields["asks"], out.extra_fields["asks_over_budget"], out.extra_fields["num_steps"]) == (1, 0, 3)
+    record = json.loads(out.extra_fields["trajectory"])
+    ask_step = record["steps"][0]["info"]["ask"]
+    assert ask_step["query"] == "signal" and ask_step["hits"] and not ask_step["over_budget"]
+    assert record["steps"][0]["observation"]["role"] == "tool"
 
 
 # ---- log-probs of experience rollouts vs the stripped training prompt ----
