@@ -213,6 +213,18 @@ async def start_phase(env: EnvPeer, flights: FlightsEnvironment, em_url: str, wo
     return result
 
 
+def trainer_process(conf: Path, log_path: Path, timeout_s: float) -> tuple[int, float]:
+    """`python -m trainer --conf CONF` as a child process logging to `log_path`: its exit code and seconds."""
+    # MALLOC_ARENA_MAX: the trainer's peak resident memory on a shared machine (the OOM killer took 6.3 GB).
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "MALLOC_ARENA_MAX": "2"}
+    started = time.monotonic()
+    with log_path.open("ab") as log:
+        code = subprocess.run([sys.executable, "-m", "trainer", "--conf", str(conf)], cwd=REPO, env=env,
+                              stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+    return code, time.monotonic() - started
+
+
 def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namespace) -> dict[str, Any]:
     """`python -m trainer` (in-process, no Ray) against the running services; resumes from its checkpoint."""
     out = REPO / "runs" / "probes" / args.name
@@ -239,14 +251,7 @@ def train_phase(env_url: str, em_url: str, workspace: str, args: argparse.Namesp
     out.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{args.name}.yaml"
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
-    # MALLOC_ARENA_MAX: the trainer's peak resident memory on a shared machine (the OOM killer took 6.3 GB).
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-           "MALLOC_ARENA_MAX": "2"}
-    started = time.monotonic()
-    with (out.parent / f"{args.name}.log").open("ab") as log:
-        code = subprocess.run([sys.executable, "-m", "trainer", "--conf", str(path)], cwd=REPO, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, timeout=args.train_timeout_min * 60).returncode
-    seconds = time.monotonic() - started
+    code, seconds = trainer_process(path, out.parent / f"{args.name}.log", args.train_timeout_min * 60)
     if code != 0 or not (out / "summary.json").is_file():
         failed = {"exit": code, "seconds": round(seconds, 1), "log": str(out.parent / f"{args.name}.log")}
         if (out / "summary.json").is_file():  # a collapse stop (exit 4) writes its summary: say which signal

@@ -17,6 +17,17 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+# A two-turn `signal` environment in a few words (look, then answer the signal word): tests whose expected ids or
+# scripted replies are written by hand from its wording. Task signal-train-0000's signal is `north`.
+SIGNAL_TWO_WORDS_YAML = """env_service:
+  environments:
+    signal:
+      options: [north, south]
+      system: play signal
+      query: "look at the signal then answer {choices}"
+      cue: "signal is {signal}"
+      tasks_per_split: {train: 4, validation: 2, test: 2}
+"""
 
 
 def free_port() -> int:

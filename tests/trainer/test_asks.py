@@ -11,22 +11,14 @@ import pytest
 
 from common.schemas import ChatMessage, Step, Task, Trajectory
 from engine.models import build_tiny_tokenizer
-from tests.helpers import run_env_service, run_service
+from tests.helpers import SIGNAL_TWO_WORDS_YAML, run_env_service, run_service
 from trainer.asks import AskPolicy, Hit, environment_steps, parse_ask, resolve_format, retrieved_ids
 from trainer.peers import EnvPeer, ExperiencePeer
 from trainer.policy import Generation
 from trainer.rollout import RolloutConfig, made_tool_call, run_episode
 from trainer.step_batch import StepBatch
 
-ENV_YAML = """env_service:
-  environments:
-    signal:
-      options: [north, south]
-      system: play signal
-      query: "look at the signal then answer {choices}"
-      cue: "signal is {signal}"
-      tasks_per_split: {train: 4, validation: 2, test: 2}
-"""
+ENV_YAML = SIGNAL_TWO_WORDS_YAML
 TASK = Task(task_id="signal-train-0000", env_type="signal")  # its signal is `north`
 ADVICE = "Say anything first; the next message shows the signal word; repeat that word exactly."
 

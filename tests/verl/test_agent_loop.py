@@ -28,7 +28,7 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 import trainer.verl_plugin  # noqa: E402,F401
-from tests.helpers import run_env_service, run_service  # noqa: E402
+from tests.helpers import SIGNAL_TWO_WORDS_YAML, run_env_service, run_service  # noqa: E402
 from trainer.verl_plugin.agent_loop import TASK_KEY, EvolverEnvAgentLoop  # noqa: E402
 
 VOCAB = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "play", "signal", "look", "at",
@@ -37,15 +37,7 @@ ID = {word: i for i, word in enumerate(VOCAB)}
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-ENV_YAML = """env_service:
-  environments:
-    signal:
-      options: [north, south]
-      system: play signal
-      query: "look at the signal then answer {choices}"
-      cue: "signal is {signal}"
-      tasks_per_split: {train: 4, validation: 2, test: 2}
-"""
+ENV_YAML = SIGNAL_TWO_WORDS_YAML
 TASK = "signal-train-0000"  # its signal is `north`
 
 # ---- golden values, by hand from VOCAB ----
