@@ -112,8 +112,9 @@ def parse_ask(text: str, ask_format: AskFormat) -> str | None:
     """The query of an ask in a generated turn, or None when the turn is not an ask.
 
     tool: a call of `search_experience` among the turn's calls (its `query` argument, else its first string
-    argument); tag: the first `<search_experience>` block. A turn that asks is answered as an ask as a whole:
-    other calls in it are not executed (the answer says so)."""
+    argument), read from the action the template extracts (after any reasoning); tag: the first
+    `<search_experience>` block anywhere in the generated text (EvolveR asks inside its reasoning). A turn that
+    asks is answered as an ask as a whole: other calls in it are not executed (the answer says so)."""
     if ask_format == "tag":
         match = _TAG.search(text)
         return match.group(1).strip() if match else None
@@ -133,9 +134,9 @@ def parse_ask(text: str, ask_format: AskFormat) -> str | None:
 
 
 def other_calls(text: str) -> int:
-    """Calls in an ask turn besides the ask (not executed)."""
+    """Calls in an ask turn besides the ask (not executed), in either format."""
     try:
-        return sum(call.name != ASK_TOOL for call in parse_text_actions(text))
+        return sum(call.name != ASK_TOOL for call in parse_text_actions(_TAG.sub("", text)))
     except ActionParseError:
         return 0
 

@@ -222,7 +222,8 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
             logprobs += out.logprobs
             versions.append(out.policy_version)
             generated += len(out.token_ids)
-            query = parse_ask(out.text, asks.format) if asks is not None and asks.mode == "action" else None
+            query = (parse_ask(action if asks.format == "tool" else out.text, asks.format)
+                     if asks is not None and asks.mode == "action" else None)
             if query is not None:
                 assert asks is not None
                 over = asked >= asks.budget
@@ -231,8 +232,7 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                 if asks.on_ask is not None and not over:
                     await asks.on_ask(instance_id, turn)
                 hits = [] if over or asks.withhold or not query else await asks.source.search(query, task_kind)
-                text = answer(query, hits, asks, over_budget=over, skipped_calls=other_calls(out.text)
-                              if asks.format == "tool" else 0)
+                text = answer(query, hits, asks, over_budget=over, skipped_calls=other_calls(action))
                 steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
                                   observation=ChatMessage(role="tool" if asks.format == "tool" else "user",
                                                           content=text),

@@ -12,7 +12,15 @@ import pytest
 from common.schemas import ChatMessage, Step, Task, Trajectory
 from engine.models import build_tiny_tokenizer
 from tests.helpers import SIGNAL_TWO_WORDS_YAML, run_env_service, run_service
-from trainer.asks import AskPolicy, Hit, environment_steps, parse_ask, resolve_format, retrieved_ids
+from trainer.asks import (
+    AskPolicy,
+    Hit,
+    environment_steps,
+    other_calls,
+    parse_ask,
+    resolve_format,
+    retrieved_ids,
+)
 from trainer.peers import EnvPeer, ExperiencePeer
 from trainer.policy import Generation
 from trainer.rollout import RolloutConfig, made_tool_call, run_episode
@@ -227,9 +235,64 @@ def test_the_ask_format_follows_the_chat_template_and_is_parsed_either_way(tok):
     assert parse_ask("search_experience(query='x'", "tool") is None  # malformed: goes to the environment
     assert parse_ask("think <search_experience> fares </search_experience>", "tag") == "fares"
     assert parse_ask("search_experience(query='x')", "tag") is None
+    # The rest of an ask's message is not run; the answer counts it.
+    assert other_calls("search_experience(query='x')\nsearch_flight(origin='SFO')") == 1
+    assert other_calls("<search_experience>x</search_experience>") == 0
     # An ask answered as a tool result is no tool call of the environment (the strict metric).
     ask = Step(index=0, action=ChatMessage(role="assistant", content="search_experience(query='x')"),
                observation=ChatMessage(role="tool", content="{}"),
                info={"ask": {"query": "x", "hits": [Hit("exp_1", 0.5, "t").record()], "over_budget": False,
                              "withheld": False}})
     assert not made_tool_call([ask]) and retrieved_ids(Trajectory(task_id="t", steps=[ask])) == ["exp_1"]
+
+
+def test_evaluation_with_asks_reports_them_apart_and_refuses_a_pool_with_held_out_content(services, tok):
+    from trainer.asks import refuse_held_out
+    from trainer.rollout import evaluate_policy
+
+    env_url, em_url, _ = services
+    leaked = httpx.post(f"{em_url}/v1/workspaces/leaky/experiences", timeout=60, json={
+        "when_to_use": "When asked about the signal", "content": ADVICE, "task_ids": ["signal-validation-0001"]})
+    assert leaked.status_code in (200, 201), leaked.text
+
+    async def run():
+        env, peer, leaky = EnvPeer(env_url), ExperiencePeer(em_url, "signal-ws", min_similarity=-1.0), \
+            ExperiencePeer(em_url, "leaky")
+        try:
+            held_out = await env.task_ids("signal", "validation")
+            refuse_held_out(await peer.source_task_ids(), held_out, "signal-ws")  # train content only: accepted
+            with pytest.raises(ValueError, match="held-out task.*signal-validation-0001"):
+                refuse_held_out(await leaky.source_task_ids(), held_out, "leaky")
+            script = Script(tok, ["<search_experience>signal</search_experience>", "hi", "north"])
+            task = Task(task_id=held_out[0], env_type="signal", split="validation")
+            return await evaluate_policy([task], env, script, tok, config(), asks=AskPolicy(peer))
+        finally:
+            await env.aclose()
+            await peer.aclose()
+            await leaky.aclose()
+
+    summary = asyncio.run(run())
+    metrics = summary.metrics("eval_asks")
+    # The ask is counted apart: two environment steps, one sample that asked.
+    assert summary.per_task_steps == {"signal-validation-0000": [2]} and metrics["eval_asks/ask_rate"] == 1.0
+    assert "eval_asks/success_asked" in metrics and "eval_asks/success_not_asked" not in metrics
+    assert summary.invalid_action_rate == 0.0
+
+
+def test_the_modes_are_exclusive_and_need_the_experience_manager():
+    from common.config import ConfigError, validate
+    from trainer.config import TrainerConfig
+
+    base = {"rollout": {"env": "signal"}, "services": {"env_url": "http://127.0.0.1:1"}}
+    with pytest.raises(ConfigError, match="experience.mode=action searches the pool"):
+        validate(TrainerConfig, {**base, "experience": {"mode": "action"}}, root="trainer")
+    with pytest.raises(ConfigError, match="experience_ratio to 0"):
+        validate(TrainerConfig, {"rollout": {"env": "signal", "experience_ratio": 0.5}, "experience": {"mode": "step"},
+                                 "services": {"env_url": "http://127.0.0.1:1", "experience_url": "http://127.0.0.1:2"}},
+                 root="trainer")
+    with pytest.raises(ConfigError, match="eval.asks"):
+        validate(TrainerConfig, {**base, "eval": {"asks": True}}, root="trainer")
+    ok = validate(TrainerConfig, {**base, "experience": {"mode": "action", "ask_budget": 1},
+                                  "services": {"env_url": "http://127.0.0.1:1", "experience_url": "http://127.0.0.1:2"}},
+                  root="trainer")
+    assert ok.experience.mode == "action" and ok.experience.ask_budget == 1
