@@ -211,6 +211,23 @@ def retrieved_ids(trajectory: Trajectory) -> list[str]:
     return ids
 
 
+def ask_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """A batch's asking: the share of rollouts that asked, answered and over-budget asks per rollout, and the
+    success rate of the rollouts that asked and of those that did not (both backends log these)."""
+    if not trajectories:
+        return {}
+    records = [[s.info["ask"] for s in t.steps if is_ask(s)] for t in trajectories]
+    answered = [sum(not r.get("over_budget") for r in rs) for rs in records]
+    out = {"ask_rate": sum(a > 0 for a in answered) / len(trajectories),
+           "asks_mean": sum(answered) / len(trajectories),
+           "asks_over_budget": float(sum(r.get("over_budget", False) for rs in records for r in rs))}
+    for name, side in (("success_asked", True), ("success_not_asked", False)):
+        chosen = [float(t.outcome or 0.0) >= 1.0 for t, a in zip(trajectories, answered, strict=True) if (a > 0) == side]
+        if chosen:
+            out[name] = sum(chosen) / len(chosen)
+    return out
+
+
 def refuse_held_out(pool_task_ids: Iterable[str], held_out_task_ids: Iterable[str], workspace: str) -> None:
     """An evaluation with asks searches a pool that must hold train-split content only: refuse one with an
     experience distilled from a held-out task (it would hand the policy the answer)."""

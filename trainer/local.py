@@ -30,7 +30,7 @@ from advantage.client import TrajectoryJudgment
 from common.schemas import Task
 from engine.models import export_model, load_model, native_bf16
 from trainer import lora
-from trainer.asks import AskPolicy, ask_policy, environment_steps, refuse_held_out
+from trainer.asks import AskPolicy, ask_metrics, ask_policy, environment_steps, refuse_held_out
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.collapse import CollapseDetector, RunCollapsed, replies_of_trajectory
 from trainer.config import TrainerConfig
@@ -484,7 +484,7 @@ class LocalTrainer:
         rewards = [float(r.trajectory.outcome or 0.0) for r in rollouts]
         steps = sum(len(environment_steps(r.trajectory.steps)) for r in rollouts)  # asks are counted apart
         tokens = sum(r.generated_tokens for r in rollouts)
-        return {**self._ask_metrics(rollouts, rewards),
+        return {**self._ask_metrics(rollouts),
             "rollout/reward_mean": float(np.mean(rewards)), "rollout/reward_std": float(np.std(rewards)),
             "rollout/success_rate": float(np.mean([x >= 1.0 for x in rewards])),
             "rollout/truncated_frac": float(np.mean([r.trajectory.truncated for r in rollouts])),
@@ -496,20 +496,13 @@ class LocalTrainer:
             "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),
         }
 
-    def _ask_metrics(self, rollouts: list[Rollout], rewards: list[float]) -> dict[str, float]:
+    def _ask_metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
         """experience.mode action: how often the policy asks, and success with and without an ask; step: searches."""
         if self.asks is None:
             return {}
         if self.asks.mode == "step":
             return {"rollout/step_retrievals_mean": float(np.mean([r.retrievals for r in rollouts]))}
-        asked = [r.asks > 0 for r in rollouts]
-        out = {"rollout/ask_rate": float(np.mean(asked)), "rollout/asks_mean": float(np.mean([r.asks for r in rollouts])),
-               "rollout/asks_over_budget": float(sum(r.asks_over_budget for r in rollouts))}
-        for name, side in (("success_asked", True), ("success_not_asked", False)):
-            chosen = [x >= 1.0 for x, a in zip(rewards, asked, strict=True) if a == side]
-            if chosen:
-                out[f"rollout/{name}"] = float(np.mean(chosen))
-        return out
+        return {f"rollout/{k}": v for k, v in ask_metrics([r.trajectory for r in rollouts]).items()}
 
     # ------------------------------------------------------------------ the run
 

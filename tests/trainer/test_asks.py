@@ -15,6 +15,7 @@ from tests.helpers import SIGNAL_TWO_WORDS_YAML, run_env_service, run_service
 from trainer.asks import (
     AskPolicy,
     Hit,
+    ask_metrics,
     environment_steps,
     other_calls,
     parse_ask,
@@ -125,6 +126,8 @@ def test_an_ask_is_answered_in_context_masked_from_the_loss_within_its_budget(se
     assert "budget of 2" in traj.steps[2].observation.text()
     assert traj.outcome == 1.0 and not traj.experience_flag and not made_tool_call(traj.steps)
     assert retrieved_ids(traj) == [exp_id]
+    assert ask_metrics([traj, Trajectory(task_id="t", outcome=0.0)]) == {
+        "ask_rate": 0.5, "asks_mean": 1.0, "asks_over_budget": 1.0, "success_asked": 1.0, "success_not_asked": 0.0}
     # The system message lists the ask; the answer (with its score) is what the policy saw next ...
     assert "<search_experience>" in tok.decode(traj.prompt_ids)
     answer = traj.steps[0].observation.text()

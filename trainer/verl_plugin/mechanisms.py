@@ -12,6 +12,7 @@ from typing import Any
 
 from advantage.estimators.batch import label_values
 from common.schemas import Trajectory
+from trainer.asks import ask_metrics
 from trainer.mechanisms import LoopThread, Mechanisms, groups_of
 from trainer.verl_plugin.settings import EvolverVerlSettings
 
@@ -43,6 +44,7 @@ class VerlMechanisms:
         self.loop.run(self.mechanisms.start())
         self.pending: list[Trajectory] = []
         self.pending_step: int | None = None
+        self.batch_metrics: dict[str, float] = {}
 
     def label_batch(self, extras: Sequence[dict[str, Any]], step: int) -> list[Trajectory]:
         """One judge call for the batch when the estimator needs step labels; the labels go into every
@@ -57,6 +59,8 @@ class VerlMechanisms:
                 if extra.get("trajectory_id") in values:
                     extra["step_labels"] = values[extra["trajectory_id"]]
         self.pending, self.pending_step = trajectories, step
+        if self.settings.experience is not None and self.settings.experience.mode == "action":
+            self.batch_metrics = {f"evolver/{k}": v for k, v in ask_metrics(trajectories).items()}
         return trajectories
 
     def after_step(self) -> None:
@@ -69,7 +73,8 @@ class VerlMechanisms:
                                                  request_id=f"{self.settings.run_id}-step{step}"))
 
     def metrics(self) -> dict[str, float]:
-        return self.mechanisms.metrics()
+        """The peers' counters, and the last batch's asking (experience.mode action)."""
+        return {**self.mechanisms.metrics(), **self.batch_metrics}
 
     def close(self) -> None:
         self.loop.run(self.mechanisms.aclose())
