@@ -185,13 +185,18 @@ def test_an_ask_of_the_scripted_model_is_answered_by_the_shared_ask_handling(env
                   "min_similarity": -1.0}
     config = veRL_config(env_url, experience, n=2)
     config.evolver.rollout.experience_ratio = 0.0  # the modes are exclusive
+    config.actor_rollout_ref.rollout.response_length = 256  # room for the answer
     ask = [ID[w] for w in ("search_experience", "(", "query", "=", "'", "signal", "'", ")")] + [2]
     server = ScriptedServerManager([ask, TURN_1, TURN_2])
     [out] = run_loop(config, server, session_id=0, uid="prompt-uid-ask")
-    # The answer (a tool result of words outside the vocabulary) closes the ask turn as a user turn, mask 0.
-    answer = len(out.response_ids) - len(ask) - 5 - len(RESPONSE)
-    assert answer > 0
-    assert out.response_ids == ask + [1, 4] + [0] * answer + [2, 1, 5] + RESPONSE
+    record = json.loads(out.extra_fields["trajectory"])
+    ask_step = record["steps"][0]["info"]["ask"]
+    assert ask_step["query"] == "signal" and ask_step["hits"] and not ask_step["over_budget"]
+    assert record["steps"][0]["observation"]["role"] == "tool"
+    # The answer (a JSON tool result, its words mostly outside the vocabulary) follows the ask as a user turn.
+    answer_ids = word_tokenizer().encode(record["steps"][0]["observation"]["content"], add_special_tokens=False)
+    answer = len(answer_ids)
+    assert out.response_ids == ask + [1, 4] + answer_ids + [2, 1, 5] + RESPONSE
     assert out.response_mask == [1] * len(ask) + [0] * (answer + 5) + MASK
     assert out.extra_fields["step_ids"] == [0] * (len(ask) + answer + 5) + [s + 1 for s in STEP_IDS]
     # Nothing is stripped: the training prompt is the generation prompt, and turn 2 continued the answer.
@@ -199,10 +204,6 @@ def test_an_ask_of_the_scripted_model_is_answered_by_the_shared_ask_handling(env
     assert server.requests[1]["prompt_ids"] == out.prompt_ids + out.response_ids[:len(ask) + answer + 5]
     assert out.reward_score == 1.0 and out.extra_fields["experience_flag"] is False
     assert (out.extra_fields["asks"], out.extra_fields["asks_over_budget"], out.extra_fields["num_steps"]) == (1, 0, 3)
-    record = json.loads(out.extra_fields["trajectory"])
-    ask_step = record["steps"][0]["info"]["ask"]
-    assert ask_step["query"] == "signal" and ask_step["hits"] and not ask_step["over_budget"]
-    assert record["steps"][0]["observation"]["role"] == "tool"
 
 
 # ---- log-probs of experience rollouts vs the stripped training prompt ----
