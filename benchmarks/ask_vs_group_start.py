@@ -10,7 +10,8 @@ validation, at equal training steps, from the same pool and (optionally) the sam
    `seed_pool`: the first `--seed-per-kind` train tasks of every kind, replayed over HTTP). No validation task
    reaches a pool; the `action` arm's evaluation with asks checks that again (`trainer.asks.refuse_held_out`).
 2. Trains each arm with `python -m trainer` (in-process, no Ray) for `--steps` steps on the environment's train
-   split, GRPO, the same seed, optimizer and rollout settings: `group_start` gives round(n * eta) rollouts of a
+   split, the same estimator (`--estimator`: GRPO, or GiGPO for the paired branch), seed, optimizer and rollout
+   settings: `group_start` gives round(n * eta) rollouts of a
    group the top hit's demonstration (`inject: turns`); `action` lists `search_experience` and lets the policy
    ask (`--ask-budget` per episode). `--warm-start environment` fine-tunes each arm on the environment's train
    references first (the same data and seed, so the same weights).
@@ -19,8 +20,8 @@ validation, at equal training steps, from the same pool and (optionally) the sam
 
 Per arm: the asking rate at the first and last training step, training success of the rollouts that asked and
 of those that did not (from the run's rollout records), validation success (plain, and with asks), wall time,
-and the paired-branch statistics where the run reports them (`branch/*` metrics, with `--ask-reward
-paired_branch`). Prints one JSON line and writes it to `<out>/<name>.json`; the runs stay in runs/ask_vs_group_start.
+and the paired-branch statistics where the run reports them (`experience/branch*` metrics and the summary's
+counters, with `--ask-reward paired_branch`). Prints one JSON line and writes it to `<out>/<name>.json`; the runs stay in runs/ask_vs_group_start.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def trainer_conf(arm: str, env_url: str, em_url: str, args: argparse.Namespace) 
                     "max_context": args.max_context, "max_new_tokens": args.max_new_tokens,
                     "temperature": args.temperature, "experience_ratio": args.eta if arm == "group_start" else 0.0},
         "optim": {"lr": args.lr, "minibatches": 2, "micro_batch_size": 2},
-        "advantage": {"estimator": "grpo"},
+        "advantage": {"estimator": args.estimator or ("gigpo" if args.ask_reward == "paired_branch" else "grpo")},
         "experience": experience,
         "eval": {"split": "validation", "tasks": args.eval_tasks, "k": 1, "greedy": True, "before": True,
                  "after": True, "every": 0, "asks": arm == "action"},
@@ -124,11 +125,19 @@ def arm_result(out: Path) -> dict[str, Any]:
         "self_navigating": {k: nav.get(k) for k in ("mode", "retrievals", "hits", "injected_rollouts", "asks",
                                                      "asks_over_budget", "asking_rollouts", "ask_searches",
                                                      "ask_feedback_items")},
-        # The paired-branch credit (ask_reward: paired_branch) reports its branches as `branch/*` metrics:
-        # the runs, their cost in seconds, the mean difference and the share positive, summed or last per step.
-        "branch": {k: v for m in metrics for k, v in m.items() if k.startswith("branch/")} or None,
+        # The paired-branch credit (ask_reward: paired_branch): its branches per step (`experience/branch*`
+        # metrics: runs, failures, seconds, forks, the mean difference and the share positive) and over the run
+        # (the summary's self_navigating `branch*` counters).
+        "branch": {"by_step": {int(m["step"]): {k: v for k, v in m.items() if k.startswith("experience/branch")}
+                               for m in metrics if any(k.startswith("experience/branch") for k in m)},
+                   "run": {k: v for k, v in nav.items() if k.startswith("branch")}} if args_branch(nav) else None,
         "time_step_s": [round(m["time/step_s"], 2) for m in metrics if "time/step_s" in m],
     }
+
+
+def args_branch(nav: dict[str, Any]) -> bool:
+    """Whether the run made paired branches (its summary counts them)."""
+    return any(k.startswith("branch") for k in nav)
 
 
 async def seed_pools(env_url: str, em_url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -179,6 +188,9 @@ def main() -> None:
     parser.add_argument("--ask-budget", type=int, default=2)
     parser.add_argument("--ask-format", choices=["auto", "tool", "tag"], default="auto")
     parser.add_argument("--ask-reward", choices=["none", "paired_branch"], default="none")
+    parser.add_argument("--estimator", choices=["grpo", "gigpo"], default=None,
+                        help="both arms' estimator (default: grpo; gigpo with --ask-reward paired_branch, whose credit "
+                             "goes through the step-level path)")
     parser.add_argument("--warm-start", choices=["none", "environment"], default="none",
                         help="fine-tune each arm on the environment's train references first")
     parser.add_argument("--warm-start-tasks", type=int, default=90, help="train references of the warm start")
