@@ -122,6 +122,7 @@ def arm_result(out: Path) -> dict[str, Any]:
         "train_success": {"asked": success(asked), "not_asked": success(plain)},
         "eval": {k: v for k, v in last.items() if k.startswith(("eval/", "eval_asks/"))},
         "eval_before_after": summary.get("eval"),
+        "eval_with_asks": summary.get("eval_with_asks"),  # the action arm's evaluations with asks on
         "self_navigating": {k: nav.get(k) for k in ("mode", "retrievals", "hits", "injected_rollouts", "asks",
                                                      "asks_over_budget", "asking_rollouts", "ask_searches",
                                                      "ask_feedback_items")},

@@ -461,7 +461,13 @@ class LocalTrainer:
             after=self.evaluations.get("after"), eval_split=self.config.eval.split, metrics=self.metrics.records(),
             warm_start=self.warm_start_report, resilience=self.resilience_summary(),
             collapse=self.collapse.summary(), after_warm_start=self.evaluations.get("warm_start"))
-        return run_summary(record, mechanisms)
+        summary = run_summary(record, mechanisms)
+        # eval.asks: each held-out evaluation again with asks on, beside the plain ones (`eval`).
+        with_asks = {label.removesuffix("_asks"): s.metrics("eval_asks")
+                     for label, s in self.evaluations.items() if label.endswith("_asks")}
+        if with_asks:
+            summary["eval_with_asks"] = with_asks
+        return summary
 
     @property
     def tasks(self) -> TaskPeer | None:
