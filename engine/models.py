@@ -104,6 +104,15 @@ def load_model(spec: str, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     return load_from_directory(resolve_model_dir(spec), dtype)
 
 
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer alone of `smollm2`, `tiny` or a local HF directory, from the same directory `load_model`
+    reads (no weights loaded; milliseconds once the directory is cached, where building the tiny one takes
+    seconds)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(resolve_model_dir(spec)), local_files_only=True)
+
+
 def resolve_model_dir(spec: str) -> Path:
     """The HF directory that serves `spec`, building the cached `smollm2`/`tiny` directory if needed."""
     if spec == "smollm2":

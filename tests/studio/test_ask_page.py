@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from common.schemas import ChatMessage, Step, Trajectory
-from engine.models import build_tiny_tokenizer
+from engine.models import load_tokenizer
 from studio.app import build_app
 from studio.settings import StudioSettings
 from tests.helpers import InProcessServer
@@ -41,7 +41,7 @@ def asking_rollout(tokenizer) -> Rollout:
 
 
 def test_the_trajectory_page_shows_asks_and_step_searches(tmp_path):
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = load_tokenizer("tiny")
     trainer_dir = tmp_path / "runs" / "asking" / "trainer"
     rollout = asking_rollout(tokenizer)
     RolloutRecords(trainer_dir / "rollouts", tokenizer).write(

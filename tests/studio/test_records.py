@@ -9,7 +9,7 @@ import pytest
 
 from advantage.client import TrajectoryJudgment
 from common.schemas import ChatMessage, Step, StepLabel, Trajectory
-from engine.models import build_tiny_tokenizer
+from engine.models import load_tokenizer
 from trainer.records import RolloutRecords, shard_paths
 from trainer.rollout import Rollout
 from trainer.step_batch import StepBatch
@@ -35,7 +35,7 @@ def rollout(i: int, tokenizer, *, flagged: bool = False) -> Rollout:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tiny_tokenizer()
+    return load_tokenizer("tiny")
 
 
 def test_a_record_holds_tokens_mask_steps_labels_advantages_and_the_experience_flag(tmp_path, tokenizer):

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from common.schemas import ChatMessage, Step, Task, Trajectory
-from engine.models import build_tiny_tokenizer
+from engine.models import load_tokenizer
 from tests.helpers import SIGNAL_TWO_WORDS_YAML, run_env_service, run_service
 from trainer.asks import (
     AskPolicy,
@@ -34,7 +34,7 @@ ADVICE = "Say anything first; the next message shows the signal word; repeat tha
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tiny_tokenizer()
+    return load_tokenizer("tiny")
 
 
 @pytest.fixture(scope="module")

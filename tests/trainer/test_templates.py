@@ -6,13 +6,13 @@ layout `<|im_start|>role\\ncontent<|im_end|>\\n`), not snapshots of the code's o
 
 import pytest
 
-from engine.models import build_tiny_tokenizer
+from engine.models import load_tokenizer
 from trainer.templates import make_template
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tiny_tokenizer()
+    return load_tokenizer("tiny")
 
 
 def ids(tok, *tokens):
