@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from common.actions import ActionParseError, parse_text_actions
-from common.schemas import Step, Trajectory
+from common.schemas import ChatMessage, Step, Trajectory
 
 if TYPE_CHECKING:
     from trainer.config import ExperienceConfig
@@ -175,6 +175,79 @@ def answer(query: str, hits: Sequence[Hit], policy: AskPolicy, *, over_budget: b
 def ask_record(query: str, hits: Sequence[Hit], *, over_budget: bool, withheld: bool) -> dict[str, Any]:
     """`Step.info["ask"]`."""
     return {"query": query, "hits": [h.record() for h in hits], "over_budget": over_budget, "withheld": withheld}
+
+
+class EpisodeAsks:
+    """One episode's asks (mode action) or searches before every turn (mode step), as `run_episode` meets them:
+    the opening chat, each generated turn (an ask is answered here and never reaches the environment), each
+    environment step's info and observation. Counts what it did."""
+
+    def __init__(self, policy: AskPolicy, task_query: str, task_kind: str | None) -> None:
+        self.policy, self.task_query, self.task_kind = policy, task_query, task_kind
+        self.asked = 0  # answered asks (withheld ones included)
+        self.over_budget = 0
+        self.retrievals = 0  # mode step: searches
+        self._pending: dict[str, Any] | None = None  # mode step: the search the next environment step acts on
+
+    async def opening(self, chat: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The episode's opening messages: the ask listed after the environment's tools (action), or the first
+        search, on the task alone, after the task in its user message (step)."""
+        if self.policy.mode == "action":
+            if chat and chat[0]["role"] == "system":
+                return [{**chat[0], "content": f"{chat[0]['content']}\n{instruction(self.policy)}"}, *chat[1:]]
+            return [{"role": "system", "content": instruction(self.policy)}, *chat]
+        block = await self._search(self.task_query)
+        if not block:
+            return chat
+        last_user = max(i for i, m in enumerate(chat) if m["role"] == "user")
+        return [*chat[:last_user], {**chat[last_user], "content": f"{chat[last_user]['content']}\n\n{block}"},
+                *chat[last_user + 1:]]
+
+    async def ask(self, turn: int, instance_id: str, generated_text: str, action: str,
+                  finish_reason: str) -> Step | None:
+        """The ask step of a generated turn, answered; None when the turn is no ask (it goes to the environment).
+        The tool format reads the template's action (after any reasoning), the tag the whole generated text."""
+        policy = self.policy
+        if policy.mode != "action":
+            return None
+        query = parse_ask(action if policy.format == "tool" else generated_text, policy.format)
+        if query is None:
+            return None
+        over = self.asked >= policy.budget
+        self.asked += not over
+        self.over_budget += over
+        if policy.on_ask is not None and not over:
+            await policy.on_ask(instance_id, turn)
+        hits = [] if over or policy.withhold or not query else await policy.source.search(query, self.task_kind)
+        text = answer(query, hits, policy, over_budget=over, skipped_calls=other_calls(action))
+        return Step(index=turn, action=ChatMessage(role="assistant", content=action),
+                    observation=ChatMessage(role="tool" if policy.format == "tool" else "user", content=text),
+                    info={"ask": ask_record(query, hits, over_budget=over, withheld=policy.withhold),
+                          "finish_reason": finish_reason})
+
+    def step_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        """An environment step's info, with the search it acted on (mode step) as `retrieval`."""
+        if self._pending is None:
+            return info
+        info, self._pending = {**info, "retrieval": self._pending}, None
+        return info
+
+    async def observation(self, text: str) -> str:
+        """What the policy sees of an observation another turn follows: with the search keyed on it (mode step)."""
+        if self.policy.mode != "step":
+            return text
+        block = await self._search(step_query(self.task_query, text))
+        return f"{text}\n\n{block}" if block else text
+
+    def counts(self) -> dict[str, int]:
+        """The `Rollout` fields of what the episode asked and searched."""
+        return {"asks": self.asked, "asks_over_budget": self.over_budget, "retrievals": self.retrievals}
+
+    async def _search(self, query: str) -> str:
+        hits = await self.policy.source.search(query, self.task_kind)
+        self.retrievals += 1
+        self._pending = {"query": query, "hits": [h.record() for h in hits]}
+        return experience_block(hits) if hits else ""
 
 
 def step_query(task_query: str, observation: str | None) -> str:

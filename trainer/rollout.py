@@ -21,17 +21,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from common.schemas import ChatMessage, Step, Task, Trajectory, new_id
-from trainer.asks import (
-    AskPolicy,
-    answer,
-    ask_record,
-    environment_steps,
-    experience_block,
-    instruction,
-    other_calls,
-    parse_ask,
-    step_query,
-)
+from trainer.asks import AskPolicy, EpisodeAsks, environment_steps
 from trainer.mechanisms import ExperienceSource, GroupExperience, InjectMode, experience_flags
 from trainer.policy import GenerateFn, Generation, Sampling
 from trainer.settings import RolloutConfig
@@ -175,19 +165,11 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                     budget = DemonstrationBudget(config.max_new_tokens, config.max_turns,
                                                  experience.demonstration_observation_tokens)
                     shown = {"id": got.demonstration_id, "kind": got.demonstration_kind}
-        task_query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
-        retrievals = 0
-        shown_retrieval: dict[str, Any] | None = None  # mode step: the search the next turn acts on
-        if asks is not None and asks.mode == "action":
-            chat = _with_system_note(chat, instruction(asks))
-        elif asks is not None:  # mode step: the first search, on the task alone, follows it in its user message
-            hits = await asks.source.search(task_query, task_kind)
-            retrievals += 1
-            shown_retrieval = {"query": task_query, "hits": [h.record() for h in hits]}
-            if hits:
-                last_user = max(i for i, m in enumerate(chat) if m["role"] == "user")
-                chat[last_user] = {**chat[last_user],
-                                   "content": f"{chat[last_user]['content']}\n\n{experience_block(hits)}"}
+        episode_asks = None
+        if asks is not None:
+            task_query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
+            episode_asks = EpisodeAsks(asks, task_query, task_kind)
+            chat = await episode_asks.opening(chat)
         template.start(chat, exp_text, demo, budget)
         if experience is not None and demo:
             experience.record_fit(template.demonstration_fit)
@@ -200,7 +182,7 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
         versions: list[int] = []
         truncated, invalid, generated = False, 0, 0
         env_error, env_error_steps = None, 0
-        asked, over_budget, env_steps = 0, 0, 0
+        env_steps = 0
         turns: list[Generation] = []
         base = sampling or Sampling(max_tokens=config.max_new_tokens, temperature=config.temperature,
                                     top_p=config.top_p)
@@ -222,23 +204,11 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
             logprobs += out.logprobs
             versions.append(out.policy_version)
             generated += len(out.token_ids)
-            query = (parse_ask(action if asks.format == "tool" else out.text, asks.format)
-                     if asks is not None and asks.mode == "action" else None)
-            if query is not None:
-                assert asks is not None
-                over = asked >= asks.budget
-                asked += not over
-                over_budget += over
-                if asks.on_ask is not None and not over:
-                    await asks.on_ask(instance_id, turn)
-                hits = [] if over or asks.withhold or not query else await asks.source.search(query, task_kind)
-                text = answer(query, hits, asks, over_budget=over, skipped_calls=other_calls(action))
-                steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
-                                  observation=ChatMessage(role="tool" if asks.format == "tool" else "user",
-                                                          content=text),
-                                  info={"ask": ask_record(query, hits, over_budget=over, withheld=asks.withhold),
-                                        "finish_reason": out.finish_reason}))
-                template.add_observation(text)
+            ask = (await episode_asks.ask(turn, instance_id, out.text, action, out.finish_reason)
+                   if episode_asks is not None else None)
+            if ask is not None:  # answered here: it never reaches the environment
+                steps.append(ask)
+                template.add_observation(ask.observation.text() if ask.observation is not None else None)
                 continue
             result = await env.step(instance_id, action)
             env_steps += 1
@@ -246,21 +216,16 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
             env_error = environment_error(result.info)
             env_error_steps += env_error is not None
             info = {**result.info, "finish_reason": out.finish_reason}
-            if shown_retrieval is not None:
-                info["retrieval"], shown_retrieval = shown_retrieval, None
+            if episode_asks is not None:
+                info = episode_asks.step_info(info)
             steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
                               observation=result.observation, reward=result.reward, done=result.done, info=info))
             if result.done:
                 template.add_observation(None)
                 break
             observation = result.observation.text()
-            if asks is not None and asks.mode == "step" and env_steps < config.max_turns:
-                search = step_query(task_query, observation)
-                hits = await asks.source.search(search, task_kind)
-                retrievals += 1
-                shown_retrieval = {"query": search, "hits": [h.record() for h in hits]}
-                if hits:
-                    observation = f"{observation}\n\n{experience_block(hits)}"
+            if episode_asks is not None and env_steps < config.max_turns:  # another turn follows
+                observation = await episode_asks.observation(observation)
             template.add_observation(observation)
         else:
             truncated = True  # max turns reached without the environment ending the episode
@@ -291,15 +256,8 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
     return Rollout(trajectory, segments, invalid, generated, time.monotonic() - started,
                    environment_error=env_error, environment_error_steps=env_error_steps, policy_versions=versions,
                    synthetic=task.synthetic, experience_text=exp_text, experience_demonstration=demo,
-                   demonstration=shown, asks=asked, asks_over_budget=over_budget, retrievals=retrievals,
-                   turn_generations=turns, seed=seed, instance_id=instance_id)
-
-
-def _with_system_note(chat: list[dict[str, str]], note: str) -> list[dict[str, str]]:
-    """The chat with `note` after the system message (the environment's tool list), or as one when none."""
-    if chat and chat[0]["role"] == "system":
-        return [{**chat[0], "content": f"{chat[0]['content']}\n{note}"}, *chat[1:]]
-    return [{"role": "system", "content": note}, *chat]
+                   demonstration=shown, turn_generations=turns, seed=seed, instance_id=instance_id,
+                   **(episode_asks.counts() if episode_asks is not None else {}))
 
 
 async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
