@@ -1,7 +1,7 @@
 """Retrieval as the agent's own action (`trainer.experience.mode: action`) and at every step (`mode: step`).
 
-Shared by the local trainer, evaluation and the veRL agent loop: `run_episode` takes an `AskPolicy` and
-calls the functions here; nothing in this module knows which backend runs the episode.
+Shared by the local trainer, evaluation and the veRL agent loop: `run_episode` takes an `AskPolicy` and runs
+one `EpisodeAsks` per episode; nothing in this module knows which backend runs the episode.
 
 `action`: the policy asks the experience pool itself, by a reserved tool listed with the environment's tools
 (`search_experience(query='...')`, format `tool`) or by EvolveR's tag (`<search_experience>query
@@ -31,7 +31,6 @@ from common.schemas import ChatMessage, Step, Trajectory
 if TYPE_CHECKING:
     from trainer.config import ExperienceConfig
 
-ExperienceMode = Literal["group_start", "action", "step"]
 AskFormat = Literal["tool", "tag"]
 ASK_TOOL = "search_experience"
 _TAG = re.compile(r"<search_experience>(.*?)</search_experience>", re.DOTALL)
