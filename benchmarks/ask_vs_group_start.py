@@ -76,7 +76,9 @@ def trainer_conf(arm: str, env_url: str, em_url: str, args: argparse.Namespace) 
         "ray": {"enabled": False},
         "services": {"env_url": env_url, "experience_url": em_url},
     }
-    if args.warm_start != "none":
+    if args.warm_start_checkpoint:  # both arms start from one shared warm start (no second fine-tuning)
+        conf["warm_start"] = {"enabled": True, "from_checkpoint": str(Path(args.warm_start_checkpoint).resolve())}
+    elif args.warm_start != "none":
         conf["warm_start"] = {"enabled": True, "source": args.warm_start, "max_tasks": args.warm_start_tasks}
     return {"trainer": conf}
 
@@ -195,6 +197,9 @@ def main() -> None:
     parser.add_argument("--warm-start", choices=["none", "environment"], default="none",
                         help="fine-tune each arm on the environment's train references first")
     parser.add_argument("--warm-start-tasks", type=int, default=90, help="train references of the warm start")
+    parser.add_argument("--warm-start-checkpoint", default=None, help=(
+        "a warm-started run's step-0 checkpoint (e.g. the ablation's w row, self-questioned references) that both "
+        "arms load instead of fine-tuning"))
     parser.add_argument("--seed-per-kind", type=int, default=4, help="train references per task kind in each pool")
     parser.add_argument("--eval-tasks", type=int, default=40)
     parser.add_argument("--max-turns", type=int, default=4)
