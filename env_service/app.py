@@ -25,6 +25,8 @@ from env_service.protocol import (
     EnvironmentProfile,
     EvaluateRequest,
     EvaluateResponse,
+    ForkRequest,
+    ForkResponse,
     InstanceDescription,
     InstanceList,
     ReferenceEpisode,
@@ -179,6 +181,14 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
     async def state(instance_id: str) -> ORJSONResponse:
         snapshot = await manager.state(instance_id)
         return ORJSONResponse({"instance_id": instance_id, **snapshot})
+
+    @app.post("/v1/instances/{instance_id}/fork", tags=["instances"], status_code=201, response_model=ForkResponse)
+    async def fork(instance_id: str, body: ForkRequest | None = None) -> ORJSONResponse:
+        """An independent copy of the instance in its current state, for environments whose capabilities declare
+        `fork` (409 `fork_unsupported` for the others): stepping either one never moves the other."""
+        record = await manager.fork(instance_id, body.instance_id if body else None)
+        return ORJSONResponse({"instance_id": record.instance_id, "forked_from": instance_id, "env": record.env,
+                               "task_id": record.task_id, "steps": record.steps}, status_code=201)
 
     @app.delete("/v1/instances/{instance_id}", tags=["instances"], response_model=ReleaseResponse)
     async def release(instance_id: str) -> ORJSONResponse:

@@ -48,6 +48,10 @@ class Backend(ABC):
     async def state(self, instance_id: str) -> dict[str, Any]: ...
 
     @abstractmethod
+    async def fork(self, instance_id: str, new_id: str) -> None:
+        """Host `new_id`, a copy of `instance_id` in its current state, where `instance_id` lives."""
+
+    @abstractmethod
     async def release(self, instance_id: str) -> bool: ...
 
     async def discard(self, instance_id: str) -> None:
@@ -89,6 +93,9 @@ class InlineBackend(Backend):
 
     async def state(self, instance_id: str) -> dict[str, Any]:
         return await self._run(self.host.state, instance_id)
+
+    async def fork(self, instance_id: str, new_id: str) -> None:
+        await self._run(self.host.fork, instance_id, new_id)
 
     async def release(self, instance_id: str) -> bool:
         return await self._run(self.host.release, instance_id)

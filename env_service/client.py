@@ -28,6 +28,7 @@ from env_service.protocol import (
     CreateResponse,
     EnvironmentSummary,
     EvaluateResponse,
+    ForkResponse,
     ReleaseResponse,
     StateResponse,
     StepResponse,
@@ -84,6 +85,20 @@ class EnvClient(ServiceClient):
 
     async def state(self, instance_id: str) -> StateResponse:
         return await self.get(f"/v1/instances/{instance_id}/state", model=StateResponse)
+
+    async def fork(self, instance_id: str, new_instance_id: str | None = None) -> ForkResponse:
+        """An independent copy of the instance in its current state (environments that declare `fork`)."""
+        body = {"instance_id": new_instance_id} if new_instance_id else {}
+        # Retrying is safe only with a caller-chosen id (a duplicate then answers 409), as for create.
+        return await self.post(f"/v1/instances/{instance_id}/fork", json=body, model=ForkResponse,
+                               idempotent=new_instance_id is not None)
+
+    async def capabilities(self, env: str) -> dict[str, bool]:
+        """What the environment declares beyond the protocol (`fork`, `deterministic`); all false for a server
+        that does not say."""
+        info = (await self.describe(env)).get("info") or {}
+        declared = info.get("capabilities") or {}
+        return {"fork": bool(declared.get("fork")), "deterministic": bool(declared.get("deterministic"))}
 
     async def release(self, instance_id: str) -> bool:
         return (await self.delete(f"/v1/instances/{instance_id}", model=ReleaseResponse)).released

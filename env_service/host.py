@@ -87,6 +87,19 @@ class InstanceHost:
         except Exception as exc:
             raise _rejected(instance_id, None, "state", exc) from None
 
+    def fork(self, instance_id: str, new_id: str) -> None:
+        """Host `new_id`, an independent copy of `instance_id` in its current state (the manager checked that
+        the environment declares `fork`)."""
+        instance = self._get(instance_id)
+        try:
+            twin = instance.fork()
+        except Exception as exc:
+            raise _rejected(instance_id, None, "fork", exc) from None
+        if twin is instance:
+            raise HostError(500, "environment_contract", f"fork of {instance_id!r} returned the instance itself; "
+                            "EnvInstance.fork must return an independent copy")
+        self.instances[new_id] = twin
+
     def release(self, instance_id: str) -> bool:
         instance = self.instances.pop(instance_id, None)
         if instance is None:

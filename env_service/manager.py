@@ -83,16 +83,7 @@ class InstanceManager:
     async def create(self, env_name: str, task_id: str, params: dict[str, Any] | None = None,
                      instance_id: str | None = None) -> tuple[InstanceRecord, list[ChatMessage]]:
         self.environment(env_name)
-        if instance_id is not None and (instance_id in self.records or instance_id in self._creating):
-            raise ServiceError(409, "instance_exists", f"instance {instance_id!r} already exists; "
-                               "release it first or omit instance_id to get a fresh one")
-        if len(self.records) + len(self._creating) >= self.max_instances:
-            raise ServiceError(429, "too_many_instances",
-                               f"the server hosts its maximum of {self.max_instances} live instances; "
-                               "release finished ones or retry later",
-                               {"max_instances": self.max_instances}, {"Retry-After": str(self.retry_after_s)})
-        instance_id = instance_id or f"inst_{uuid.uuid4().hex[:20]}"
-        self._creating.add(instance_id)
+        instance_id = self._reserve(instance_id)
         try:
             messages = await self._bounded(self.backend.create(instance_id, env_name, task_id, dict(params or {})),
                                            self.create_timeout_s, instance_id, "create")
@@ -127,6 +118,44 @@ class InstanceManager:
             snapshot = await self._call(record, self.backend.state(instance_id), "state")
         _check_json(record.env, "state", snapshot)
         return snapshot
+
+    async def fork(self, instance_id: str, new_id: str | None = None) -> InstanceRecord:
+        """A new instance, an independent copy of `instance_id` in its current state (steps count on from it).
+
+        409 `fork_unsupported` names the environment when it does not declare the `fork` capability."""
+        record = self.record(instance_id)
+        capabilities = self.environment(record.env).capabilities()
+        if not capabilities.get("fork"):
+            raise ServiceError(409, "fork_unsupported", f"environment {record.env!r} cannot fork instance "
+                               f"{instance_id!r}: it does not copy its state (its capabilities: "
+                               f"{_declared(capabilities)}); replay the actions on a fresh instance instead, "
+                               "where the environment is deterministic",
+                               {"env": record.env, "capabilities": capabilities})
+        new_id = self._reserve(new_id)
+        try:
+            async with record.lock:  # the copy is of a state no step is changing
+                await self._call(record, self.backend.fork(instance_id, new_id), "fork")
+            now = time.monotonic()
+            twin = InstanceRecord(new_id, record.env, record.task_id, now, now, steps=record.steps)
+            self.records[new_id] = twin
+            self._ended.pop(new_id, None)
+            return twin
+        finally:
+            self._creating.discard(new_id)
+
+    def _reserve(self, instance_id: str | None) -> str:
+        """A fresh id (or the caller's), counted against the cap until its instance exists."""
+        if instance_id is not None and (instance_id in self.records or instance_id in self._creating):
+            raise ServiceError(409, "instance_exists", f"instance {instance_id!r} already exists; "
+                               "release it first or omit instance_id to get a fresh one")
+        if len(self.records) + len(self._creating) >= self.max_instances:
+            raise ServiceError(429, "too_many_instances",
+                               f"the server hosts its maximum of {self.max_instances} live instances; "
+                               "release finished ones or retry later",
+                               {"max_instances": self.max_instances}, {"Retry-After": str(self.retry_after_s)})
+        instance_id = instance_id or f"inst_{uuid.uuid4().hex[:20]}"
+        self._creating.add(instance_id)
+        return instance_id
 
     async def release(self, instance_id: str, reason: str = "it was released") -> bool:
         """Release an instance; False when it was not live (releasing twice is harmless)."""
@@ -215,6 +244,11 @@ class InstanceManager:
     def stats(self) -> dict[str, Any]:
         return {"live": len(self.records), "creating": len(self._creating), "max_instances": self.max_instances,
                 "ttl_s": self.ttl_s, "reaped": self.reaped, **self.backend.stats()}
+
+
+def _declared(capabilities: dict[str, bool]) -> str:
+    named = [name for name, on in capabilities.items() if on]
+    return ", ".join(named) if named else "none"
 
 
 def _not_json(env: str, call: str, value: Any) -> str | None:

@@ -91,6 +91,24 @@ class StateResponse(WireModel):
         "a canonical hash of `state` (equal states, equal hashes): GiGPO's anchor states"))
 
 
+class ForkRequest(WireModel):
+    model_config = _example({"instance_id": "inst_3f2a9c-branch"})
+
+    instance_id: str | None = Field(default=None, min_length=1, max_length=200, description=(
+        "a caller-chosen id for the copy makes the fork idempotent: sent twice, the second answers 409"))
+
+
+class ForkResponse(WireModel):
+    model_config = _example({"instance_id": "inst_7b41d0", "forked_from": "inst_3f2a9c", "env": "flights",
+                             "task_id": "flights-train-0001", "steps": 3})
+
+    instance_id: str = Field(description="the copy: a live instance like any other (step, evaluate, release it)")
+    forked_from: str
+    env: str
+    task_id: str
+    steps: int = Field(description="steps the original had taken: the copy continues from there")
+
+
 class ReleaseResponse(WireModel):
     model_config = _example({"instance_id": "inst_3f2a9c", "released": True})
 

@@ -113,6 +113,15 @@ class RayBackend(Backend):
     async def state(self, instance_id: str) -> dict[str, Any]:
         return await self._call(instance_id, "state")
 
+    async def fork(self, instance_id: str, new_id: str) -> None:
+        # The copy lives on the original's actor: its state is in that process.
+        await self._call(instance_id, "fork", new_id)
+        slot = self._placement.get(instance_id)
+        if slot is None:  # the actor died right after the copy: the copy went with it
+            raise InstanceLostError(new_id, self._lost.get(instance_id, "its Ray actor died"))
+        self._placement[new_id] = slot
+        self._loads[slot] += 1
+
     async def release(self, instance_id: str) -> bool:
         self._lost.pop(instance_id, None)
         if instance_id not in self._placement:

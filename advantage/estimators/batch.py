@@ -31,6 +31,9 @@ class AdvantageBatch:
                    or None for a row without labels. Needed by `adca_grpo`.
     anchor_keys:   per row K_i anchor-state keys (the state before step t). Needed by `gigpo`.
     step_rewards:  per row K_i environment rewards per step (`gigpo` returns; default 0).
+    step_credits:  per row K_i credits c_{i,t} added to step t's reward by the step-level estimators (`adca_grpo`,
+                   `gigpo`), or None for a row without: the paired-branch credit of an ask (the outcome with the
+                   answer minus without it, on the asking step; `trainer.experience.ask_reward`).
     num_steps:     (B,) K_i; default: len(step_labels[i]), else max(step_ids[i]) + 1.
     """
 
@@ -41,6 +44,7 @@ class AdvantageBatch:
     step_labels: Sequence[Sequence[float] | None] | None = None
     anchor_keys: Sequence[Sequence[str] | None] | None = None
     step_rewards: Sequence[Sequence[float] | None] | None = None
+    step_credits: Sequence[Sequence[float] | None] | None = None
     num_steps: Sequence[int] | None = None
 
     @classmethod
@@ -79,7 +83,7 @@ class AdvantageBatch:
             raise BatchError(f"outcome is not finite in rows {bad}")
         if len(self.group_index) != b:
             raise BatchError(f"group_index has {len(self.group_index)} entries for {b} rows")
-        for name in ("step_labels", "anchor_keys", "step_rewards"):
+        for name in ("step_labels", "anchor_keys", "step_rewards", "step_credits"):
             rows = getattr(self, name)
             if rows is not None and len(rows) != b:
                 raise BatchError(f"{name} has {len(rows)} rows for a batch of {b}")
@@ -90,11 +94,11 @@ class AdvantageBatch:
         for i in range(b):
             if max_ids[i] >= steps[i]:
                 raise BatchError(f"row {i}: a token has step id {max_ids[i]} but the row has {steps[i]} steps")
-            for name in ("step_labels", "anchor_keys", "step_rewards"):
+            for name in ("step_labels", "anchor_keys", "step_rewards", "step_credits"):
                 rows = getattr(self, name)
                 if rows is not None and rows[i] is not None and len(rows[i]) != steps[i]:
                     raise BatchError(f"row {i}: {name} has {len(rows[i])} entries but the row has {steps[i]} steps")
-            for name in ("step_labels", "step_rewards"):
+            for name in ("step_labels", "step_rewards", "step_credits"):
                 rows = getattr(self, name)
                 if rows is not None and rows[i] is not None and not all(math.isfinite(v) for v in rows[i]):
                     raise BatchError(f"row {i}: {name} has a non-finite value")
@@ -120,6 +124,19 @@ class AdvantageBatch:
         if isinstance(index, np.ndarray):
             return index.tolist()
         return list(index)
+
+    def credits(self, row: int, steps: int) -> np.ndarray:
+        """Row `row`'s K_i step credits c_{i,t} (zeros when the batch or the row has none)."""
+        values = self.step_credits[row] if self.step_credits is not None else None
+        return np.zeros(steps) if values is None else np.asarray(values, dtype=np.float64)
+
+    def credit_metrics(self) -> dict[str, float]:
+        """`adv/credited_steps`: steps whose credit is not 0 (the asks whose branch credit entered the
+        advantages); nothing for a batch without credits."""
+        if self.step_credits is None:
+            return {}
+        return {"adv/credited_steps": float(sum(int(np.count_nonzero(row)) for row in self.step_credits
+                                                if row is not None))}
 
     def groups(self) -> list[list[int]]:
         """Row indices of each task group, in order of first appearance."""
@@ -197,12 +214,14 @@ def batch_from_trajectories(trajectories: Sequence[Trajectory], *, pad_to: int |
 
 def batch_from_rows(trajectories: Sequence[Trajectory], *, loss_masks: Sequence[Sequence[int]],
                     step_ids: Sequence[Sequence[int]], labels: Sequence[list[float] | None],
+                    credits: Sequence[list[float] | None] | None = None,
                     pad_to: int | None = None, device: torch.device | str | None = None) -> AdvantageBatch:
     """An AdvantageBatch of B rows, right-padded to T = the longest row (or `pad_to`).
 
     Per row i: `loss_masks[i]` and `step_ids[i]` (N_i response tokens each; no step ids: -1 on every
-    token), `labels[i]` (K_i label values or None) and, from `trajectories[i]`, the outcome, the group key
-    (`group_id`, else `task_id`), the anchor keys and step rewards of its K_i steps.
+    token), `labels[i]` (K_i label values or None), `credits[i]` (K_i step credits or None) and, from
+    `trajectories[i]`, the outcome, the group key (`group_id`, else `task_id`), the anchor keys and step
+    rewards of its K_i steps.
     """
     if not trajectories:
         raise BatchError("no trajectories: the batch is empty")
@@ -231,6 +250,7 @@ def batch_from_rows(trajectories: Sequence[Trajectory], *, loss_masks: Sequence[
         step_labels=list(labels) if any(lab is not None for lab in labels) else None,
         anchor_keys=[anchor_keys_for(t) for t in trajectories],
         step_rewards=[[s.reward for s in t.steps] for t in trajectories],
+        step_credits=list(credits) if credits is not None and any(c is not None for c in credits) else None,
         num_steps=[len(t.steps) for t in trajectories],
     )
     for row, traj in enumerate(trajectories):

@@ -58,6 +58,13 @@ class EnvInstance(ABC):
             return None
         return hashlib.sha256(json.dumps(snapshot, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+    def fork(self) -> EnvInstance:
+        """An independent copy of this episode in its current state: stepping either one never moves the other.
+
+        Only environments whose `capabilities()` declare `fork` implement it (env_service refuses the route for
+        the others, naming what they lack)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy its state")
+
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release resources (called once, on release or reap)."""
 
@@ -94,8 +101,19 @@ class Environment(ABC):
         or None when it can. The service's /healthz answers 503 with this reason while it is not None."""
         return None
 
+    def capabilities(self) -> dict[str, bool]:
+        """What the environment can do beyond the protocol, served in its info as `capabilities`:
+
+        - `fork`: its instances copy their state (`EnvInstance.fork`, `POST /v1/instances/{id}/fork`);
+        - `deterministic`: the same actions replayed from a fresh instance of the same task reach the same
+          state and the same observations (no wall clock, no unseeded randomness, no generated ids).
+
+        The trainer's paired branches (`trainer.experience.ask_reward: paired_branch`) need one of them."""
+        return {"fork": False, "deterministic": False}
+
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "splits": {s: len(self.task_ids(s)) for s in SPLITS}}
+        return {"name": self.name, "splits": {s: len(self.task_ids(s)) for s in SPLITS},
+                "capabilities": self.capabilities()}
 
     def reference_episode(self, task_id: str) -> list[ChatMessage] | None:
         """The task solved by its reference, as the episode's messages ([system, user], then each action and the

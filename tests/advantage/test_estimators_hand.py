@@ -301,3 +301,60 @@ def test_bad_batches_name_the_problem():
         compute_advantages("adca_grpo", make_batch(labels=[[1, -1, 1], [-1, -1], [1], [1, -1], [-1, 1], [-1]]))
     with pytest.raises(BatchError, match="row 5: anchor_keys has 1 entries but the row has 2 steps"):
         compute_advantages("adca_grpo", make_batch(labels=short))
+
+
+# ---------------------------------------------------------------- paired-branch ask credits
+# A 2-rollout group. Row 0 asked at step 1 (its answer's tokens are mask 0) and succeeded; its branch without the
+# answer failed, so c_{0,1} = 1 - 0 = 1. Row 1 did not ask (no credits) and failed.
+ASK_LAYOUT = [([0, 0, 1, 1, 1, 2, 2], [1, 1, 1, 0, 0, 1, 1]),  # step 0, the ask (1: 1 policy + 2 answer tokens), 2
+              ([0, 0, 1, 1, -1, -1, -1], [1, 1, 1, 1, 0, 0, 0])]
+
+
+def ask_batch(credits, **fields) -> AdvantageBatch:
+    return AdvantageBatch(response_mask=torch.tensor([m for _, m in ASK_LAYOUT], dtype=torch.float32),
+                          step_ids=torch.tensor([s for s, _ in ASK_LAYOUT], dtype=torch.long),
+                          outcome=torch.tensor([1.0, 0.0]), group_index=["g", "g"], step_credits=credits, **fields)
+
+
+def on_ask_layout(values: list[list[float]]) -> torch.Tensor:
+    return torch.tensor([[steps[s] if (s >= 0 and m) else 0.0 for s, m in zip(ids, mask, strict=True)]
+                         for steps, (ids, mask) in zip(values, ASK_LAYOUT, strict=True)], dtype=torch.float32)
+
+
+def test_adca_adds_the_ask_credit_to_the_asking_steps_reward():
+    # labels [1, 1, 1] and [-1, 1]: mu = (1 + 0) / 2 = 0.5; var = (0.25 + (2.25 + 0.25) / 2) / 2 = 0.75
+    z = 1 / math.sqrt(0.75)
+    a0, a1 = [0.5 * z] * 3, [-1.5 * z, 0.5 * z]
+    # outcomes 1, 0 -> o = +1, -1 (population); r_{i,t} = 0.1 a_{i,t} + [t = K_i - 1] o_i + c_{i,t}
+    r0 = [0.1 * a0[0], 0.1 * a0[1] + 1.0, 0.1 * a0[2] + 1.0]
+    r1 = [0.1 * a1[0], 0.1 * a1[1] - 1.0]
+    want = [[r0[0] + r0[1] + r0[2], r0[1] + r0[2], r0[2]], [r1[0] + r1[1], r1[1]]]
+    batch = ask_batch([[0.0, 1.0, 0.0], None], step_labels=[[1, 1, 1], [-1, 1]])
+    result = estimate("adca_grpo", batch, AdcaGrpoConfig(alpha=0.1, outcome_std="population"))
+    close(result.advantages, on_ask_layout(want))
+    assert result.metrics["adv/credited_steps"] == 1.0
+    # The credit moves the asking step and the steps before it by exactly c, the steps after it not at all.
+    plain = estimate("adca_grpo", ask_batch(None, step_labels=[[1, 1, 1], [-1, 1]]),
+                     AdcaGrpoConfig(alpha=0.1, outcome_std="population"))
+    assert "adv/credited_steps" not in plain.metrics
+    close(result.advantages - plain.advantages, on_ask_layout([[1.0, 1.0, 0.0], [0.0, 0.0]]))
+
+
+def test_gigpo_adds_the_ask_credit_to_the_asking_steps_return():
+    # step rewards [0, 0, 1] (the env's final score) and [0, 0]; credit c_{0,1} = 1; gamma 0.5
+    # returns row 0: R2 = 1, R1 = 1 + 0.5 * 1 = 1.5, R0 = 0 + 0.5 * 1.5 = 0.75; row 1: 0, 0
+    # anchors s0 {0.75, 0} -> +-0.375, s1 {1.5, 0} -> +-0.75, s2 alone -> 0; episode (mean norm) +-0.5
+    want = [[0.5 + 0.375, 0.5 + 0.75, 0.5], [-0.5 - 0.375, -0.5 - 0.75]]
+    fields = dict(step_rewards=[[0.0, 0.0, 1.0], [0.0, 0.0]], anchor_keys=[["s0", "s1", "s2"], ["s0", "s1"]])
+    config = GigpoConfig(gamma=0.5, std="population")
+    result = estimate("gigpo", ask_batch([[0.0, 1.0, 0.0], None], **fields), config)
+    close(result.advantages, on_ask_layout(want))
+    assert result.metrics["adv/credited_steps"] == 1.0
+    # Without the credit: R = 0.25, 0.5, 1 -> s0 +-0.125, s1 +-0.25
+    plain = estimate("gigpo", ask_batch(None, **fields), config)
+    close(plain.advantages, on_ask_layout([[0.625, 0.75, 0.5], [-0.625, -0.75]]))
+
+
+def test_a_credit_row_of_the_wrong_length_is_refused():
+    with pytest.raises(BatchError, match="step_credits has 2 entries but the row has 3 steps"):
+        estimate("gigpo", ask_batch([[0.0, 1.0], None], anchor_keys=[["s0", "s1", "s2"], ["s0", "s1"]]))

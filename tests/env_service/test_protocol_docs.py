@@ -37,7 +37,7 @@ def test_every_v1_body_has_a_documented_model_with_an_example():
             if "requestBody" in operation:
                 documented(operation["requestBody"]["content"], where + " request")
             routes += 1
-    assert routes == 13  # every /v1 route, the train-reference route included
+    assert routes == 14  # every /v1 route, the train-reference and fork routes included
     assert "params.query" not in schemas["CreateRequest"]["properties"]["params"]["description"]
     assert "`query`: replaces the task's user query" in schemas["CreateRequest"]["properties"]["params"]["description"]
 

@@ -5,12 +5,17 @@ Per task group g with trajectories i (K_i steps, labels l_{i,t}):
   var_g    = mean_i( mean_t (l_{i,t} - mu_g)^2 )
   a_{i,t}  = (l_{i,t} - mu_g) / sqrt(var_g)                  (0 when every label in the group is equal)
   o_i      = (R_i - mean_g R) / std_g R                      (mean only when the spread is zero)
-  r_{i,t}  = alpha * a_{i,t} + [t = K_i - 1] * o_i           (or + o_i on all steps)
+  c_{i,t}  = the step's credit (`step_credits`; 0 without): with `ask_reward: paired_branch`, on an
+             asking step the outcome with the answer minus the outcome of its branch without it
+  r_{i,t}  = alpha * a_{i,t} + [t = K_i - 1] * o_i + c_{i,t} (or + o_i on all steps)
              times 1/sqrt(K_i) with length_normalization
   A_{i,t}  = sum_{j >= t} r_{i,j}                            broadcast to the tokens of step t
-A group whose outcomes are all equal (o = 0) moves on its labels alone; `when_outcomes_equal: skip`
-gives it a = 0 too. Either way the metrics count such groups and the share of the step's advantage
-mass (sum of |A| over policy tokens) their rows carry.
+So an ask's credit reaches the asking step and, as a return, every step before it (not the steps after).
+A group whose outcomes are all equal (o = 0) moves on its labels (and credits) alone;
+`when_outcomes_equal: skip` gives it a = 0 too, and keeps its credits: a credit is a paired comparison
+of one rollout with its own branch, not a comparison within the group. Either way the metrics count such
+groups and the share of the step's advantage mass (sum of |A| over policy tokens) their rows carry.
+From `prm_steps` on the estimator is plain GRPO, which has no steps: credits are not used there.
 Because labels are z-scored, only their sign pattern matters: GOOD=+1/BAD=-1 and +-0.2 agree.
 """
 
@@ -122,7 +127,7 @@ def adca_grpo(batch: AdvantageBatch, config: AdcaGrpoConfig, training_step: int)
     step_advantages: list[list[float]] = []
     for i, attr in enumerate(attribution):
         k = attr.size
-        rewards = alpha * attr
+        rewards = alpha * attr + batch.credits(i, k)
         if k:
             if config.outcome_placement == "last_step":
                 rewards[-1] += outcome[i]
@@ -140,7 +145,7 @@ def adca_grpo(batch: AdvantageBatch, config: AdcaGrpoConfig, training_step: int)
         step_advantages=step_advantages,
         metrics={"adv/attribution_active": 1.0, "adv/alpha": alpha,
                  "adv/good_label_rate": good / total if total else 0.0,
-                 "adv/equal_outcome_groups": float(len(equal_groups)),
+                 "adv/equal_outcome_groups": float(len(equal_groups)), **batch.credit_metrics(),
                  "adv/equal_outcome_mass_share": mass_share(batch, advantages, [i for g in equal_groups for i in g])},
     )
 

@@ -2,9 +2,13 @@
 
 Per task group g:
   E_i      = group normalisation of the outcome R_i (as GRPO, one value per trajectory)
-  R_{i,t}  = sum_{k >= t} gamma^(k - t) r_{i,k},  r_{i,k} = the environment's step reward (as verl-agent:
-             the environments put the final score in the last step's reward already, so adding R_i
-             again would count it twice); only a batch without step rewards puts R_i on its last step
+  R_{i,t}  = sum_{k >= t} gamma^(k - t) r_{i,k},  r_{i,k} = the environment's step reward + c_{i,k} (as
+             verl-agent: the environments put the final score in the last step's reward already, so adding
+             R_i again would count it twice); only a batch without step rewards puts R_i on its last step
+  c_{i,k}  = the step's credit (`step_credits`; 0 without): with `ask_reward: paired_branch`, on an asking
+             step the outcome with the answer minus the outcome of its branch without it. It moves the
+             asking step's return and, discounted, the returns before it; like every return it counts
+             through the anchor groups (a step alone in its anchor group gets S = 0)
   S_{i,t}  = R_{i,t} normalised within its anchor group: the steps of group g whose anchor key (the
              state acted in) is equal, across and within trajectories; a singleton anchor group gets 0
   A_{i,t}  = E_i + step_weight * S_{i,t}                    broadcast to the tokens of step t
@@ -70,7 +74,7 @@ def gigpo(batch: AdvantageBatch, config: GigpoConfig, training_step: int) -> Adv
             rewards = np.zeros(k)
             if k:
                 rewards[-1] = outcome[i]
-        returns.append(discounted_returns(rewards, config.gamma))
+        returns.append(discounted_returns(rewards + batch.credits(i, k), config.gamma))
 
     # Flatten every (row, step) and group them by (task group, anchor key).
     flat_returns: list[float] = []
@@ -103,5 +107,6 @@ def gigpo(batch: AdvantageBatch, config: GigpoConfig, training_step: int) -> Adv
         step_advantages=[row.tolist() for row in step_advantages],
         metrics={"adv/anchor_groups": float(len(members)),
                  "adv/anchor_group_mean_size": float(np.mean(sizes)) if sizes else 0.0,
-                 "adv/anchor_groups_with_signal": float(sum(1 for m in multi if has_spread(values[m])))},
+                 "adv/anchor_groups_with_signal": float(sum(1 for m in multi if has_spread(values[m]))),
+                 **batch.credit_metrics()},
     )

@@ -9,10 +9,9 @@ Hidden preconditions (not in the tool docs, discovered from error messages):
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from env_service.environments.flights.world import AIRPORTS, World
@@ -79,8 +78,18 @@ class FlightDesk:
         self.booked: dict[str, int] = {}  # flight id -> seats taken in this episode
         self.balances: dict[str, int] = {}  # passenger id -> credit, only once it changed
         self.quoted: set[tuple[str, str, str]] = set()  # (origin, destination, date) searched
-        self._numbers = itertools.count(1001)
+        self._next_number = 1001
         self._salt = secrets.token_hex(2)
+
+    def copy(self) -> FlightDesk:
+        """An independent desk in this one's state, over the same world (read-only): a fork of the episode. Its
+        order ids carry on this desk's numbering and salt, so ids the agent saw before the fork stay valid."""
+        twin = FlightDesk.__new__(FlightDesk)
+        twin.world = self.world
+        twin.orders = {order_id: replace(order) for order_id, order in self.orders.items()}
+        twin.booked, twin.balances, twin.quoted = dict(self.booked), dict(self.balances), set(self.quoted)
+        twin._next_number, twin._salt = self._next_number, self._salt
+        return twin
 
     # ------------------------------------------------------------ dispatch
 
@@ -184,7 +193,8 @@ class FlightDesk:
         return self._new_order(passenger_id, flight_id, self.world.flights[flight_id].price)
 
     def _new_order(self, passenger_id: str, flight_id: str, price: int) -> Order:
-        order_id = f"ORD{next(self._numbers)}{self._salt.upper()}"
+        order_id = f"ORD{self._next_number}{self._salt.upper()}"
+        self._next_number += 1
         order = Order(order_id, passenger_id, flight_id, price, "active", time.time())
         self.orders[order_id] = order
         self.booked[flight_id] = self.booked.get(flight_id, 0) + 1

@@ -287,6 +287,11 @@ class FlightsEnvironment(Environment):
             },
         }
 
+    def capabilities(self) -> dict[str, bool]:
+        # Not deterministic: order ids carry a random salt, so a replayed cancel_order names an order that the
+        # fresh instance does not have. A fork copies the desk, ids included.
+        return {"fork": True, "deterministic": False}
+
     def info(self) -> dict[str, Any]:
         world = {"flights": len(self.world.flights), "passengers": len(self.world.passengers)} if self.world else \
             {"world": "one per task", "routes_per_world": self.routes}
@@ -408,6 +413,12 @@ class FlightsInstance(EnvInstance):
 
     def state(self) -> dict[str, Any]:
         return {"task_id": self.task.task_id, **self.desk.snapshot()}
+
+    def fork(self) -> FlightsInstance:
+        twin = FlightsInstance(self.env, self.task, self.query if self.query_replaced else None, self.max_steps)
+        twin.desk = self.desk.copy()
+        twin.steps, twin.done, twin.reply = self.steps, self.done, self.reply
+        return twin
 
     def state_hash(self) -> str:
         canonical = json.dumps(self.desk.comparable(), sort_keys=True)

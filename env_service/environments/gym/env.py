@@ -163,6 +163,11 @@ class GymEnvironment(Environment):
                              for gid, game in self.games.items()],
                 "task_preference": {"num_entities": 1, "num_opts": 1, "relation_difficulty": 1}}
 
+    def capabilities(self) -> dict[str, bool]:
+        # Every episode resets with its task's seed (gymnasium's contract: a seeded reset reproduces the
+        # episode), so the same actions reach the same board.
+        return {"fork": False, "deterministic": True}
+
     def info(self) -> dict[str, Any]:
         return {**super().info(), "games": list(self.games), "spaces": self._spaces}
 

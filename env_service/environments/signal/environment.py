@@ -28,6 +28,7 @@ GRPOTrainer on a prompt dataset) can run too, so `benchmarks/trainer_vs_trl.py` 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import random
 import re
@@ -157,6 +158,9 @@ class SignalInstance(EnvInstance):
     def state(self) -> dict[str, Any] | None:
         return {"turn": self.turn, "answer": self.answer}
 
+    def fork(self) -> SignalInstance:
+        return copy.copy(self)  # what changes is scalars; the config and the task are shared read-only
+
 
 class SignalEnvironment(Environment):
     name = "signal"
@@ -199,6 +203,9 @@ class SignalEnvironment(Environment):
         if task_id not in self._tasks:
             raise KeyError(task_id)
         return SignalInstance(self.settings, self._tasks[task_id], (params or {}).get("query"))
+
+    def capabilities(self) -> dict[str, bool]:
+        return {"fork": True, "deterministic": True}  # no randomness at all once the task is chosen
 
     def profile(self) -> dict[str, Any]:
         background = ("Read the reading of the asked label among several and answer with it." if self.settings.labels
