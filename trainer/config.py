@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from advantage.estimators import AdvantageConfig
+from advantage.estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from common.config import StrictModel
 from trainer.settings import (
     CollapseSettings,
@@ -85,6 +85,20 @@ class ExperienceConfig(StrictModel):
         "mode: action -- how the policy asks. tool: search_experience(query='...') listed with the "
         "environment's tools; tag: <search_experience>query</search_experience>; auto: tool when the chat "
         "template renders a tools list, else tag"))
+    # The credit of an ask (helper BRANCH's block).
+    ask_reward: Literal["none", "paired_branch"] = Field(default="none", description=(
+        "mode: action -- none: an ask earns nothing of its own; paired_branch: for a sampled share of the "
+        "rollouts that asked, the trainer continues the same prefix with the first ask's answer withheld (same "
+        "environment state, same sampling seeds) and the outcome difference (with the answer - without) "
+        "becomes the asking step's reward through the step-level estimators (adca_grpo, gigpo)"))
+    branch_share: float = Field(default=0.5, ge=0, le=1, description=(
+        "ask_reward: paired_branch -- the share of the rollouts that asked that get a branch (sampled by seed, "
+        "the same in a rerun); each branch costs about one more episode from the ask on"))
+    branch_state: Literal["auto", "fork", "replay"] = Field(default="auto", description=(
+        "ask_reward: paired_branch -- how a branch reaches the state the ask saw. fork: a copy of the instance "
+        "made at the ask (environments that declare fork); replay: the recorded actions replayed on a fresh "
+        "instance (environments that declare deterministic); auto: fork where it can, else replay. An "
+        "environment that can do neither is refused when the trainer starts"))
 
 
 class TaskSourceConfig(StrictModel):
@@ -190,6 +204,15 @@ class TrainerConfig(StrictModel):
         if self.eval.asks and mode == "group_start":
             raise ValueError("eval.asks evaluates with the policy's asks or step retrievals: set experience.mode "
                              "to action or step")
+        if self.experience.ask_reward == "paired_branch":
+            if mode != "action":
+                raise ValueError(f"experience.ask_reward=paired_branch credits the policy's asks: set "
+                                 f"experience.mode to action (it is {mode})")
+            if self.advantage.estimator not in STEP_CREDIT_ESTIMATORS:
+                raise ValueError(f"experience.ask_reward=paired_branch puts the branch's outcome difference on the "
+                                 f"asking step's reward, which only the step-level estimators read "
+                                 f"({', '.join(STEP_CREDIT_ESTIMATORS)}); advantage.estimator="
+                                 f"{self.advantage.estimator} has no steps: choose one of them, or ask_reward: none")
         return self
 
     @property

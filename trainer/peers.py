@@ -88,6 +88,19 @@ class EnvPeer:
     async def release(self, instance_id: str) -> bool:
         return await self.client.release(instance_id)
 
+    async def fork(self, instance_id: str) -> str:
+        """A copy of the instance in its current state (the paired branch's), by a caller-chosen id so that a
+        retried fork cannot make two; the copy's id."""
+        return (await self.client.fork(instance_id, f"{instance_id}-branch")).instance_id
+
+    async def state_hash(self, instance_id: str) -> str | None:
+        return (await self.client.state(instance_id)).state_hash
+
+    async def capabilities(self, env: str) -> dict[str, bool]:
+        """What environment `env` declares beyond the protocol: `fork` (its instances copy their state) and
+        `deterministic` (replayed actions reach the same state)."""
+        return await self.client.capabilities(env)
+
     async def task_ids(self, env: str, split: str) -> list[str]:
         return await self.client.task_ids(env, split)  # type: ignore[arg-type]
 

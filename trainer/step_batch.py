@@ -27,6 +27,7 @@ from advantage.estimators.batch import AdvantageBatch, batch_from_rows, label_va
 from advantage.estimators.registry import estimate
 from advantage.estimators.segments import join_segments, split_row
 from common.schemas import StepLabel
+from trainer.branches import step_credits
 from trainer.rollout import Rollout
 from trainer.update import TrainSample
 
@@ -62,7 +63,8 @@ class StepBatch:
         """The estimator's input: B rows, T = max_i N_i columns.
 
         response_mask (B, T) float32, step_ids (B, T) long (-1: padding or no step), outcome (B,) float32;
-        per row: group key, K_i label values (when judged), anchor keys and step rewards.
+        per row: group key, K_i label values (when judged), anchor keys, step rewards and the K_i step credits of
+        a rollout whose ask a paired branch credited (`trainer.branches.step_credits`).
         """
         rollouts = self.rollouts
         return batch_from_rows(
@@ -70,7 +72,8 @@ class StepBatch:
             loss_masks=[join_segments([s.loss_mask for s in r.segments]) for r in rollouts],
             step_ids=[join_segments([s.step_ids for s in r.segments]) for r in rollouts],
             labels=[label_values(self.labels(r), len(r.trajectory.steps), r.trajectory.trajectory_id)
-                    for r in rollouts])
+                    for r in rollouts],
+            credits=[step_credits(r.trajectory) for r in rollouts])
 
     def estimate(self, name: str, config: BaseModel | dict | None, training_step: int) -> dict[str, float]:
         """Run estimator `name` (0-based `training_step`) and keep each rollout's N_i token advantages;

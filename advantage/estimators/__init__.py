@@ -22,6 +22,10 @@ from advantage.estimators.grouping import StdConvention
 from advantage.estimators.result import AdvantageResult, BatchError
 from advantage.estimators.spec import EstimatorSpec, estimator
 
+# The built-ins whose step path reads `AdvantageBatch.step_credits` (ADCA's step rewards, GiGPO's step returns):
+# the estimators `trainer.experience.ask_reward: paired_branch` can run with.
+STEP_CREDIT_ESTIMATORS: tuple[str, ...] = ("adca_grpo", "gigpo")
+
 # name -> the module that defines it (imported lazily: these pull in torch)
 _LAZY = {
     "AdvantageBatch": "batch", "anchor_keys_for": "batch",
@@ -35,7 +39,7 @@ _LAZY = {
 
 __all__ = [
     "AdcaGrpoConfig", "AdvantageConfig", "AdvantageResult", "BatchError", "EstimatorSpec", "GigpoConfig",
-    "GrpoConfig", "StdConvention", "alpha_at", "estimator", *_LAZY,
+    "GrpoConfig", "STEP_CREDIT_ESTIMATORS", "StdConvention", "alpha_at", "estimator", *_LAZY,
 ]
 
 
