@@ -31,7 +31,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -257,10 +257,12 @@ class BranchCounters:
     generated_tokens: int = 0
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = asdict(self)
-        out["difference_mean"] = self.difference_sum / self.branches if self.branches else None
-        out["positive_share"] = self.positive / self.branches if self.branches else None
-        return out
+        """The run's totals as the summary's `self_navigating` counters (`branches`, `branch_*`)."""
+        n = self.branches
+        return {"branches": n, "branch_failures": self.failures, "branch_seconds": round(self.seconds, 3),
+                "branch_forks": self.forks, "branch_generated_tokens": self.generated_tokens,
+                "branch_difference_mean": self.difference_sum / n if n else None,
+                "branch_positive_share": self.positive / n if n else None}
 
 
 class BranchRunner:

@@ -18,7 +18,7 @@ import json
 import random
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from common.schemas import Task
 from engine.models import export_model, load_model, native_bf16
 from trainer import lora
 from trainer.asks import AskPolicy, ask_metrics, ask_policy, environment_steps, refuse_held_out
+from trainer.branches import BranchCounters, BranchPoints, BranchRunner, branch_state
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.collapse import CollapseDetector, RunCollapsed, replies_of_trajectory
 from trainer.config import TrainerConfig
@@ -138,6 +139,8 @@ class LocalTrainer:
         self.env: EnvPeer | None = None
         self.mechanisms: Mechanisms | None = None
         self.asks: AskPolicy | None = None  # experience.mode action or step
+        self.branches: BranchRunner | None = None  # experience.ask_reward: paired_branch
+        self._saved_branches: dict[str, Any] = {}
         self.group_stats = GroupStats()
         self.step_counters = StepCounters()
         self.evaluations: dict[str, EvalSummary] = {}  # "before" / "warm_start" / "after"
@@ -201,9 +204,27 @@ class LocalTrainer:
             logger.info("rollout engine: {} weights, log-probs {}", next(self.policy.engine.model.parameters()).dtype,
                         "reusable as old ones" if self.policy.exact_logprobs else "recomputed by the update")
         load_outages(self.peer_clients(), self._saved_outages)
+        self.branches = await self._branch_runner()
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
         self.records = RolloutRecords(self.out / "rollouts", self.tokenizer)  # for the studio
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    async def _branch_runner(self) -> BranchRunner | None:
+        """`ask_reward: paired_branch`: the branch runner, once the environment has said how a branch reaches an
+        ask's state (it forks, or it is deterministic); an environment that can do neither stops the run here."""
+        cfg = self.config
+        if cfg.experience.ask_reward != "paired_branch":
+            return None
+        assert self.env is not None and self.asks is not None and self.policy is not None
+        state = branch_state(await self.env.capabilities(cfg.rollout.env), cfg.experience.branch_state,
+                             cfg.rollout.env)
+        logger.info("paired branches for asks on {}: {} of the asking rollouts, by {}", cfg.rollout.env,
+                    cfg.experience.branch_share, state)
+        runner = BranchRunner(self.env, self.policy.generate, self.tokenizer, cfg.rollout, self.asks, state=state,
+                              share=cfg.experience.branch_share, seed=cfg.seed, grader=self.mechanisms.tasks
+                              if self.mechanisms is not None else None)
+        runner.counters = BranchCounters(**self._saved_branches)
+        return runner
 
     def _restore(self) -> None:
         path = latest_checkpoint(self.out / "checkpoints")
@@ -216,6 +237,7 @@ class LocalTrainer:
         self.updater.load_state_dict(state["updater"])
         self.cursor.load(state["cursor"])
         self.group_stats = GroupStats(**state.get("group_stats", {}))
+        self._saved_branches = state.get("branches", {})  # onto the branch runner once it exists
         # The held-out "before" (and "warm_start") results: without them a resumed run's summary has no changes.
         self.evaluations = {label: EvalSummary(**saved) for label, saved in state.get("evaluations", {}).items()}
         self.warm_start_report = state.get("warm_start")
@@ -235,6 +257,7 @@ class LocalTrainer:
         payload = {"model": lora.merged_state_dict(self.model), "updater": self.updater.state_dict(),
                    "cursor": self._prefetch_cursor if self._prefetch is not None else self.cursor.state(),
                    "group_stats": vars(self.group_stats),
+                   "branches": vars(self.branches.counters) if self.branches is not None else {},
                    "evaluations": {label: asdict(summary) for label, summary in self.evaluations.items()},
                    "mechanisms": self.mechanisms.counters() if self.mechanisms is not None else {},
                    "resilience": {"steps": self._step_counters(),
@@ -333,7 +356,8 @@ class LocalTrainer:
                      for t in self.cursor.next_batch(cfg.tasks_per_step)]
         cursor = self.cursor.state()
         dropped_before = self.group_stats.dropped_groups
-        groups = await self._collect(tasks, step, step_seed, t0)
+        points = self.branches.points() if self.branches is not None else None
+        groups = await self._collect(tasks, step, step_seed, t0, points)
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g]
         metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
@@ -344,6 +368,8 @@ class LocalTrainer:
         metrics.update(self._rollout_metrics(rollouts, t1 - t0))
         judgments = await mechanisms.label([r.trajectory for r in rollouts])
         metrics["time/judge_s"] = time.monotonic() - t1
+        if self.branches is not None and points is not None:  # before the estimator reads the asks' credits
+            metrics.update(await self.branches.run(groups, {t.task_id: t for t in tasks}, points))
         return CollectedStep([t.task_id for t in tasks], groups, judgments or {}, metrics, cursor)
 
     async def train_step(self) -> dict[str, float]:
@@ -401,8 +427,10 @@ class LocalTrainer:
         self.step += 1
         return metrics
 
-    async def _collect(self, tasks: list[Task], step: int, step_seed: int, started: float) -> list[list[Rollout]]:
-        """The step's complete groups; a step with none is collected again, then fails naming the cause."""
+    async def _collect(self, tasks: list[Task], step: int, step_seed: int, started: float,
+                       points: BranchPoints | None = None) -> list[list[Rollout]]:
+        """The step's complete groups; a step with none is collected again, then fails naming the cause.
+        `points`: the step's branch points (paired branches), recorded by the asks' `on_ask` hook."""
         cfg = self.config
         assert self.policy is not None and self.env is not None and self.mechanisms is not None
         experience = self.mechanisms.experience if cfg.rollout.experience_ratio > 0 else None
@@ -413,7 +441,8 @@ class LocalTrainer:
                                           demonstration_observation_tokens=(
                                               self.mechanisms.experience_config.demonstration_observation_tokens),
                                           on_rollout=rollout_progress(len(tasks) * cfg.rollout.n, started),
-                                          asks=self.asks)
+                                          asks=self.asks if points is None or self.asks is None
+                                          else replace(self.asks, on_ask=points.on_ask))
             failure = environment_failure(groups)
             if groups and failure is None:
                 return groups
@@ -455,6 +484,9 @@ class LocalTrainer:
         mechanisms = await mechanisms_summary(self.tasks, self.experience, self.judge,
                                               self.config.experience.inject, self.group_stats,
                                               self.config.experience.mode)
+        if self.branches is not None and "self_navigating" in mechanisms:
+            # ask_reward: paired_branch -- branches run, their cost, the mean difference and the share positive
+            mechanisms["self_navigating"].update(self.branches.counters.summary())
         record = RunRecord(
             collapsed=self.collapse.collapsed, steps=self.step, output_dir=self.out, run_id=self.run_id,
             stats=self.group_stats, plot=plot, before=self.evaluations.get("before"),

@@ -147,6 +147,11 @@ def translate(run: dict[str, Any], *, env_url: str | None = None, experience_url
     if trainer.experience.mode != "group_start" and trainer.rollout.experience_ratio > 0:
         raise ValueError(f"trainer.experience.mode={trainer.experience.mode} replaces the group-start injection: "
                          "set trainer.rollout.experience_ratio to 0")
+    if trainer.experience.ask_reward != "none":
+        # A branch continues one finished rollout with its own generations replayed and credits a step before
+        # the advantage; veRL's agent loop returns each rollout to veRL as it ends and computes advantages there.
+        raise ValueError(f"trainer.experience.ask_reward={trainer.experience.ask_reward} runs on the local trainer "
+                         "only (the veRL backend has no paired branches): set trainer.experience.ask_reward: none")
     if trainer.tasks_per_step % trainer.optim.minibatches:
         raise ValueError(f"trainer.tasks_per_step={trainer.tasks_per_step} must be a multiple of "
                          f"trainer.optim.minibatches={trainer.optim.minibatches} (veRL mini-batches are whole groups)")

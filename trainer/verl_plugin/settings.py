@@ -64,6 +64,9 @@ class EvolverVerlSettings(StrictModel):
         if self.experience is not None and self.experience.mode != "group_start" and self.rollout.experience_ratio > 0:
             raise ValueError(f"experience.mode={self.experience.mode} replaces the group-start injection: set "
                              "rollout.experience_ratio to 0")
+        if self.experience is not None and self.experience.ask_reward != "none":
+            raise ValueError(f"experience.ask_reward={self.experience.ask_reward} runs on the local trainer only "
+                             "(the veRL backend has no paired branches): set it to none")
         return self
 
     def outage(self) -> Any:
