@@ -98,6 +98,10 @@ class InstanceHost:
         if twin is instance:
             raise HostError(500, "environment_contract", f"fork of {instance_id!r} returned the instance itself; "
                             "EnvInstance.fork must return an independent copy")
+        if new_id in self._discarded:  # the fork timed out meanwhile
+            self._discarded.discard(new_id)
+            _close_quietly(twin)
+            raise HostError(504, "timeout", f"instance {new_id!r} was discarded before its fork finished")
         self.instances[new_id] = twin
 
     def release(self, instance_id: str) -> bool:

@@ -134,7 +134,12 @@ class InstanceManager:
         new_id = self._reserve(new_id)
         try:
             async with record.lock:  # the copy is of a state no step is changing
-                await self._call(record, self.backend.fork(instance_id, new_id), "fork")
+                try:
+                    await self._call(record, self.backend.fork(instance_id, new_id), "fork")
+                except ServiceError as exc:
+                    if exc.code == "timeout":  # the copy may still appear on its host: drop it when it does
+                        await self._discard(new_id)
+                    raise
             now = time.monotonic()
             twin = InstanceRecord(new_id, record.env, record.task_id, now, now, steps=record.steps)
             self.records[new_id] = twin

@@ -134,6 +134,7 @@ class BranchPoint:
     turn: int
     state_hash: str | None = None
     fork_id: str | None = None
+    error: str | None = None  # reading the state or forking failed at the ask: this rollout cannot branch
 
 
 class BranchPoints:
@@ -149,10 +150,14 @@ class BranchPoints:
         if instance_id in self.points:  # only the first ask of an episode branches
             return
         point = self.points[instance_id] = BranchPoint(turn)
-        point.state_hash = await self.env.state_hash(instance_id)
-        if self.state == "fork":
-            point.fork_id = await self.env.fork(instance_id)
-            self.forks += 1
+        try:
+            point.state_hash = await self.env.state_hash(instance_id)
+            if self.state == "fork":
+                point.fork_id = await self.env.fork(instance_id)
+                self.forks += 1
+        except Exception as exc:  # the episode goes on; only its branch is lost (a failure if it is sampled)
+            point.error = f"{type(exc).__name__}: {exc}"
+            logger.warning("branch point of {} at turn {} failed: {}", instance_id, turn, point.error)
 
     async def release_forks(self) -> None:
         """Release every fork of the step: those no branch ran on, and any a failed branch left (releasing one a
@@ -333,6 +338,8 @@ class BranchRunner:
     async def branch(self, rollout: Rollout, task: Task, point: BranchPoint) -> Branch:
         """The rollout's branch without the answer to its first ask (see the module docstring)."""
         started = time.monotonic()
+        if point.error is not None:
+            raise BranchDiverged(f"no branch point: {point.error}")
         ask = first_ask(rollout.trajectory)
         if ask is None or ask.index != point.turn:
             raise BranchDiverged(f"the rollout's first ask is not at turn {point.turn}, where on_ask saw it")

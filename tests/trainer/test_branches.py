@@ -135,3 +135,20 @@ def test_an_environment_that_neither_forks_nor_replays_is_refused_by_name():
         branch_state({"fork": False, "deterministic": False}, "auto", "bfcl")
     with pytest.raises(BranchUnsupported, match="environment 'flights' is not declared deterministic"):
         branch_state({"fork": True, "deterministic": False}, "replay", "flights")
+
+
+def test_paired_branch_is_refused_without_asks_or_a_step_level_estimator():  # (veRL: tests/verl/test_overrides.py)
+    from trainer.config import TrainerConfig
+
+    base = {"rollout": {"env": "signal"}, "services": {"env_url": "http://127.0.0.1:1", "experience_url": "x",
+                                                        "judge_url": "y"}}
+
+    def trainer(mode: str, estimator: str):
+        return TrainerConfig.model_validate({**base, "advantage": {"estimator": estimator},
+                                             "experience": {"mode": mode, "ask_reward": "paired_branch"}})
+
+    assert trainer("action", "gigpo").experience.branch_share == 0.5
+    with pytest.raises(ValueError, match="advantage.estimator=grpo has no steps"):
+        trainer("action", "grpo")
+    with pytest.raises(ValueError, match="set experience.mode to action"):
+        trainer("step", "adca_grpo")

@@ -101,6 +101,8 @@ def test_plain_grpo_without_services_beyond_the_environment():
     (lambda r: r["trainer"]["services"].pop("experience_url"), "experience_ratio"),
     (lambda r: r["trainer"]["rollout"].update(n=0), "trainer.rollout.n"),
     (lambda r: r["trainer"]["rollout"].update(max_context=20000), "max_context=20000"),
+    (lambda r: (r["trainer"]["rollout"].update(experience_ratio=0), r["trainer"].setdefault("experience", {}).update(
+        mode="action", ask_reward="paired_branch")), "ask_reward=paired_branch runs on the local trainer only"),
 ])
 def test_bad_input_names_what_to_fix(change, message):
     run = compose_yaml(EXAMPLE)
