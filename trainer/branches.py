@@ -191,8 +191,12 @@ class BranchEnv:
             if [m.text() for m in created.messages] != [m.text() for m in self.opening]:
                 await self.env.release(created.instance_id)
                 raise BranchDiverged("a fresh instance of the task opened with other messages than the original")
-        if not self.prefix:
-            await self._check_branch_point(created.instance_id)
+        if not self.prefix:  # the ask was the first turn: the fresh instance (or the fork) is the branch point
+            try:
+                await self._check_branch_point(created.instance_id)
+            except BaseException:
+                await self.env.release(created.instance_id)  # run_episode releases only what create returned
+                raise
         return created
 
     async def step(self, instance_id: str, action: str) -> Any:
