@@ -152,3 +152,40 @@ def test_paired_branch_is_refused_without_asks_or_a_step_level_estimator():  # (
         trainer("action", "grpo")
     with pytest.raises(ValueError, match="set experience.mode to action"):
         trainer("step", "adca_grpo")
+
+
+def test_the_local_trainers_step_branches_its_asking_rollouts_before_the_estimator(env_url, tokenizer):
+    """`LocalTrainer._collect_step` with the scripted policy: the asks' hook records branch points, every asking
+    rollout is branched (share 1), the metrics report it and the step batch carries the credits."""
+    from trainer.config import TrainerConfig
+    from trainer.local import LocalTrainer, TaskCursor
+    from trainer.mechanisms import Mechanisms
+
+    cfg = TrainerConfig.model_validate({
+        "rollout": {"env": "signal", "n": 4, "max_turns": 2, "max_new_tokens": 32, "max_context": 512},
+        "tasks_per_step": 1, "advantage": {"estimator": "gigpo"},
+        "services": {"env_url": env_url, "experience_url": "http://127.0.0.1:9"},  # the pool is `Advice` here
+        "experience": {"mode": "action", "ask_budget": 1, "ask_format": "tag", "ask_reward": "paired_branch",
+                       "branch_share": 1.0, "branch_state": "replay"}})
+    trainer = LocalTrainer(cfg)
+    trainer.env, trainer.policy, trainer.tokenizer = EnvPeer(env_url), ScriptedPolicy(tokenizer), tokenizer
+    trainer.mechanisms = Mechanisms(estimator="gigpo")
+    trainer.asks = AskPolicy(Advice(), budget=1, format="tag")
+    trainer.cursor = TaskCursor([TASK.task_id], 0)
+
+    async def step():
+        try:
+            trainer.branches = await trainer._branch_runner()
+            return await trainer._collect_step(0)
+        finally:
+            await trainer.env.aclose()
+
+    collected = asyncio.run(step())
+    rollouts = collected.groups[0]
+    asking = [r for r in rollouts if r.asks]
+    assert 0 < len(asking) < len(rollouts)  # the seeds of step 0 make some rollouts ask and some not
+    assert collected.metrics["experience/branches"] == len(asking)
+    assert collected.metrics["experience/branch_difference_mean"] == 1.0
+    assert trainer.branches.counters.summary()["branches"] == len(asking)
+    result = StepBatch(collected.groups).estimate("gigpo", {}, 0)
+    assert result["advantage/credited_steps"] == len(asking)
