@@ -310,10 +310,10 @@ ASK_LAYOUT = [([0, 0, 1, 1, 1, 2, 2], [1, 1, 1, 0, 0, 1, 1]),  # step 0, the ask
               ([0, 0, 1, 1, -1, -1, -1], [1, 1, 1, 1, 0, 0, 0])]
 
 
-def ask_batch(credits, **fields) -> AdvantageBatch:
+def ask_batch(credits, outcome=(1.0, 0.0), **fields) -> AdvantageBatch:
     return AdvantageBatch(response_mask=torch.tensor([m for _, m in ASK_LAYOUT], dtype=torch.float32),
                           step_ids=torch.tensor([s for s, _ in ASK_LAYOUT], dtype=torch.long),
-                          outcome=torch.tensor([1.0, 0.0]), group_index=["g", "g"], step_credits=credits, **fields)
+                          outcome=torch.tensor(outcome), group_index=["g", "g"], step_credits=credits, **fields)
 
 
 def on_ask_layout(values: list[list[float]]) -> torch.Tensor:
@@ -338,6 +338,11 @@ def test_adca_adds_the_ask_credit_to_the_asking_steps_reward():
                      AdcaGrpoConfig(alpha=0.1, outcome_std="population"))
     assert "adv/credited_steps" not in plain.metrics
     close(result.advantages - plain.advantages, on_ask_layout([[1.0, 1.0, 0.0], [0.0, 0.0]]))
+    # Equal outcomes under `skip`: the labels' part is dropped, the credit (a paired comparison) stays.
+    skipped = estimate("adca_grpo", ask_batch([[0.0, 1.0, 0.0], None], outcome=(1.0, 1.0),
+                                              step_labels=[[1, 1, 1], [-1, 1]]),
+                       AdcaGrpoConfig(alpha=0.1, when_outcomes_equal="skip"))
+    close(skipped.advantages, on_ask_layout([[1.0, 1.0, 0.0], [0.0, 0.0]]))
 
 
 def test_gigpo_adds_the_ask_credit_to_the_asking_steps_return():
