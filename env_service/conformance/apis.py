@@ -322,3 +322,23 @@ class V1Api(Api):
     async def malformed_create(self) -> Answer:
         return await self.transport.call("POST", "/v1/instances", "malformed create", content=b"{not json",
                                          headers={"content-type": "application/json"})
+
+    async def capabilities(self) -> dict[str, Any]:
+        """What the environment declares beyond the protocol (`info.capabilities`); {} when it says nothing."""
+        answer = await self.transport.call("GET", f"/v1/environments/{self.env}", "describe environment")
+        info = answer.body.get("info") if answer.status == 200 and isinstance(answer.body, dict) else None
+        declared = info.get("capabilities") if isinstance(info, dict) else None
+        return declared if isinstance(declared, dict) else {}
+
+    async def state(self, instance_id: str, check: str) -> Any:
+        body = self._expect(await self.transport.call("GET", f"/v1/instances/{instance_id}/state", "state"),
+                            check, "state")
+        return body.get("state") if isinstance(body, dict) else body
+
+    async def fork(self, instance_id: str) -> str:
+        body = self._expect(await self.transport.call("POST", f"/v1/instances/{instance_id}/fork", "fork", json={}),
+                            "v1.fork", "fork", (201,))
+        twin = body.get("instance_id") if isinstance(body, dict) else None
+        if not isinstance(twin, str) or not twin or twin == instance_id:
+            raise Violation("v1.fork", f"fork must answer a new instance_id, got {str(body)[:200]}")
+        return twin

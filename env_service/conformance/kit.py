@@ -14,6 +14,8 @@ Checks (each PASS or FAIL with the reason; `<api>` is `v1` and/or `ae`, whicheve
 - `<api>.unknown_instance`: step/evaluate on an unknown id give the API's not-found error
   (v1: 404 `{"error": ...}`; ae: a 4xx with `success: false`), never a success or a 5xx.
 - `<api>.unknown_env`, `<api>.unknown_task`, `<api>.malformed`: client errors are 4xx in the API's error shape.
+- `v1.fork`: an environment that declares the `fork` capability forks a stepped instance into a new one in
+  the same state, and stepping the fork leaves the original's state as it was (PASS "not declared" otherwise).
 - `episodes`: N random-agent episodes (random tool calls from the tool docs, random text) run to
   the end or to `max_steps`, then evaluate and release.
 - `concurrency`: C instances created, stepped, evaluated and released at the same time; ids unique.
@@ -185,6 +187,9 @@ class ConformanceKit:
             if again.status >= 500 or _claims_released(again):
                 raise Violation(f"{p}.release", f"releasing twice must be harmless and say it was not live, "
                                 f"got HTTP {again.status}: {str(again.body)[:200]}")
+        if isinstance(api, V1Api):
+            async with self.check("v1.fork"):
+                await self._fork(api, task_id)
         async with self.check(f"{p}.unknown_instance"):
             bogus = f"conformance_missing_{uuid.uuid4().hex[:8]}"
             for what, answer in (("step", await api.step_raw(bogus, {"role": "assistant", "content": "hi"})),
@@ -221,6 +226,29 @@ class ConformanceKit:
                                 f"in its user message (a synthetic task's question), got {user[:200]!r}")
         finally:
             await self._release(api, instance_id)
+
+    async def _fork(self, api: V1Api, task_id: str) -> None:
+        if not (await api.capabilities()).get("fork"):
+            self._pass("v1.fork", "not declared")
+            return
+        agent = RandomAgent(await api.tools(task_id), self.seed)
+        original, _ = await self._create(api, task_id)
+        twin = None
+        try:
+            await api.step(original, agent.action())
+            before = await api.state(original, "v1.fork")
+            twin = await api.fork(original)
+            self.created.append(twin)
+            if await api.state(twin, "v1.fork") != before:
+                raise Violation("v1.fork", "the fork's state differs from the original's at the fork")
+            await api.step(twin, agent.action())
+            if await api.state(original, "v1.fork") != before:
+                raise Violation("v1.fork", "stepping the fork changed the original's state")
+            self._pass("v1.fork", "a fork is an independent copy")
+        finally:
+            for instance_id in (original, twin):
+                if instance_id is not None:
+                    await self._release(api, instance_id)
 
     async def _evaluate(self, api: Api, instance_id: str) -> float:
         score = await api.evaluate(instance_id)

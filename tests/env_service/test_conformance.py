@@ -31,6 +31,8 @@ async def test_our_server_conforms_for_every_built_in_environment(our_server, en
     # Both APIs were checked, and the leak check had an instance listing to compare.
     assert {"v1.step_shape", "ae.step_shape", "episodes", "concurrency"} <= set(report.checks)
     assert "live 0 -> 0" in report.checks["leak"].detail
+    forks = env in ("flights", "signal")  # the environments that declare the fork capability
+    assert report.checks["v1.fork"].detail == ("a fork is an independent copy" if forks else "not declared")
 
 
 @pytest.mark.parametrize("protocol", ["v1", "agentevolver"])
