@@ -141,13 +141,13 @@ class BranchPoints:
     """The branch points of one step's rollouts, by environment instance id: `on_ask` is the `AskPolicy` hook
     of the step's collection."""
 
-    def __init__(self, env: BranchEnvPeer, state: BranchState) -> None:
-        self.env, self.state = env, state
+    def __init__(self, env: BranchEnvPeer, state: BranchState, active: bool = True) -> None:
+        self.env, self.state, self.active = env, state, active
         self.points: dict[str, BranchPoint] = {}
         self.forks = 0
 
     async def on_ask(self, instance_id: str, turn: int) -> None:
-        if instance_id in self.points:  # only the first ask of an episode branches
+        if not self.active or instance_id in self.points:  # only the first ask of an episode branches
             return
         point = self.points[instance_id] = BranchPoint(turn)
         try:
@@ -288,7 +288,7 @@ class BranchRunner:
 
     def points(self) -> BranchPoints:
         """A fresh registry for one step's collection; its `on_ask` goes into that collection's `AskPolicy`."""
-        return BranchPoints(self.env, self.state)
+        return BranchPoints(self.env, self.state, active=self.share > 0)
 
     async def run(self, groups: Sequence[Sequence[Rollout]], tasks: Mapping[str, Task],
                   points: BranchPoints) -> dict[str, float]:
