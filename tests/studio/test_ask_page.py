@@ -23,7 +23,8 @@ def asking_rollout(tokenizer) -> Rollout:
     steps = [
         Step(index=0, action=ChatMessage(role="assistant", content="search_experience(query='fare rules')"),
              observation=ChatMessage(role="tool", content='{"experiences": []}'),
-             info={"ask": ask_record("fare rules", [hit], over_budget=False, withheld=False)}),
+             info={"ask": {**ask_record("fare rules", [hit], over_budget=False, withheld=False),
+                           "branch": {"outcome_without": 0.0, "difference": 1.0, "state": "fork", "seconds": 0.4}}}),
         Step(index=1, action=ChatMessage(role="assistant", content="search_experience(query='again')"),
              observation=ChatMessage(role="tool", content="No answer: the budget is spent."),
              info={"ask": ask_record("again", [], over_budget=True, withheld=False)}),
@@ -57,3 +58,4 @@ def test_the_trajectory_page_shows_asks_and_step_searches(tmp_path):
     assert '<tr data-experience="exp_fares"><td><a href="/runs/asking/experiences/exp_fares">exp_fares</a></td>' in html
     assert '<td class="n">0.8125</td>' in html and "When a fare is asked: search_flight first." in html
     assert '<span class="role">answer</span>' in html and '<span class="role">ask</span>' in html
+    assert "paired branch (fork): outcome without the answer 0, credit to this step 1" in html
