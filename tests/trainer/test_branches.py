@@ -9,10 +9,9 @@ import asyncio
 import re
 
 import pytest
-from transformers import AutoTokenizer
 
 from common.schemas import Task
-from engine.models import resolve_model_dir
+from engine.models import load_tokenizer
 from env_service.app import build_app
 from env_service.settings import EnvServiceSettings
 from tests.helpers import InProcessServer
@@ -35,7 +34,7 @@ def env_url():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return AutoTokenizer.from_pretrained(str(resolve_model_dir("tiny")), local_files_only=True)
+    return load_tokenizer("tiny")
 
 
 class Advice:
