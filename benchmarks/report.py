@@ -644,7 +644,7 @@ QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3st
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
                     "quickstart-fresh-clone-2steps-evalbatch128-inflight128.json",
-                    "quickstart-fresh-clone-2steps-kept-cache.json"]
+                    "quickstart-fresh-clone-2steps-kept-cache.json", "quickstart-v2-fresh-clone-2steps.json"]
 
 
 def quickstart() -> list[str]:
@@ -660,8 +660,12 @@ def quickstart() -> list[str]:
         install = f"{data['install_s'] / 60:.1f} min" if "install_s" in data else "-"
         rows.append([link(name), steps, data["eval_max_batch"] or data["policy_max_batch"], install,
                      f"{data['wall_s'] / 60:.1f} min", f"{evals[0] / 60:.1f} / {evals[-1] / 60:.1f} min",
-                     f"{metrics[avg]['before']['mean']:.3f} -> {metrics[avg]['after']['mean']:.3f} "
-                     f"({ci(metrics[avg]['delta'], True)})",
+                     f"{metrics[avg]['before']['mean']:.3f} -> "
+                     + (f"{metrics[avg]['warm_start']['mean']:.3f} (warm start) -> " if "warm_start" in metrics[avg]
+                        else "")
+                     + f"{metrics[avg]['after']['mean']:.3f} ({ci(metrics[avg]['delta'], True)}"
+                     + (f"; RL's part {ci(metrics[avg]['delta_rl'], True)}" if "delta_rl" in metrics[avg] else "")
+                     + ")",
                      f"{metrics['invalid_action_rate']['before']['mean']:.2f} -> "
                      f"{metrics['invalid_action_rate']['after']['mean']:.2f}",
                      f"{met} of {judged}", data.get("what", data["machine"])])
@@ -669,8 +673,9 @@ def quickstart() -> list[str]:
         "Quickstart: fresh-clone runs",
         "The CPU quickstart (`examples/quickstart.yaml`) from the launch to the summary, on 2 quiet cores: its "
         "wall time, the held-out evaluations before and after training (32 test tasks x 4 samples), and how many "
-        "of the loop's checks were met (the paired held-out change's CI above 0 is the one not met in every run). "
-        "Oldest first; the last row is the shipped configuration.",
+        "of the loop's checks were met. The v1 rows (the `full` row, no warm start) never met the paired held-out "
+        "change's CI above 0; the last row, the shipped configuration, is the v2 protocol's W+full row: a warm start "
+        "on self-questioned references, then 2 RL steps. Oldest first.",
         ["bash install.sh && .venv/bin/python launcher.py --conf examples/quickstart.yaml"],
         table(["raw", "steps", "evaluation rows", "install", "wall time", "evaluation before / after",
                "held-out avg@4 (paired change, 95% CI)", "invalid-action rate", "checks met", "what"], rows))

@@ -57,11 +57,12 @@ def test_training_signal_counts_steps_with_a_gradient_and_mixed_groups_once_per_
         {"step": 2, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 2.0, "update/grad_norm": 0.5},
         {"step": 2, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 1.0, "update/grad_norm": 0.25},  # re-run
         {"step": 3, "rollout/groups": 4.0, "rollout/mixed_outcome_groups": 1.0},  # no update: no gradient
+        {"step": 4, "rollout/groups": 2.0, "rollout/mixed_outcome_groups": 0.0, "update/grad_norm": 2.5e-7},  # noise
     ]
     got = training_signal(records)
-    assert got["steps"] == 3 and got["steps_with_nonzero_grad"] == 1 and got["every_step_nonzero_grad"] is False
-    assert got["grad_norm_per_step"] == [0.0, 0.25, 0.0] and got["skipped_updates"] == 1
-    assert got["groups"] == 8 and got["mixed_outcome_groups"] == 2 and got["mixed_outcome_share"] == 0.25
+    assert got["steps"] == 4 and got["steps_with_nonzero_grad"] == 1 and got["every_step_nonzero_grad"] is False
+    assert got["grad_norm_per_step"] == [0.0, 0.25, 0.0, 2.5e-7] and got["skipped_updates"] == 1
+    assert got["groups"] == 10 and got["mixed_outcome_groups"] == 2 and got["mixed_outcome_share"] == 0.2
     assert training_signal(records[2:3])["every_step_nonzero_grad"] is True
     assert training_signal([])["mixed_outcome_share"] is None and training_signal([])["every_step_nonzero_grad"] is False
 
