@@ -569,6 +569,42 @@ def self_questioning_without_tools() -> list[str]:
         table(["environment", "proposed", "verified", "kept", "an example task"], rows) + ["", f"Raw: {link(name)}"])
 
 
+def asking() -> list[str]:
+    name = "ask_vs_group_start/smollm2-v2-selfq-w-4steps-branch.json"
+    data = load(name)
+    rows = []
+    for arm in ("group_start", "action"):
+        run = data[arm]
+        evals = run["eval_before_after"]["rows"][0]
+        plain = f"{evals['warm_start']['mean']:.3f} -> {evals['after']['mean']:.3f}"
+        asks = run.get("eval_with_asks")
+        with_asks = (f"{asks['warm_start']['eval_asks/avg@1']:.3f} (asking {asks['warm_start']['eval_asks/ask_rate']:.2f})"
+                     f" -> {asks['after']['eval_asks/avg@1']:.3f} (asking {asks['after']['eval_asks/ask_rate']:.2f})"
+                     if asks else "-")
+        rate = run["asking_rate"]
+        success = run["train_success"]
+        asked = success["asked"]["success"]
+        branch = (run.get("branch") or {}).get("run") or {}
+        rows.append([f"`{arm}`", plain, with_asks, f"{rate['first_step']:.2f} -> {rate['last_step']:.2f}",
+                     f"{asked:.2f} / {success['not_asked']['success']:.2f}" if asked is not None
+                     else f"- / {success['not_asked']['success']:.2f}",
+                     (f"{branch['branches']} ({branch['branch_seconds']:.0f} s): mean {branch['branch_difference_mean']:+.2f}"
+                      f", positive {branch['branch_positive_share']:.2f}") if branch else "-",
+                     f"{run['wall_s'] / 60:.1f} min"])
+    return section(
+        "Retrieval as the agent's own action: `action` against `group_start`",
+        "SmolLM2 from one shared warm start (the ablation pilot's W, 27 self-questioned references), 4 GiGPO steps "
+        "of 2 flights v2 train tasks x 4 rollouts at lr 5e-6, each arm's pool seeded alike from 4 train references "
+        "per kind; greedy evaluation on the 40 tier-1 validation tasks (plain: no experience; with asks: the ask "
+        "tool listed, the train-only pool). `action` runs paired branches on half of its asking rollouts. Load "
+        f"{data['load_avg_start'][0]:.1f}-{data['load_avg_end'][0]:.1f} (quiet).",
+        [".venv/bin/python benchmarks/ask_vs_group_start.py --name NAME --steps 4 --warm-start-checkpoint CKPT "
+         "--lr 5e-6 --ask-reward paired_branch --eval-tasks 40"],
+        table(["arm", "validation, plain (warm start -> after)", "validation, with asks", "training rollouts asking "
+               "(first -> last step)", "training success asked / not", "paired branches", "wall time"], rows)
+        + ["", f"Raw: {link(name)}"])
+
+
 LEVER_LABELS = {"share_prompts": "shared prompts, fp32 engine, old log-probs reused",
                 "pack": "+ packing", "pack_recompute": "packing, bf16 engine (old log-probs recomputed)",
                 "pack_recompute_fused": "+ fused old log-probs (the defaults)",
@@ -682,7 +718,7 @@ def quickstart() -> list[str]:
 
 
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
-                                           zero_human_data, warm_start, self_questioning_without_tools,
+                                           zero_human_data, warm_start, self_questioning_without_tools, asking,
                                            environments, judge,
                                            speed_vs_trl, update_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
