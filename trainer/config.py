@@ -85,7 +85,7 @@ class ExperienceConfig(StrictModel):
         "mode: action -- how the policy asks. tool: search_experience(query='...') listed with the "
         "environment's tools; tag: <search_experience>query</search_experience>; auto: tool when the chat "
         "template renders a tools list, else tag"))
-    # The credit of an ask (helper BRANCH's block).
+    # The credit of an ask.
     ask_reward: Literal["none", "paired_branch"] = Field(default="none", description=(
         "mode: action -- none: an ask earns nothing of its own; paired_branch: for a sampled share of the "
         "rollouts that asked, the trainer continues the same prefix with the first ask's answer withheld (same "
