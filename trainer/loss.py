@@ -31,11 +31,15 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
-def gradient_is_zero(advantages: torch.Tensor, mask: torch.Tensor, *, kl_coef: float, entropy_coef: float) -> bool:
-    """Whether `policy_loss` has an exactly zero gradient on this batch, whatever the log-probs: every trained
-    token's advantage is 0 (the clipped objective is -A times a ratio, dual clip included) and no KL or
-    entropy term is on. The update can then be skipped (both backends do)."""
-    return kl_coef <= 0 and entropy_coef == 0 and not bool((advantages[mask > 0] != 0).any())
+def gradient_is_zero(advantages: torch.Tensor, mask: torch.Tensor, *, kl_coef: float, entropy_coef: float,
+                     at_reference: bool = False) -> bool:
+    """Whether `policy_loss` has a zero gradient on this batch, whatever the log-probs: every trained token's
+    advantage is 0 (the clipped objective is -A times a ratio, dual clip included), no entropy term is on, and
+    no KL term is on or the policy still is its reference (`at_reference`: k3's gradient per token,
+    (1 - exp(ref - logp)) * grad logp, is 0 where logp = ref; two forward paths may round it to ~1e-7).
+    The update can then be skipped (both backends do)."""
+    return ((kl_coef <= 0 or at_reference) and entropy_coef == 0
+            and not bool((advantages[mask > 0] != 0).any()))
 
 
 def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,

@@ -58,9 +58,9 @@ class OptimConfig(StrictModel):
     reuse_rollout_logprobs: bool = Field(
         default=True, description="old log-probs from the rollout when policy version, context and numerics match")
     skip_zero_advantage: bool = Field(default=True, description=(
-        "skip an update whose gradient is exactly 0 (every trained token's advantage 0, no KL or entropy term): "
-        "no forward, backward, optimizer or LR-schedule step (AdamW's momentum and weight decay would still "
-        "have moved the weights); logged as update/skipped"))
+        "skip an update whose gradient is 0 (every trained token's advantage 0, no entropy term, and no KL term "
+        "or a policy still equal to its reference): no forward, backward, optimizer or LR-schedule step "
+        "(AdamW's momentum and weight decay would still have moved the weights); logged as update/skipped"))
 
 
 class LoraSettings(StrictModel):
@@ -125,6 +125,10 @@ class WarmStartConfig(StrictModel):
     warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up")
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0, description="max gradient norm per step")
+    share_opening: bool = Field(default=True, description=(
+        "a batch's common opening (the system prompt and tool list every sample starts with) runs once and "
+        "rows of similar length continue its cache together, instead of one forward per sample: the same "
+        "gradient up to rounding, fewer tokens computed"))
     from_checkpoint: str | None = Field(default=None, description=(
         "a checkpoint an earlier warm-started run saved before its first RL step (its `step_000000.pt`): its "
         "weights and warm-start report are loaded instead of fine-tuning again, so several runs share one warm "

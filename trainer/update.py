@@ -10,8 +10,9 @@ the flag "saw injected experience". Invariants:
   sharing (`share_prompts`): micro-batch gradients accumulate weighted by their token share;
 - off-policy samples (`trainer.overlap`) are importance-weighted by min(pi_prox / mu, `loss.importance_cap`);
   a sample that saw experience is never corrected (mu was measured on another context);
-- an update whose gradient is exactly 0 (every advantage 0, no KL or entropy term) is skipped: no forward,
-  optimizer or LR-schedule step, weights bit-identical (`skip_zero_advantage`).
+- an update whose gradient is 0 (every advantage 0, no entropy term, no KL term or the policy still equal to
+  its reference) is skipped: no forward, optimizer or LR-schedule step, weights bit-identical
+  (`skip_zero_advantage`).
 Each speed lever is an `OptimConfig` field; what each does and what it buys: docs/performance.md.
 """
 
@@ -422,7 +423,7 @@ class PolicyUpdater:
         if not samples:
             return {}
         if self.cannot_move(samples):
-            logger.info("update skipped: every trained token's advantage is 0 and the loss has no other term")
+            logger.info("update skipped: every trained token's advantage is 0 and no other loss term has a gradient")
             return self._skipped_metrics(samples)
         cfg = self.optim_config
         was_training = self.model.training
@@ -505,14 +506,28 @@ class PolicyUpdater:
         return out
 
     def cannot_move(self, samples: list[TrainSample]) -> bool:
-        """Whether the update's gradient is exactly 0: every trained token's advantage is 0 (the clipped
-        objective is -A times a ratio, dual clip included) and the loss has no KL or entropy term."""
+        """Whether the update's gradient is 0: every trained token's advantage is 0 (the clipped objective is
+        -A times a ratio, dual clip included), the loss has no entropy term, and no KL term or the policy still
+        is its reference (as at the first step after a warm start, when every group's outcomes are equal)."""
         if not self.optim_config.skip_zero_advantage:
             return False
         advantages = torch.tensor([a for s in samples for a in s.advantages])
         mask = torch.tensor([m for s in samples for m in s.loss_mask])
         kl = self.loss_config.kl_coef if self.ref_model is not None else 0.0  # no reference: no KL term
-        return gradient_is_zero(advantages, mask, kl_coef=kl, entropy_coef=self.loss_config.entropy_coef)
+        entropy = self.loss_config.entropy_coef
+        if not gradient_is_zero(advantages, mask, kl_coef=0.0, entropy_coef=entropy):
+            return False  # the cheap test first: the weight comparison below reads every parameter
+        return gradient_is_zero(advantages, mask, kl_coef=kl, entropy_coef=entropy,
+                                at_reference=kl > 0 and self.at_reference())
+
+    def at_reference(self) -> bool:
+        """Whether the policy's weights are its KL reference's, bit for bit, and train mode computes what eval
+        mode does. An optimizer step, even with a zero gradient, moves AdamW's weights (weight decay), so a
+        policy that has taken one is not compared; a resumed or warm-started run is compared, not assumed."""
+        if self.ref_model is None or self.optimizer.state or _has_dropout(self.model):
+            return False
+        ours, theirs = self.model.state_dict(), self.ref_model.state_dict()
+        return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
     def _skipped_metrics(self, samples: list[TrainSample]) -> dict[str, float]:
         # pg_loss is exactly 0 whatever the ratio; the ratio and clip metrics need the forward, so are absent.

@@ -93,8 +93,12 @@ def test_one_nonzero_advantage_still_updates(tiny):
 @pytest.mark.parametrize("loss", [PolicyLossConfig(entropy_coef=0.01), PolicyLossConfig(kl_coef=0.1)])
 def test_zero_advantages_still_update_when_another_loss_term_has_a_gradient(tiny, loss):
     model, tok = tiny
+    policy = copy.deepcopy(model)
     ref = copy.deepcopy(model) if loss.kl_coef else None
-    updater = PolicyUpdater(copy.deepcopy(model), OptimConfig(lr=1e-3, minibatches=1), loss, pad_id=0,
+    if ref is not None:  # a reference the policy has moved away from: KL has a gradient
+        with torch.no_grad():
+            next(ref.parameters()).add_(0.01)
+    updater = PolicyUpdater(policy, OptimConfig(lr=1e-3, minibatches=1), loss, pad_id=0,
                             total_updates=1, ref_model=ref)
     assert not updater.cannot_move(samples(tok, [0.0, 0.0]))
     assert updater.update(samples(tok, [0.0, 0.0]))["update/skipped"] == 0.0
@@ -102,6 +106,35 @@ def test_zero_advantages_still_update_when_another_loss_term_has_a_gradient(tiny
     if loss.kl_coef:
         assert PolicyUpdater(copy.deepcopy(model), OptimConfig(), loss, pad_id=0, total_updates=1).cannot_move(
             samples(tok, [0.0, 0.0]))
+
+
+def test_zero_advantages_with_kl_skip_only_while_the_policy_is_its_reference(tiny):
+    model, tok = tiny
+    loss = PolicyLossConfig(kl_coef=0.1)
+    updater = PolicyUpdater(copy.deepcopy(model), OptimConfig(lr=1e-3, minibatches=1), loss, pad_id=0,
+                            total_updates=3, ref_model=copy.deepcopy(model))
+    before = weights(updater.model)
+    assert updater.at_reference()
+    metrics = updater.update(samples(tok, [0.0, 0.0]))
+    assert metrics["update/skipped"] == 1.0 and torch.equal(weights(updater.model), before)
+    # Unskipped, the same batch's gradient is rounding: k3's gradient vanishes where logp = ref.
+    unskipped = PolicyUpdater(copy.deepcopy(model), OptimConfig(lr=1e-3, minibatches=1, skip_zero_advantage=False),
+                              loss, pad_id=0, total_updates=1, ref_model=copy.deepcopy(model))
+    assert unskipped.update(samples(tok, [0.0, 0.0]))["update/grad_norm"] < 1e-5
+    # One real step moves the policy; from then on KL has a gradient and nothing is skipped.
+    assert updater.update(samples(tok, [1.0, -1.0]))["update/skipped"] == 0.0
+    assert not updater.at_reference()
+    assert updater.update(samples(tok, [0.0, 0.0]))["update/skipped"] == 0.0
+
+
+def test_the_reference_is_compared_not_assumed(tiny):
+    model, tok = tiny
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        next(ref.parameters())[0, 0] += 1e-6  # one weight of millions
+    updater = PolicyUpdater(copy.deepcopy(model), OptimConfig(), PolicyLossConfig(kl_coef=0.1), pad_id=0,
+                            total_updates=1, ref_model=ref)
+    assert not updater.at_reference() and not updater.cannot_move(samples(tok, [0.0, 0.0]))
 
 
 def test_an_update_frees_every_gradient(tiny):
@@ -124,4 +157,6 @@ def test_gradient_is_zero_only_without_trained_advantage_and_other_terms():
     assert gradient_is_zero(adv, mask, kl_coef=0.0, entropy_coef=0.0)
     assert not gradient_is_zero(adv, torch.ones_like(mask), kl_coef=0.0, entropy_coef=0.0)
     assert not gradient_is_zero(adv, mask, kl_coef=0.1, entropy_coef=0.0)
+    assert gradient_is_zero(adv, mask, kl_coef=0.1, entropy_coef=0.0, at_reference=True)
+    assert not gradient_is_zero(adv, mask, kl_coef=0.1, entropy_coef=0.01, at_reference=True)
     assert not gradient_is_zero(adv, mask, kl_coef=0.0, entropy_coef=-0.01)  # a negative bonus is a term too

@@ -84,6 +84,51 @@ def test_the_loss_is_the_cross_entropy_of_the_action_tokens_only():
         assert float(_summed_loss(model, segment, torch.device("cpu"))) == pytest.approx(by_hand, rel=1e-5)
 
 
+def _solved(name: str, credit: int, extra_steps: int) -> SolvedTask:
+    """A solved task opening like every other (the system prompt), with `extra_steps` more lookups."""
+    opening = [OPENING[0], {"role": "user", "content": f"How much travel credit does {name} have?"}]
+    call = CALL.replace("Ann Lee", name)
+    steps = [(call, f'{{"passenger_id": "P1{credit}", "travel_credit": {credit}}}')] * (1 + extra_steps)
+    return SolvedTask(name, opening, steps + [(f"The answer is {credit}.", None)])
+
+
+def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
+    """Grouped (the opening once, rows continuing its cache) and one forward per sample give one gradient."""
+    import torch
+
+    from trainer.warm_start import _group_loss, shared_groups
+
+    model, tokenizer = load_model("tiny")
+    rollout = RolloutConfig(env="flights")
+    batch = [render(_solved(n, c, x), tokenizer, rollout)[0]
+             for n, c, x in (("Ann Lee", 800, 0), ("Bo Chen", 120, 3), ("Cy Diaz", 45, 0), ("Di Wu", 9, 1))]
+    trained = sum(sum(s.loss_mask) for s in batch)
+
+    def gradient(groups: list) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        for group, shared in groups:
+            (_group_loss(model, group, shared, torch.device("cpu")) / trained).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    alone = gradient([([s], 0) for s in batch])
+    groups = shared_groups(batch, budget=4096)
+    opening = len(tokenizer.encode(tokenizer.apply_chat_template(OPENING[:1], tokenize=False),
+                                   add_special_tokens=False))
+    assert len(groups) == 1 and groups[0][1] >= opening  # the system turn and the user turn's header
+    assert torch.allclose(gradient(groups), alone, rtol=1e-4, atol=1e-7)
+    # A tight budget splits the rows (shortest first, so similar lengths pad together); a lone row runs alone.
+    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in batch)
+    tight = shared_groups(batch, budget=longest)
+    assert [len(g) for g, _ in tight] == [2, 1, 1] and [shared for _, shared in tight][1:] == [0, 0]
+    assert all(groups[0][1] + len(g) * max(len(s.prompt_ids) + len(s.response_ids) - groups[0][1] for s in g)
+               <= longest for g, shared in tight if shared)
+    assert torch.allclose(gradient(tight), alone, rtol=1e-4, atol=1e-7)
+    # No common opening worth sharing (other system prompts): one forward per sample, as before.
+    other = render(SolvedTask("o", [{"role": "system", "content": "Different."}, OPENING[1]], [(CALL, None)]),
+                   tokenizer, rollout)[0]
+    assert shared_groups([batch[0], other]) == [([batch[0]], 0), ([other], 0)]
+
+
 def _plant_held_out(store_dir: Path) -> list[str]:
     """Synthetic tasks that must never be trained on: one grown from a validation task, one in the test split."""
     store = TaskStore(store_dir / "tasks.sqlite")
