@@ -676,11 +676,29 @@ def overlap() -> list[str]:
                "mean change (equal steps / equal time)", "load at start"], rows))
 
 
+def warm_start_speed() -> list[str]:
+    name = "warm-start-speed-shared-opening.json"
+    data = load(name)
+    rows = [["per sample" if not run["share_opening"] else "common opening once", f"{run['wall_s']:.1f}",
+             run["computed_tokens_epoch1"], f"{run['load_average'][0]:.2f}"] for run in data["runs"]]
+    return section(
+        "Warm start: a batch's common opening computed once",
+        f"One epoch of the warm start's fine-tuning on {data['samples']} flights v2 references ({data['tokens']} "
+        f"tokens, batch {data['batch_size']}), from SmolLM2's weights each time, with one forward per sample and "
+        "with `warm_start.share_opening` (the system prompt and tool list every sample opens with run once; rows "
+        f"of similar length continue its cache), alternated. Mean {data['mean_wall_s']['per_sample']:.1f} -> "
+        f"{data['mean_wall_s']['shared_opening']:.1f} s ({data['speedup']:.2f}x); the largest difference "
+        f"between the two final weights {data['max_abs_weight_difference']:.1e} ({link(name)}).",
+        ["python benchmarks/warm_start_speed.py --tasks 32 --epochs 1 --repeats 2"],
+        table(["mode", "seconds", "tokens computed", "load (1 min)"], rows))
+
+
 QUICKSTART_FILES = ["quickstart-3steps-32tasks-evalbatch8.json", "quickstart-3steps-32tasks-evalbatch32.json",
                     "quickstart-2steps-32tasks-evalbatch32.json", "quickstart-fresh-clone-2steps-evalbatch32.json",
                     "quickstart-fresh-clone-2steps-evalbatch128.json",
                     "quickstart-fresh-clone-2steps-evalbatch128-inflight128.json",
-                    "quickstart-fresh-clone-2steps-kept-cache.json", "quickstart-v2-fresh-clone-2steps.json"]
+                    "quickstart-fresh-clone-2steps-kept-cache.json", "quickstart-v2-fresh-clone-2steps.json",
+                    "quickstart-v2-fresh-clone-2steps-skip-shared-opening.json"]
 
 
 def quickstart() -> list[str]:
@@ -720,7 +738,7 @@ def quickstart() -> list[str]:
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
                                            zero_human_data, warm_start, self_questioning_without_tools, asking,
                                            environments, judge,
-                                           speed_vs_trl, update_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
+                                           speed_vs_trl, update_speed, warm_start_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
                                            studio]
 
 REMAINING = """## Not yet in this report
