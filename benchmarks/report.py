@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.ablation_common import LABELS_V2
 from common import generated_page
 
 HERE = Path(__file__).resolve().parent
@@ -125,6 +126,35 @@ def ablation_seed_rows(report: dict[str, Any]) -> list[list[Any]]:
                          f"{signal.get('skipped_updates', 0)} of {signal['steps']}",
                          f"{data['train']['wall_s'] / 60:.1f}", link(name)])
     return rows
+
+
+def ablation_v2() -> list[str]:
+    name = "ablation/flights_v2/report.json"
+    data = load(name)
+    kinds = sorted(data["per_kind"])
+    rows = []
+    for row in data["rows"]:
+        minutes = "; ".join(f"{m['train']:.1f} / {m['eval']:.1f}" for m in row.get("minutes_split", {}).values())
+        rows.append([row["label"], ", ".join(map(str, row["seeds"])), ci(row["strict_avg_end"]),
+                     *(ci(data["per_kind"][kind]["rows"].get(row["row"])) for kind in kinds),
+                     ci(row["strict_best_end"]), minutes or "-"])
+    criteria = [[c["name"], f"{LABELS_V2[c['high']]} - {LABELS_V2[c['low']]}", ci(c["difference"], True),
+                 f"{c['difference']['positive_seeds']} of {len(c['difference']['seeds'])}" if c["difference"] else "-",
+                 f"{c['difference']['detectable']:.3f}" if c["difference"] else "-", c["verdict"]]
+                for c in data["criteria"]]
+    return section(
+        "Ablation v2: each mechanism on top of a self-questioned warm start (flights v2, frozen)",
+        f"The frozen protocol `examples/ablation/flights_v2.yaml` on the {data['split']} split: {data['tasks']} tasks, "
+        f"strict avg@{data['k']} (a success needs a tool call) at temperature {data['temperature']}, means over tasks of "
+        "the per-task mean over seeds, 95% CI over tasks; every run on one commit "
+        f"({', '.join(c[:10] for c in data['commits'])}). Rows appear as they are run, in the issue's priority "
+        f"order; the criteria are pre-registered ('missing': a row not run yet). Full tables: {link('ablation/flights_v2/REPORT.md')}.",
+        ["python benchmarks/ablation.py --protocol examples/ablation/flights_v2.yaml --rows ROW --seeds 0,1,2",
+         "python benchmarks/ablation.py --report --results-dir benchmarks/results/ablation/flights_v2"],
+        [*table(["row", "seeds", f"strict avg@{data['k']} [95% CI]", *kinds, f"strict best@{data['k']}",
+                 "minutes train / eval (per seed)"], rows), "",
+         *table(["criterion", "comparison", "difference [95% CI]", "seeds positive", "smallest detectable", "verdict"],
+                criteria)])
 
 
 def ablation() -> list[str]:
@@ -735,7 +765,7 @@ def quickstart() -> list[str]:
                "held-out avg@4 (paired change, 95% CI)", "invalid-action rate", "checks met", "what"], rows))
 
 
-SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation, tiers, loop_probes,
+SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation_v2, ablation, tiers, loop_probes,
                                            zero_human_data, warm_start, self_questioning_without_tools, asking,
                                            environments, judge,
                                            speed_vs_trl, update_speed, warm_start_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
