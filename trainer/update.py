@@ -531,8 +531,10 @@ class PolicyUpdater:
 
     def _skipped_metrics(self, samples: list[TrainSample]) -> dict[str, float]:
         # pg_loss is exactly 0 whatever the ratio; the ratio and clip metrics need the forward, so are absent.
+        # A KL term is skipped only at the reference, where the KL itself is 0.
+        kl = {"update/kl": 0.0} if self.ref_model is not None and self.loss_config.kl_coef > 0 else {}
         return {"update/pg_loss": 0.0, "update/optimizer_steps": 0.0, "update/grad_norm": 0.0,
-                "update/skipped": 1.0, **self._batch_metrics(samples)}
+                "update/skipped": 1.0, **kl, **self._batch_metrics(samples)}
 
     def _batch_metrics(self, samples: list[TrainSample]) -> dict[str, float]:
         return {"update/lr": float(self.scheduler.get_last_lr()[0]),

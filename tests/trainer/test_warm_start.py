@@ -100,33 +100,45 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
 
     model, tokenizer = load_model("tiny")
     rollout = RolloutConfig(env="flights")
-    batch = [render(_solved(n, c, x), tokenizer, rollout)[0]
-             for n, c, x in (("Ann Lee", 800, 0), ("Bo Chen", 120, 3), ("Cy Diaz", 45, 0), ("Di Wu", 9, 1))]
-    trained = sum(sum(s.loss_mask) for s in batch)
+    names = (("Ann Lee", 800), ("Bo Chen", 120), ("Cy Diaz", 45), ("Di Wu", 9))
 
-    def gradient(groups: list) -> torch.Tensor:
+    def gradient(batch: list, groups: list) -> torch.Tensor:
+        trained = sum(sum(s.loss_mask) for s in batch)
         model.zero_grad(set_to_none=True)
         for group, shared in groups:
             (_group_loss(model, group, shared, torch.device("cpu")) / trained).backward()
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
-    alone = gradient([([s], 0) for s in batch])
-    groups = shared_groups(batch, budget=4096)
+    def length(sample) -> int:
+        return len(sample.prompt_ids) + len(sample.response_ids)
+
+    def computed(groups: list) -> int:
+        return sum(shared + len(g) * (max(map(length, g)) - shared) if shared else sum(map(length, g))
+                   for g, shared in groups)
+
     opening = len(tokenizer.encode(tokenizer.apply_chat_template(OPENING[:1], tokenize=False),
                                    add_special_tokens=False))
-    assert len(groups) == 1 and groups[0][1] >= opening  # the system turn and the user turn's header
-    assert torch.allclose(gradient(groups), alone, rtol=1e-4, atol=1e-7)
-    # A tight budget splits the rows (shortest first, so similar lengths pad together); a lone row runs alone.
-    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in batch)
-    tight = shared_groups(batch, budget=longest)
-    assert [len(g) for g, _ in tight] == [2, 1, 1] and [shared for _, shared in tight][1:] == [0, 0]
-    assert all(groups[0][1] + len(g) * max(len(s.prompt_ids) + len(s.response_ids) - groups[0][1] for s in g)
-               <= longest for g, shared in tight if shared)
-    assert torch.allclose(gradient(tight), alone, rtol=1e-4, atol=1e-7)
+    # Rows of about one length: one group, its opening (the system turn and the user turn's header) run once.
+    alike = [render(_solved(n, c, 0), tokenizer, rollout)[0] for n, c in names]
+    [(group, shared)] = shared_groups(alike, budget=4096)
+    assert len(group) == 4 and shared >= opening
+    assert torch.allclose(gradient(alike, [(group, shared)]), gradient(alike, [([s], 0) for s in alike]),
+                          rtol=1e-4, atol=1e-7)
+    # A budget of two rows' padded tokens cuts them in pairs, each within it.
+    budget = shared + 2 * max(length(s) - shared for s in alike)
+    pairs = shared_groups(alike, budget=budget)
+    assert [len(g) for g, _ in pairs] == [2, 2]
+    assert all(shared + len(g) * (max(map(length, g)) - shared) <= budget for g, shared in pairs)
+    # Rows of other lengths: the cut computes fewest tokens; a lone row runs alone, unpadded.
+    mixed = [render(_solved(n, c, x), tokenizer, rollout)[0] for (n, c), x in zip(names, (0, 3, 0, 1), strict=True)]
+    groups = shared_groups(mixed, budget=4096)
+    assert sorted(len(g) for g, _ in groups) == [1, 1, 2] and all(shared == 0 for g, shared in groups if len(g) == 1)
+    assert computed(groups) < sum(map(length, mixed))
+    assert torch.allclose(gradient(mixed, groups), gradient(mixed, [([s], 0) for s in mixed]), rtol=1e-4, atol=1e-7)
     # No common opening worth sharing (other system prompts): one forward per sample, as before.
     other = render(SolvedTask("o", [{"role": "system", "content": "Different."}, OPENING[1]], [(CALL, None)]),
                    tokenizer, rollout)[0]
-    assert shared_groups([batch[0], other]) == [([batch[0]], 0), ([other], 0)]
+    assert shared_groups([alike[0], other]) == [([alike[0]], 0), ([other], 0)]
 
 
 def _plant_held_out(store_dir: Path) -> list[str]:
