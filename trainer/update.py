@@ -514,11 +514,9 @@ class PolicyUpdater:
         advantages = torch.tensor([a for s in samples for a in s.advantages])
         mask = torch.tensor([m for s in samples for m in s.loss_mask])
         kl = self.loss_config.kl_coef if self.ref_model is not None else 0.0  # no reference: no KL term
-        entropy = self.loss_config.entropy_coef
-        if not gradient_is_zero(advantages, mask, kl_coef=0.0, entropy_coef=entropy):
-            return False  # the cheap test first: the weight comparison below reads every parameter
-        return gradient_is_zero(advantages, mask, kl_coef=kl, entropy_coef=entropy,
-                                at_reference=kl > 0 and self.at_reference())
+        if not gradient_is_zero(advantages, mask, kl_coef=0.0, entropy_coef=self.loss_config.entropy_coef):
+            return False
+        return kl <= 0 or self.at_reference()  # last: the weight comparison reads every parameter
 
     def at_reference(self) -> bool:
         """Whether the policy's weights are its KL reference's, bit for bit, and train mode computes what eval

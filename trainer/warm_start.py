@@ -197,6 +197,16 @@ def shared_groups(batch: list[Segment], budget: int = GROUP_TOKENS) -> list[tupl
     return [(g, shared if len(g) > 1 else 0) for g in groups]
 
 
+def tokens_computed(groups: list[tuple[list[Segment], int]]) -> int:
+    """Tokens the forwards of `shared_groups`' groups run: each group's opening once plus its rows padded to
+    its longest; a group without an opening, its samples alone."""
+    total = 0
+    for group, shared in groups:
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in group]
+        total += shared + len(group) * (max(lengths) - shared) if shared else sum(lengths)
+    return total
+
+
 def _common_prefix(sequences: list[list[int]]) -> int:
     first = sequences[0]
     length = min(len(s) for s in sequences)
