@@ -141,6 +141,28 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
     assert shared_groups([alike[0], other]) == [([alike[0]], 0), ([other], 0)]
 
 
+def test_fine_tuning_trains_then_keeps_no_gradient_or_optimizer_state():
+    """The weights move, and nothing of the optimizer stays behind: the actor evaluates next, beside it."""
+    import gc
+
+    import torch
+
+    from trainer.settings import WarmStartConfig
+    from trainer.warm_start import fine_tune
+
+    model, tokenizer = load_model("tiny")
+    samples = [render(_solved(n, c, 0), tokenizer, RolloutConfig(env="flights"))[0]
+               for n, c in (("Ann Lee", 800), ("Bo Chen", 120))]
+    before = [p.detach().clone() for p in model.parameters()]
+    fine_tune(model, samples, WarmStartConfig(enabled=True, epochs=1, batch_size=2, lr=1e-3), torch.device("cpu"), 0)
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert all(p.grad is None for p in model.parameters())
+    gc.collect()
+    optimizers = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)
+                  and any(p is q for g in o.param_groups for p in g["params"] for q in model.parameters())]
+    assert all(not o.state for o in optimizers)
+
+
 def _plant_held_out(store_dir: Path) -> list[str]:
     """Synthetic tasks that must never be trained on: one grown from a validation task, one in the test split."""
     store = TaskStore(store_dir / "tasks.sqlite")
