@@ -296,7 +296,7 @@ def test_the_memory_defaults_size_ray_head_for_training_the_default_model(tmp_pa
 
     config = json.loads(run_compose(cmd, "-f", str(COMPOSE_FILE), "--profile", "train", "config",
                                     "--format", "json").stdout)["services"]
-    assert config["ray-head"]["mem_limit"] == str(12 * 2**30)
+    assert config["ray-head"]["mem_limit"] == str(14 * 2**30)  # Ray kills at 95%: above the 10.65 GiB peak
     assert config["judge"]["mem_limit"] == str(4 * 2**30)
     assert config["trainer"]["mem_limit"] == str(2 * 2**30)
     lowered = json.loads(run_compose(cmd, "-f", str(COMPOSE_FILE), "config", "--format", "json",
