@@ -480,10 +480,13 @@ class Harness:
                         + yaml.safe_dump(cfg, sort_keys=False))
         log = run_dir.parent / f"{run_dir.name}.launcher.log"
         started = time.monotonic()
-        code = _run_launcher(conf, log, self.settings.run_timeout_min * 60)
-        # Wall time over every launcher invocation of this run (an interrupted run is continued later).
-        total = float(spent.read_text()) if spent.is_file() else 0.0
-        spent.write_text(str(total + time.monotonic() - started))
+        try:
+            code = _run_launcher(conf, log, self.settings.run_timeout_min * 60)
+        finally:
+            # Wall time over every launcher invocation of this run, an interrupted one included (the run is
+            # continued later from its checkpoint).
+            total = float(spent.read_text()) if spent.is_file() else 0.0
+            spent.write_text(str(total + time.monotonic() - started))
         if code == COLLAPSED_EXIT and collapse_of(out) is not None:
             return out, float(spent.read_text())
         if code != 0 or not _finished(out, cfg["trainer"]["steps"]):

@@ -154,6 +154,8 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
     interrupted_at = sorted(p.name for p in checkpoints.glob("step_*.pt"))[-1]
     assert interrupted_at != "step_000003.pt", "the run must be interrupted before its last step"
     assert (results / "base-seed0.json").is_file()  # the start evaluation is kept, not redone
+    interrupted_for = float((runs / "w_qn-seed0.seconds").read_text())  # the interrupted invocation counts
+    assert interrupted_for > 0
 
     second = harness(protocol, tmp_path, "--allow-uncommitted")
     assert second.wait(timeout=300) == 0, (tmp_path / "harness.log").read_text()[-4000:]
@@ -178,6 +180,7 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
     base = json.loads((results / "base-seed0.json").read_text())
     assert run["git"]["commit"] and run["protocol"]["frozen"] is True and run["row"] == "w_qn"
     assert run["train"]["steps"] == 3 and run["train"]["resumes"] == 1
+    assert run["train"]["wall_s"] > round(interrupted_for, 1)  # both invocations
     assert run["train"]["curve"] == [] and "curve_start" not in base  # curve.enabled: false
     assert len(run["train"]["signal"]["grad_norm_per_step"]) == 3
     assert run["minutes"]["shared_warm_start"] > 0 and run["minutes"]["total"] > run["minutes"]["train"] > 0
