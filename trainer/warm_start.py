@@ -163,9 +163,8 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
             epoch_loss.append(token_loss / max(token_count, 1))
             logger.info("warm start epoch {}/{}: loss {:.4f}", epoch + 1, settings.epochs, epoch_loss[-1])
     finally:
-        # The trainer's actor evaluates right after this with a 128-row engine: without handing back the
-        # gradients, the Adam moments and the activations' heap pages (glibc keeps them), the actor measured
-        # 3 GB more and Ray killed it in compose's 12 GiB.
+        # The trainer evaluates next, with a 128-row engine, in the same process: the gradients, the Adam
+        # moments and the heap pages glibc keeps from the activations would otherwise sit beside it.
         model.zero_grad(set_to_none=True)
         optimizer.state.clear()
         return_freed_memory()

@@ -96,7 +96,7 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
     """Grouped (the opening once, rows continuing its cache) and one forward per sample give one gradient."""
     import torch
 
-    from trainer.warm_start import _group_loss, shared_groups
+    from trainer.warm_start import _group_loss, shared_groups, tokens_computed
 
     model, tokenizer = load_model("tiny")
     rollout = RolloutConfig(env="flights")
@@ -111,10 +111,6 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
 
     def length(sample) -> int:
         return len(sample.prompt_ids) + len(sample.response_ids)
-
-    def computed(groups: list) -> int:
-        return sum(shared + len(g) * (max(map(length, g)) - shared) if shared else sum(map(length, g))
-                   for g, shared in groups)
 
     opening = len(tokenizer.encode(tokenizer.apply_chat_template(OPENING[:1], tokenize=False),
                                    add_special_tokens=False))
@@ -133,7 +129,7 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
     mixed = [render(_solved(n, c, x), tokenizer, rollout)[0] for (n, c), x in zip(names, (0, 3, 0, 1), strict=True)]
     groups = shared_groups(mixed, budget=4096)
     assert sorted(len(g) for g, _ in groups) == [1, 1, 2] and all(shared == 0 for g, shared in groups if len(g) == 1)
-    assert computed(groups) < sum(map(length, mixed))
+    assert tokens_computed(groups) < sum(map(length, mixed))
     assert torch.allclose(gradient(mixed, groups), gradient(mixed, [([s], 0) for s in mixed]), rtol=1e-4, atol=1e-7)
     # No common opening worth sharing (other system prompts): one forward per sample, as before.
     other = render(SolvedTask("o", [{"role": "system", "content": "Different."}, OPENING[1]], [(CALL, None)]),
