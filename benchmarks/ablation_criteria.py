@@ -13,6 +13,8 @@ collapse stop, is left out and listed), with the 95% interval over tasks (`train
   than that is **not detectable** (neither shown to add nor shown not to). The comparisons are made without a
   correction for their number (`len(CRITERIA)`), stated in the report.
 - A criterion whose rows have no common completed seed is **missing** (a partial grid still reports).
+- A comparison whose interval is above 0 on fewer seeds than `MIN_POSITIVE_SEEDS` is **too few seeds**: the
+  seed rule cannot be judged yet.
 """
 
 from __future__ import annotations
@@ -71,11 +73,13 @@ def detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float 
     return (z(1 - alpha / 2) + z(power)) * sd / math.sqrt(n)
 
 
-def adds_verdict(difference: dict[str, float] | None, positive_seeds: int, detectable: float) -> str:
+def adds_verdict(difference: dict[str, Any] | None, positive_seeds: int, detectable: float) -> str:
     if difference is None:
         return "missing"
     if difference["lo"] > 0 and positive_seeds >= MIN_POSITIVE_SEEDS:
         return "met"
+    if difference["lo"] > 0 and len(difference.get("seeds", ())) < MIN_POSITIVE_SEEDS:
+        return "too few seeds"  # the seed rule cannot be judged yet, so a partial grid must not read "not met"
     return "not detectable" if abs(difference["mean"]) < detectable else "not met"
 
 
@@ -186,7 +190,8 @@ def criteria_markdown(criteria: list[dict[str, Any]], kinds: dict[str, Any], row
              f"> 0 and at least {MIN_POSITIVE_SEEDS} seeds positive; 'comes close': CI lower bound of the difference "
              f"> -{CLOSE_MARGIN:.2f}. Smallest detectable difference: (z(0.975) + z(0.80)) x sd / sqrt(n) over the n "
              "paired task differences (80% power); a criterion not met whose difference is smaller is 'not "
-             "detectable'. 'missing': a row not run yet (or only failed runs).", "",
+             "detectable'. 'too few seeds': CI lower bound > 0 on fewer seeds than the seed rule needs. 'missing': "
+             "a row not run yet (or only failed runs).", "",
              "| criterion | comparison | difference [95% CI] | seeds (positive) | detectable | verdict |",
              "|---|---|---|---|---|---|"]
     for c in criteria:

@@ -430,8 +430,9 @@ def test_detectable_difference_and_verdicts_by_hand():
     # (z(0.975) + z(0.80)) * sd / sqrt(n) = (1.959964 + 0.841621) * 0.5 / 8
     assert detectable_difference(0.5, 64) == pytest.approx(2.801585 * 0.5 / 8, abs=1e-6)
     assert detectable_difference(0.5, 1) == math.inf
-    assert adds_verdict({"mean": 0.2, "lo": 0.05}, 2, 0.1) == "met"
-    assert adds_verdict({"mean": 0.2, "lo": 0.05}, 1, 0.1) == "not met"  # one seed of three positive
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1, 2]}, 2, 0.1) == "met"
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1, 2]}, 1, 0.1) == "not met"  # one of three positive
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0]}, 1, 0.1) == "too few seeds"  # a partial grid
     assert adds_verdict({"mean": 0.05, "lo": -0.02}, 2, 0.1) == "not detectable"
     assert adds_verdict({"mean": -0.3, "lo": -0.4}, 0, 0.1) == "not met"
     assert adds_verdict(None, 0, math.inf) == "missing"
