@@ -78,7 +78,7 @@ def adds_verdict(difference: dict[str, Any] | None, positive_seeds: int, detecta
         return "missing"
     if difference["lo"] > 0 and positive_seeds >= MIN_POSITIVE_SEEDS:
         return "met"
-    if difference["lo"] > 0 and len(difference.get("seeds", ())) < MIN_POSITIVE_SEEDS:
+    if difference["lo"] > 0 and len(difference["seeds"]) < MIN_POSITIVE_SEEDS:
         return "too few seeds"  # the seed rule cannot be judged yet, so a partial grid must not read "not met"
     return "not detectable" if abs(difference["mean"]) < detectable else "not met"
 
