@@ -13,8 +13,9 @@ collapse stop, is left out and listed), with the 95% interval over tasks (`train
   than that is **not detectable** (neither shown to add nor shown not to). The comparisons are made without a
   correction for their number (`len(CRITERIA)`), stated in the report.
 - A criterion whose rows have no common completed seed is **missing** (a partial grid still reports).
-- A comparison whose interval is above 0 on fewer seeds than `MIN_POSITIVE_SEEDS` is **too few seeds**: the
-  seed rule cannot be judged yet.
+- A comparison whose interval is above 0, on a partial grid where the seeds still to run (of
+  `SEEDS_PER_ROW`) could still bring it to `MIN_POSITIVE_SEEDS` positive, is **too few seeds**: the seed rule
+  cannot be judged yet.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trainer.summary import interval
 
 ALPHA, POWER = 0.05, 0.80
 MIN_POSITIVE_SEEDS = 2
+SEEDS_PER_ROW = 3  # pre-registered as "at least 2 of 3 seeds"; the raw JSON does not record the protocol's count
 CLOSE_MARGIN = 0.10
 
 
@@ -78,8 +80,8 @@ def adds_verdict(difference: dict[str, Any] | None, positive_seeds: int, detecta
         return "missing"
     if difference["lo"] > 0 and positive_seeds >= MIN_POSITIVE_SEEDS:
         return "met"
-    if difference["lo"] > 0 and len(difference["seeds"]) < MIN_POSITIVE_SEEDS:
-        return "too few seeds"  # the seed rule cannot be judged yet, so a partial grid must not read "not met"
+    if difference["lo"] > 0 and positive_seeds + SEEDS_PER_ROW - len(difference["seeds"]) >= MIN_POSITIVE_SEEDS:
+        return "too few seeds"  # the seeds still to run can meet the seed rule: a partial grid is not "not met"
     return "not detectable" if abs(difference["mean"]) < detectable else "not met"
 
 
@@ -187,11 +189,11 @@ def _plain(d: dict[str, float] | None) -> str:
 def criteria_markdown(criteria: list[dict[str, Any]], kinds: dict[str, Any], rows: list[str], k: int) -> list[str]:
     lines = ["", f"## Pre-registered criteria (strict avg@{k}: a success needs a tool call; paired per task)", "",
              f"{len(CRITERIA)} comparisons, each at 95% with no correction for their number. 'adds': CI lower bound "
-             f"> 0 and at least {MIN_POSITIVE_SEEDS} seeds positive; 'comes close': CI lower bound of the difference "
-             f"> -{CLOSE_MARGIN:.2f}. Smallest detectable difference: (z(0.975) + z(0.80)) x sd / sqrt(n) over the n "
-             "paired task differences (80% power); a criterion not met whose difference is smaller is 'not "
-             "detectable'. 'too few seeds': CI lower bound > 0 on fewer seeds than the seed rule needs. 'missing': "
-             "a row not run yet (or only failed runs).", "",
+             f"> 0 and at least {MIN_POSITIVE_SEEDS} of {SEEDS_PER_ROW} seeds positive; 'comes close': CI lower "
+             f"bound of the difference > -{CLOSE_MARGIN:.2f}. Smallest detectable difference: "
+             "(z(0.975) + z(0.80)) x sd / sqrt(n) over the n paired task differences (80% power); a criterion "
+             "not met whose difference is smaller is 'not detectable'. 'too few seeds': CI lower bound > 0 and "
+             "the seeds still to run can meet the seed rule. 'missing': a row not run yet (or only failed runs).", "",
              "| criterion | comparison | difference [95% CI] | seeds (positive) | detectable | verdict |",
              "|---|---|---|---|---|---|"]
     for c in criteria:

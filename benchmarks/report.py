@@ -148,8 +148,8 @@ def ablation_v2() -> list[str]:
         f"strict avg@{data['k']} (a success needs a tool call) at temperature {data['temperature']}, means over tasks of "
         "the per-task mean over seeds, 95% CI over tasks; every run on one commit "
         f"({', '.join(c[:10] for c in data['commits'])}). Rows appear as they are run, in the issue's priority "
-        "order; the criteria are pre-registered ('missing': a row not run yet; 'too few seeds': above 0 on fewer "
-        f"seeds than the seed rule needs). Full tables: {link('ablation/flights_v2/REPORT.md')}.",
+        "order; the criteria are pre-registered ('missing': a row not run yet; 'too few seeds': above 0, and the "
+        "seeds still to run can meet the seed rule). Full tables: {link('ablation/flights_v2/REPORT.md')}.",
         ["python benchmarks/ablation.py --protocol examples/ablation/flights_v2.yaml --rows ROW --seeds 0,1,2",
          "python benchmarks/ablation.py --report --results-dir benchmarks/results/ablation/flights_v2"],
         [*table(["row", "seeds", f"strict avg@{data['k']} [95% CI]", *kinds, f"strict best@{data['k']}",

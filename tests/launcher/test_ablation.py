@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmarks.ablation import ROWS, derive, load_protocol, paired, success_lengths
 from benchmarks.ablation_common import ROWS_V2
@@ -424,7 +425,13 @@ def test_strict_metric_counts_a_success_without_a_tool_call_as_zero_by_hand():
 
 
 def test_detectable_difference_and_verdicts_by_hand():
-    from benchmarks.ablation_criteria import adds_verdict, close_verdict, detectable_difference, sample_sd
+    from benchmarks.ablation_criteria import (
+        SEEDS_PER_ROW,
+        adds_verdict,
+        close_verdict,
+        detectable_difference,
+        sample_sd,
+    )
 
     assert sample_sd([1.0, 2.0, 3.0, 4.0]) == pytest.approx(math.sqrt(5 / 3))
     # (z(0.975) + z(0.80)) * sd / sqrt(n) = (1.959964 + 0.841621) * 0.5 / 8
@@ -433,9 +440,13 @@ def test_detectable_difference_and_verdicts_by_hand():
     assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1, 2]}, 2, 0.1) == "met"
     assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1, 2]}, 1, 0.1) == "not met"  # one of three positive
     assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0]}, 1, 0.1) == "too few seeds"  # a partial grid
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1]}, 1, 0.1) == "too few seeds"  # seed 2 can be the 2nd
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1]}, 0, 0.1) == "not met"  # 1 seed to run cannot make 2
     assert adds_verdict({"mean": 0.05, "lo": -0.02}, 2, 0.1) == "not detectable"
     assert adds_verdict({"mean": -0.3, "lo": -0.4}, 0, 0.1) == "not met"
     assert adds_verdict(None, 0, math.inf) == "missing"
+    frozen = yaml.safe_load((REPO / "examples/ablation/flights_v2.yaml").read_text())
+    assert len(frozen["ablation"]["seeds"]) == SEEDS_PER_ROW  # the seed rule's "of 3" is the protocol's count
     assert close_verdict({"mean": 0.0, "lo": -0.05}, 0.3) == "met"
     assert close_verdict({"mean": -0.3, "lo": -0.4}, 0.05) == "not met"
     assert close_verdict({"mean": -0.1, "lo": -0.4}, 0.2) == "not detectable"
