@@ -142,6 +142,8 @@ def ablation_v2() -> list[str]:
                  f"{c['difference']['positive_seeds']} of {len(c['difference']['seeds'])}" if c["difference"] else "-",
                  f"{c['difference']['detectable']:.3f}" if c["difference"] else "-", c["verdict"]]
                 for c in data["criteria"]]
+    failed = [f"- {LABELS_V2[f['row']]} seed {f['seed']}: {f['reason']} at step {f['step']} ({f['signal']})"
+              for f in data["failed"]]
     return section(
         "Ablation v2: each mechanism on top of a self-questioned warm start (flights v2, frozen)",
         f"The frozen protocol `examples/ablation/flights_v2.yaml` on the {data['split']} split: {data['tasks']} tasks, "
@@ -149,11 +151,13 @@ def ablation_v2() -> list[str]:
         "the per-task mean over seeds, 95% CI over tasks; every run on one commit "
         f"({', '.join(c[:10] for c in data['commits'])}). Rows appear as they are run, in the issue's priority "
         "order; the criteria are pre-registered ('missing': a row not run yet; 'too few seeds': above 0, and the "
-        "seeds still to run can meet the seed rule). Full tables: {link('ablation/flights_v2/REPORT.md')}.",
+        f"seeds still to run can meet the seed rule). Full tables: {link('ablation/flights_v2/REPORT.md')}.",
         ["python benchmarks/ablation.py --protocol examples/ablation/flights_v2.yaml --rows ROW --seeds 0,1,2",
          "python benchmarks/ablation.py --report --results-dir benchmarks/results/ablation/flights_v2"],
         [*table(["row", "seeds", f"strict avg@{data['k']} [95% CI]", *kinds, f"strict best@{data['k']}",
                  "minutes train / eval (per seed)"], rows), "",
+         *(["Runs recorded as failed (a collapse stop is a failed run: never rerun, never evaluated):", "",
+            *failed, ""] if failed else []),
          *table(["criterion", "comparison", "difference [95% CI]", "seeds positive", "smallest detectable", "verdict"],
                 criteria)])
 
