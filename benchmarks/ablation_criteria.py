@@ -14,8 +14,8 @@ collapse stop, is left out and listed), with the 95% interval over tasks (`train
   correction for their number (`len(CRITERIA)`), stated in the report.
 - A criterion whose rows have no common completed seed is **missing** (a partial grid still reports).
 - A comparison whose interval is above 0, on a partial grid where the seeds still to run (of
-  `SEEDS_PER_ROW`) could still bring it to `MIN_POSITIVE_SEEDS` positive, is **too few seeds**: the seed rule
-  cannot be judged yet.
+  `SEEDS_PER_ROW`; a failed run's seed is settled, never rerun) could still bring it to `MIN_POSITIVE_SEEDS`
+  positive, is **too few seeds**: the seed rule cannot be judged yet.
 """
 
 from __future__ import annotations
@@ -75,12 +75,13 @@ def detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float 
     return (z(1 - alpha / 2) + z(power)) * sd / math.sqrt(n)
 
 
-def adds_verdict(difference: dict[str, Any] | None, positive_seeds: int, detectable: float) -> str:
+def adds_verdict(difference: dict[str, Any] | None, positive_seeds: int, detectable: float,
+                 seeds_to_run: int = 0) -> str:
     if difference is None:
         return "missing"
     if difference["lo"] > 0 and positive_seeds >= MIN_POSITIVE_SEEDS:
         return "met"
-    if difference["lo"] > 0 and positive_seeds + SEEDS_PER_ROW - len(difference["seeds"]) >= MIN_POSITIVE_SEEDS:
+    if difference["lo"] > 0 and positive_seeds + seeds_to_run >= MIN_POSITIVE_SEEDS:
         return "too few seeds"  # the seeds still to run can meet the seed rule: a partial grid is not "not met"
     return "not detectable" if abs(difference["mean"]) < detectable else "not met"
 
@@ -136,11 +137,14 @@ def check_criteria(runs: Runs, failed: list[dict[str, Any]]) -> list[dict[str, A
     for c in CRITERIA:
         diff = compare(runs, c.low, c.high)
         detectable = diff["detectable"] if diff else math.inf
-        verdict = (adds_verdict(diff, diff["positive_seeds"] if diff else 0, detectable) if c.kind == "adds"
+        failed_runs = [f for f in failed if f["row"] in (c.low, c.high)]
+        # a failed run is never rerun: its seed is settled, not still to run
+        settled = set(diff["seeds"] if diff else ()) | {f["seed"] for f in failed_runs}
+        verdict = (adds_verdict(diff, diff["positive_seeds"] if diff else 0, detectable,
+                                max(0, SEEDS_PER_ROW - len(settled))) if c.kind == "adds"
                    else close_verdict(diff, detectable))
         out.append({"name": c.name, "low": c.low, "high": c.high, "kind": c.kind, "difference": diff,
-                    "verdict": verdict,
-                    "failed_runs": [f for f in failed if f["row"] in (c.low, c.high)]})
+                    "verdict": verdict, "failed_runs": failed_runs})
     return out
 
 

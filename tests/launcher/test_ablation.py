@@ -439,9 +439,10 @@ def test_detectable_difference_and_verdicts_by_hand():
     assert detectable_difference(0.5, 1) == math.inf
     assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1, 2]}, 2, 0.1) == "met"
     assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1, 2]}, 1, 0.1) == "not met"  # one of three positive
-    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0]}, 1, 0.1) == "too few seeds"  # a partial grid
-    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1]}, 1, 0.1) == "too few seeds"  # seed 2 can be the 2nd
-    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1]}, 0, 0.1) == "not met"  # 1 seed to run cannot make 2
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0]}, 1, 0.1, 2) == "too few seeds"  # a partial grid
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1]}, 1, 0.1, 1) == "too few seeds"  # seed 2 can be it
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1]}, 1, 0.1, 0) == "not met"  # seed 2 failed: settled
+    assert adds_verdict({"mean": 0.2, "lo": 0.05, "seeds": [0, 1]}, 0, 0.1, 1) == "not met"  # 1 to run cannot make 2
     assert adds_verdict({"mean": 0.05, "lo": -0.02}, 2, 0.1) == "not detectable"
     assert adds_verdict({"mean": -0.3, "lo": -0.4}, 0, 0.1) == "not met"
     assert adds_verdict(None, 0, math.inf) == "missing"
@@ -510,6 +511,23 @@ def test_v2_criteria_by_hand_on_a_partial_grid_with_a_failed_run(tmp_path):
     assert "| the loop | W+full - base | - | - | - | **missing** |" in text
     assert "### Kind `credit` (2 tasks)" in text and "| W | 1.000 [1.000, 1.000] |" in text
     assert "| W+Q | 2 | " in text and "2.0 / 1.0 / 3.0" in text
+
+
+def test_a_failed_run_settles_its_seed_for_the_seed_rule(tmp_path):
+    from benchmarks.ablation_report import summarize
+
+    yes, no = [True, True], [False, False]
+    for seed in (0, 1, 2):
+        _raw_v2(tmp_path, "base", seed, {t: ([0.0, 0.0], no) for t in "abcd"})
+    _raw_v2(tmp_path, "w", 0, {t: ([1.0, 1.0], yes) for t in "abcd"})  # +1 on every task
+    _raw_v2(tmp_path, "w", 1, {t: ([1.0, 1.0], no) for t in "abcd"})  # call-free guesses: strict 0, +0
+    # W - base: per task (1 + 0) / 2 = 0.5, sd 0, so the CI is [0.5, 0.5]; 1 of 2 seeds positive.
+    verdict = {c["name"]: c["verdict"] for c in summarize(tmp_path)["criteria"]}
+    assert verdict["self-questioning's references"] == "too few seeds"  # seed 2 can still be the 2nd positive
+    (tmp_path / "w-seed2.json").write_text(json.dumps({"benchmark": "ablation", "row": "w", "seed": 2, "failed": {
+        "reason": "collapsed", "signal": "invalid_actions", "step": 3, "message": "collapsed"}}))
+    verdict = {c["name"]: c["verdict"] for c in summarize(tmp_path)["criteria"]}
+    assert verdict["self-questioning's references"] == "not met"  # seed 2 failed: never rerun, settled
 
 
 @pytest.mark.slow
