@@ -56,6 +56,12 @@ ROWS: dict[int, tuple[str, ...]] = {1: ROWS_V1, 2: ("base", *ROWS_V2)}
 LABELS = {**LABELS_V2, **LABELS_V1}  # a v2 table labels its rows with LABELS_V2 (`full` differs)
 
 
+def failed_run_lines(failed: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
+    """One markdown bullet per run recorded as failed (a collapse stop: never rerun, never evaluated)."""
+    return [f"- {labels[f['row']]} seed {f['seed']}: {f['reason']} ({f.get('signal')} at step {f.get('step')})"
+            for f in failed]
+
+
 def shares_warm_start(row: str) -> bool:
     """A v2 row that starts from the `w` row's warm-started weights (computed once per seed)."""
     spec = ROWS_V2.get(row)

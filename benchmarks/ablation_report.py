@@ -18,6 +18,7 @@ from benchmarks.ablation_common import (
     LABELS_V2,
     ROWS_V1,
     ROWS_V2,
+    failed_run_lines,
     paired,
     per_task_metric,
     success_lengths,
@@ -205,8 +206,7 @@ def markdown(report: dict[str, Any]) -> str:
                      f"| {single} |")
     if report.get("failed"):
         lines += ["", "Runs recorded as failed (not in the table; never resumed, never evaluated):", ""]
-        lines += [f"- {LABELS[f['row']]} seed {f['seed']}: {f['reason']} ({f.get('signal')} at step {f.get('step')})"
-                  for f in report["failed"]]
+        lines += failed_run_lines(report["failed"], LABELS)
     if report.get("version") == 2:
         lines += _strict_table(report)
         lines += criteria_markdown(report["criteria"], report["per_kind"], [r["row"] for r in report["rows"]], k)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation_common import LABELS_V2
+from benchmarks.ablation_common import LABELS_V2, failed_run_lines
 from common import generated_page
 
 HERE = Path(__file__).resolve().parent
@@ -142,8 +142,7 @@ def ablation_v2() -> list[str]:
                  f"{c['difference']['positive_seeds']} of {len(c['difference']['seeds'])}" if c["difference"] else "-",
                  f"{c['difference']['detectable']:.3f}" if c["difference"] else "-", c["verdict"]]
                 for c in data["criteria"]]
-    failed = [f"- {LABELS_V2[f['row']]} seed {f['seed']}: {f['reason']} at step {f['step']} ({f['signal']})"
-              for f in data["failed"]]
+    failed = failed_run_lines(data["failed"], LABELS_V2)
     return section(
         "Ablation v2: each mechanism on top of a self-questioned warm start (flights v2, frozen)",
         f"The frozen protocol `examples/ablation/flights_v2.yaml` on the {data['split']} split: {data['tasks']} tasks, "
