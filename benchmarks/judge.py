@@ -40,8 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advantage.client import JudgeClient, JudgeStep, JudgeTrajectory  # noqa: E402
-from advantage.judge.agreement import DEFAULT_FIXTURE, baselines, fixture_summary, load_fixture, report  # noqa: E402
+from judge.agreement import DEFAULT_FIXTURE, baselines, fixture_summary, load_fixture, report  # noqa: E402
+from judge.client import JudgeClient, JudgeStep, JudgeTrajectory  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -113,8 +113,8 @@ async def judge_all(url: str, trajs: list[JudgeTrajectory], timeout: float):
 
 def rollout_items(folder: Path, repeat: int = 1) -> list[JudgeTrajectory]:
     """A trainer run's recorded rollouts (`<run>/trainer/rollouts`), as the trainer hands them to the judge."""
-    from advantage.client import to_judge_trajectory
     from common.schemas import Trajectory
+    from judge.client import to_judge_trajectory
 
     out = []
     for shard in sorted(folder.glob("shard-*.jsonl")):
@@ -230,7 +230,7 @@ def main() -> None:
         conf = work / "run.yaml"
         conf.write_text(json.dumps({"judge": {
             "llm": llm, "max_concurrency": args.max_concurrency, "audit_log": str(work / "audit.jsonl"), **overrides}}))
-        judge_url = stack.enter_context(service("advantage.judge", ["--conf", str(conf)], work))
+        judge_url = stack.enter_context(service("judge", ["--conf", str(conf)], work))
         trajs = rollout_items(args.rollouts, args.repeat_steps)[::args.stride] if args.rollouts \
             else items(fixture, args.repeat_steps)
         start = time.perf_counter()

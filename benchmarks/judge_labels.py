@@ -513,7 +513,7 @@ def write(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    from advantage.judge.agreement import LabelledTrajectory, fixture_summary
+    from judge.agreement import LabelledTrajectory, fixture_summary
 
     rows = [LabelledTrajectory.model_validate(r) for r in records]  # the fixture's own schema, checked here
     summary: dict[str, Any] = {split: fixture_summary([r for r in rows if r.split == split])

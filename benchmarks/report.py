@@ -32,7 +32,7 @@ Unless a section says otherwise: SmolLM2-135M-Instruct, 2 CPU cores (AMD EPYC wi
 engines where `auto` decides), and the load average each raw file records. Discussion of what the numbers
 mean is in the docs: [does it learn?](../docs/results/learning.md),
 [training and rollout speed](../docs/performance.md), [env_service](../docs/services/env_service.md),
-[the judge](../docs/services/advantage.md), [failures](../docs/failures.md),
+[the judge](../docs/services/judge.md), [failures](../docs/failures.md),
 [the quickstart](../docs/quickstart.md). History is in the [changelog](../CHANGELOG.md).
 """
 

@@ -27,9 +27,9 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advantage.client import TrajectoryJudgment  # noqa: E402
 from common.schemas import ChatMessage, Experience, Step, StepLabel, Trajectory  # noqa: E402
 from engine.models import build_tiny_tokenizer  # noqa: E402
+from judge.client import TrajectoryJudgment  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer.records import RolloutRecords  # noqa: E402
 from trainer.rollout import Rollout  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 KINDS = ("plugin", "remote", "gym")
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 # Names the generated modules would shadow, or that env_service already serves.
-TAKEN = {"common", "engine", "advantage", "env_service", "task_manager", "experience_manager", "llm_server", "studio",
+TAKEN = {"common", "engine", "estimators", "judge", "env_service", "task_manager", "experience_manager", "llm_server", "studio",
          "trainer", "evolver_launcher", "launcher", "benchmarks", "gym", "gymnasium", "remote", "test", "tests"}
 
 

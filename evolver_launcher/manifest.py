@@ -54,7 +54,7 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
 
 
 def _judge_prompt_hashes() -> dict[str, str]:
-    from advantage.client import prompt_hashes
+    from judge.client import prompt_hashes
 
     return prompt_hashes()
 

@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from advantage.judge.settings import JudgeSettings
 from common.config import ConfigError, StrictModel
 from env_service.settings import EnvServiceSettings
 from experience_manager.settings import ExperienceManagerSettings
+from judge.settings import JudgeSettings
 from llm_server.settings import LLMServerSettings
 from task_manager.settings import TaskManagerSettings
 from trainer.config import TrainerConfig
@@ -37,7 +37,7 @@ SERVICE_MODULES: dict[str, str] = {
     "env_service": "env_service",
     "task_manager": "task_manager",
     "experience_manager": "experience_manager",
-    "judge": "advantage.judge",
+    "judge": "judge",
 }
 Port = int | Literal["auto"]
 

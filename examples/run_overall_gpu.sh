@@ -45,7 +45,7 @@ cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; w
 trap cleanup EXIT INT TERM
 IFS=, read -r -a SERVICE_LIST <<< "$SERVICES"
 for service in "${SERVICE_LIST[@]}"; do
-  module=$service; [[ $service == judge ]] && module=advantage.judge
+  module=$service; [[ $service == judge ]] && module=judge
   args=(--conf "$CONF"); [[ $service == experience_manager ]] && args+=(--store "$RUN_DIR/experience")
   [[ $service == task_manager ]] && args+=(--store-dir "$RUN_DIR/tasks")
   $PY -m "$module" "${args[@]}" > "$RUN_DIR/logs/$service.log" 2>&1 &

@@ -48,7 +48,7 @@ LONGEST_FILES_FIRST = (
     "tests/launcher/test_ablation.py",
     "tests/trainer/test_cli.py",
     "tests/trainer/test_learning.py",
-    "tests/advantage/test_judge_llm_server.py",
+    "tests/judge/test_judge_llm_server.py",
     "tests/task_manager/test_llm_pipeline.py",
     "tests/launcher/test_kill9.py",
     "tests/launcher/test_lifecycle.py",

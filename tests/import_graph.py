@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Top-level folders and modules that make up the project (tests/ is not part of it; examples/ and docker/
 # hold no Python the project imports).
-SOURCE_ROOTS = ("common", "engine", "env_service", "task_manager", "experience_manager", "advantage", "trainer",
+SOURCE_ROOTS = ("common", "engine", "env_service", "task_manager", "experience_manager", "estimators", "judge", "trainer",
                 "llm_server", "evolver_launcher", "studio", "benchmarks", "launcher.py")
 
 

@@ -3,9 +3,9 @@
 The rule, by layer, lowest first:
 
 0. shared libraries: `common` (wire schemas, config, the service base, HTTP and LLM clients), `engine` (the
-   inference engine and model loading), `advantage.estimators` (the advantage math). Every package may import
+   inference engine and model loading), `estimators` (the advantage math). Every package may import
    any of their modules; they import only each other.
-1. packages: the services (`env_service`, `task_manager`, `experience_manager`, `advantage` (the judge),
+1. packages: the services (`env_service`, `task_manager`, `experience_manager`, `judge`,
    `llm_server`, `studio`) and the `trainer`. Of another package, a package imports only its public modules:
    `client` (how to call the service), `protocol`/`schemas` (wire types), `settings`/`config` (the settings
    models of its section of the run YAML). Services talk to each other over HTTP through those clients.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tests.import_graph import REPO, Import, import_circles, import_statements, imports
 
-SHARED = ("common", "engine", "advantage.estimators")
+SHARED = ("common", "engine", "estimators")
 LAUNCHER = ("evolver_launcher", "launcher")
 HARNESS = ("benchmarks",)
 PUBLIC = ("client", "protocol", "schemas", "settings", "config")
@@ -45,7 +45,7 @@ def _within(module: str, prefix: str) -> bool:
 
 
 def unit(module: str) -> str:
-    """The package a module belongs to for the rule (a shared library inside a package counts as its own)."""
+    """The package a module belongs to for the rule."""
     for prefix in SHARED + LAUNCHER:
         if _within(module, prefix):
             return "evolver_launcher" if prefix in LAUNCHER else prefix

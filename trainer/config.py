@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from advantage.estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from common.config import StrictModel
+from estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from trainer.settings import (
     CollapseSettings,
     LoraSettings,

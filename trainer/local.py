@@ -2,7 +2,7 @@
 
 One training step: the next `tasks_per_step` tasks from the data cursor -> n rollouts each through
 the policy (complete groups only), judged when the estimator needs labels -> one `StepBatch`
-(`trainer.step_batch`) -> token advantages from `advantage/` -> `PolicyUpdater.update`
+(`trainer.step_batch`) -> token advantages from `estimators/` -> `PolicyUpdater.update`
 (old log-probs on the stripped context, epochs x minibatches) -> the new weights go to the policy
 (the in-process engine or the served endpoint via `/v1/weights`), bumping the policy version.
 Evaluation (avg@k, best@k, invalid-action rate) runs before training, after the warm start (when there
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from loguru import logger
 
-from advantage.client import TrajectoryJudgment
 from common.schemas import Task
 from engine.models import export_model, load_model, native_bf16
+from judge.client import TrajectoryJudgment
 from trainer import lora
 from trainer.asks import AskPolicy, ask_metrics, ask_policy, environment_steps, refuse_held_out
 from trainer.branches import BranchCounters, BranchPoints, BranchRunner, branch_state

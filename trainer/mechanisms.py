@@ -22,9 +22,9 @@ import threading
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
-from advantage.client import TrajectoryJudgment
-from advantage.estimators import catalog
 from common.schemas import Task, Trajectory
+from estimators import catalog
+from judge.client import TrajectoryJudgment
 from trainer.config import ExperienceConfig, TaskSourceConfig
 from trainer.peers import ExperiencePeer, JudgePeer, OutagePolicy, Retrieved, TaskPeer
 

@@ -7,7 +7,7 @@
 - task manager: `task_manager.client.TaskClient` (optional): training batches (original and
   synthetic tasks), grading of synthetic tasks from the state snapshot read before release, and
   pass-rate feedback for its curriculum;
-- judge: `advantage.client.JudgeClient` (optional, needed by `adca_grpo`): GOOD/BAD step labels.
+- judge: `judge.client.JudgeClient` (optional, needed by `adca_grpo`): GOOD/BAD step labels.
 
 Each peer counts what it did, so the end-of-run summary can say what every mechanism contributed.
 
@@ -31,13 +31,13 @@ from typing import Any
 
 from loguru import logger
 
-from advantage.client import JudgeClient, TrajectoryJudgment, judgments_by_id
-from advantage.judge.schemas import fallback_labels
 from common.http import OutageCounters, PeerUnavailable, ServiceCallError, ServiceClient
 from common.schemas import ChatMessage, Task, Trajectory
 from env_service.client import EnvClient
 from env_service.protocol import CreateResponse, EvaluateResponse, StepResponse
 from experience_manager.client import ExperienceClient, FeedbackItem
+from judge.client import JudgeClient, TrajectoryJudgment, judgments_by_id
+from judge.schemas import fallback_labels
 from task_manager.client import TaskClient
 from trainer.asks import Hit, retrieved_ids
 

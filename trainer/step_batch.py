@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from advantage.client import TrajectoryJudgment
-from advantage.estimators.batch import AdvantageBatch, batch_from_rows, label_values
-from advantage.estimators.registry import estimate
-from advantage.estimators.segments import join_segments, split_row
 from common.schemas import StepLabel
+from estimators.batch import AdvantageBatch, batch_from_rows, label_values
+from estimators.registry import estimate
+from estimators.segments import join_segments, split_row
+from judge.client import TrajectoryJudgment
 from trainer.branches import step_credits
 from trainer.rollout import Rollout
 from trainer.update import TrainSample

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.advantage.fake_judge_llm import fake_judge_llm
 from tests.helpers import ServiceProcess, run_service
+from tests.judge.fake_judge_llm import fake_judge_llm
 
 
 def _conf(directory: Path, data: dict) -> str:
@@ -52,7 +52,7 @@ def judge(tmp_path_factory) -> Iterator[ServiceProcess]:
         conf = work / "run.yaml"
         conf.write_text(json.dumps({"judge": {"llm": {"base_url": url, "model": "fake-judge", "max_retries": 0,
                                                       "timeout": 20}, "audit_log": str(work / "audit.jsonl")}}))
-        with run_service("advantage.judge", ["--conf", str(conf), "--log-level", "WARNING"], timeout=60) as service:
+        with run_service("judge", ["--conf", str(conf), "--log-level", "WARNING"], timeout=60) as service:
             yield service
 
 

@@ -177,7 +177,7 @@ def test_dry_run_subprocess_reports_the_commands(tmp_path):
     done = subprocess.run([sys.executable, "launcher.py", "--conf", str(path), "--dry-run", "--with-reme"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    for module in ("llm_server", "env_service", "task_manager", "experience_manager", "advantage.judge", "trainer"):
+    for module in ("llm_server", "env_service", "task_manager", "experience_manager", "judge", "trainer"):
         assert f"-m {module} " in done.stdout
     assert "ray.scripts.scripts start --head" in done.stdout
     assert not (tmp_path / "runs").exists()

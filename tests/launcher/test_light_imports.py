@@ -40,7 +40,7 @@ def test_dry_run_of_a_run_with_adca_imports_no_torch(tmp_path):
 
 def test_estimator_names_and_needs_come_from_the_catalog_without_torch():
     code = (
-        "from advantage.estimators import AdvantageConfig, catalog\n"
+        "from estimators import AdvantageConfig, catalog\n"
         "assert {'grpo', 'adca_grpo', 'gigpo'} <= set(catalog.names())\n"
         "assert AdvantageConfig(estimator='adca_grpo').needs_step_labels\n"
         "assert not AdvantageConfig(estimator='gigpo').needs_step_labels\n"

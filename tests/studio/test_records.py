@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from advantage.client import TrajectoryJudgment
 from common.schemas import ChatMessage, Step, StepLabel, Trajectory
 from engine.models import load_tokenizer
+from judge.client import TrajectoryJudgment
 from trainer.records import RolloutRecords, shard_paths
 from trainer.rollout import Rollout
 from trainer.step_batch import StepBatch

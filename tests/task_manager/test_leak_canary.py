@@ -23,17 +23,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from advantage.client import JudgeClient
-from advantage.judge.app import create_judge_app
-from advantage.judge.settings import JudgeSettings
 from common.schemas import ChatMessage, Step, Task, Trajectory
 from env_service.client import EnvClient
 from experience_manager.client import ExperienceClient
+from judge.app import create_judge_app
+from judge.client import JudgeClient
+from judge.settings import JudgeSettings
 from task_manager.client import TaskClient
 from task_manager.models import Call, Exploration, ExploreStep, Reference, StoredTask
 from task_manager.store import TaskStore
-from tests.advantage.fake_judge_llm import fake_judge_llm
 from tests.helpers import InProcessServer, ServiceProcess, run_service
+from tests.judge.fake_judge_llm import fake_judge_llm
 from tests.task_manager.conftest import write_conf
 
 pytestmark = pytest.mark.slow

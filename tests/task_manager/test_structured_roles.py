@@ -8,10 +8,10 @@ import json
 import llguidance
 import pytest
 
-from advantage.judge.structured import label_schema
 from engine.grammar import json_schema_grammar
 from env_service.environments.flights.desk import tool_docs
 from experience_manager.summarize import MERGE_SCHEMA, experience_schema, parse_items
+from judge.structured import label_schema
 from task_manager.explore import _structured_call
 from task_manager.profile import call_schema
 from task_manager.synthesize import parse_task_blocks, task_schema

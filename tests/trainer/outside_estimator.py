@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from advantage.estimators import AdvantageResult, register_estimator
-from advantage.estimators.tokens import broadcast_steps
 from common.config import StrictModel
+from estimators import AdvantageResult, register_estimator
+from estimators.tokens import broadcast_steps
 
 
 class StepSignConfig(StrictModel):

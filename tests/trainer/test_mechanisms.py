@@ -73,7 +73,7 @@ def judge(tiny_server, tmp_path_factory) -> ServiceProcess:
     conf.write_text(json.dumps({"judge": {
         "llm": {"base_url": tiny_server.url + "/v1", "model": "tiny", "max_retries": 0, "timeout": 600},
         "audit_log": str(root / "audit.jsonl"), "max_analysis_chars": 0}}))
-    with run_service("advantage.judge", ["--conf", str(conf)]) as service:
+    with run_service("judge", ["--conf", str(conf)]) as service:
         yield service
 
 

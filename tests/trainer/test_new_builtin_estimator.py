@@ -1,7 +1,7 @@
 """A new built-in estimator is one file with one declaration, and the launcher still loads no torch.
 
 The test drops one module, `centred.py` (an `@estimator` declaration and its function), beside the
-built-ins in a copy of the `advantage` package, then in a fresh interpreter that imports that copy:
+built-ins in a copy of the `estimators` package, then in a fresh interpreter that imports that copy:
 `import launcher` and the catalog know the new estimator and its `advantage.centred` section without
 torch, and the tiny model trains a step with it against the env service over HTTP, its advantages
 being the estimator's (scale x (outcome - the group's mean outcome), on every policy token).
@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from advantage.estimators.result import AdvantageResult
-from advantage.estimators.spec import estimator
-from advantage.estimators.tokens import broadcast_rows
+from estimators.result import AdvantageResult
+from estimators.spec import estimator
+from estimators.tokens import broadcast_rows
 from common.config import StrictModel
 
 
@@ -49,7 +49,7 @@ CHILD = '''
 import asyncio, json, sys
 
 import launcher
-from advantage.estimators import AdvantageConfig, catalog
+from estimators import AdvantageConfig, catalog
 
 assert "centred" in catalog.names() and catalog.verl_name("centred") == "evolver_centred"
 assert AdvantageConfig(estimator="centred", centred={"scale": 2.0}).estimator_config().scale == 2.0
@@ -89,10 +89,10 @@ print(json.dumps({"optimizer_steps": metrics["update/optimizer_steps"]}))
 
 def test_a_new_builtin_is_one_module_and_trains_a_step_without_torch_in_the_launcher(tmp_path):
     copy = tmp_path / "src"
-    shutil.copytree(REPO / "advantage", copy / "advantage", ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "advantage" / "estimators" / "builtin" / "centred.py").write_text(NEW_ESTIMATOR)
+    shutil.copytree(REPO / "estimators", copy / "estimators", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "estimators" / "builtin" / "centred.py").write_text(NEW_ESTIMATOR)
     out = tmp_path / "run"
-    # The copy comes first on the path, so it is the `advantage` package the child imports.
+    # The copy comes first on the path, so it is the `estimators` package the child imports.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(REPO)])}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), str(out)], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=300)

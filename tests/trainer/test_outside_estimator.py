@@ -18,8 +18,8 @@ import textwrap
 
 import pytest
 
-from tests.advantage.fake_judge_llm import fake_judge_llm
 from tests.helpers import REPO, run_env_service, run_service
+from tests.judge.fake_judge_llm import fake_judge_llm
 from tests.trainer import outside_estimator  # noqa: F401  (registers "step_sign")
 from trainer.config import TrainerConfig
 from trainer.local import LocalTrainer
@@ -62,7 +62,7 @@ def test_it_trains_a_step_with_judge_labels(tmp_path):
     with fake_judge_llm() as (llm_url, llm_calls), run_env_service(ENV_YAML, tmp_path) as env:
         (tmp_path / "judge.yaml").write_text(json.dumps({"judge": {
             "llm": {"base_url": llm_url, "model": "fake", "max_retries": 0}, "audit_log": str(tmp_path / "a.jsonl")}}))
-        with run_service("advantage.judge", ["--conf", str(tmp_path / "judge.yaml")]) as judge:
+        with run_service("judge", ["--conf", str(tmp_path / "judge.yaml")]) as judge:
             trainer = LocalTrainer(TrainerConfig.model_validate(config(tmp_path, env.url, judge.url)))
             samples: list = []
 
@@ -85,7 +85,7 @@ def test_it_trains_a_step_with_judge_labels(tmp_path):
 
 def test_an_installed_package_declares_one_by_entry_point_without_torch(tmp_path):
     (tmp_path / "my_estimators.py").write_text(textwrap.dedent('''
-        from advantage.estimators import EstimatorSpec, GrpoConfig
+        from estimators import EstimatorSpec, GrpoConfig
         SPEC = EstimatorSpec("my_labels", GrpoConfig, needs={"step_labels"}, target="my_estimators_math:run")
     '''))
     dist = tmp_path / "my_estimators-0.1.dist-info"
@@ -94,7 +94,7 @@ def test_an_installed_package_declares_one_by_entry_point_without_torch(tmp_path
     (dist / "entry_points.txt").write_text("[evolver.estimators]\nmy_labels = my_estimators:SPEC\n")
     code = textwrap.dedent('''
         import sys
-        from advantage.estimators import AdvantageConfig, catalog
+        from estimators import AdvantageConfig, catalog
         config = AdvantageConfig(estimator="my_labels")
         assert config.needs_step_labels and catalog.verl_name("my_labels") == "evolver_my_labels"
         assert catalog.from_verl_name("evolver_my_labels") == "my_labels"

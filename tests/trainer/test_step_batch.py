@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from advantage.client import TrajectoryJudgment
-from advantage.estimators import AdcaGrpoConfig, BatchError
 from common.schemas import ChatMessage, Step, StepLabel, Trajectory
+from estimators import AdcaGrpoConfig, BatchError
+from judge.client import TrajectoryJudgment
 from trainer.rollout import Rollout
 from trainer.step_batch import StepBatch
 from trainer.templates import Segment

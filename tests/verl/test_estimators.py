@@ -1,4 +1,4 @@
-"""Our estimators inside veRL: the same numbers as `advantage/`, and GRPO against veRL's own `grpo`."""
+"""Our estimators inside veRL: the same numbers as `estimators/`, and GRPO against veRL's own `grpo`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
 import trainer.verl_plugin  # noqa: E402,F401  (registers, as veRL's plugin loading would)
-from advantage.estimators import AdcaGrpoConfig, AdvantageBatch, BatchError, GigpoConfig, estimate  # noqa: E402
+from estimators import AdcaGrpoConfig, AdvantageBatch, BatchError, GigpoConfig, estimate  # noqa: E402
 from trainer.verl_plugin.trainer import evolver_advantage_step, experience_flag_tensor, extras_to_non_tensor  # noqa: E402
 
 

@@ -41,8 +41,8 @@ import trainer.verl_plugin  # noqa: E402,F401
 from common import http  # noqa: E402
 from experience_manager.client import ExperienceClient  # noqa: E402
 from task_manager.client import TaskClient  # noqa: E402
-from tests.advantage.fake_judge_llm import fake_judge_llm  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
+from tests.judge.fake_judge_llm import fake_judge_llm  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.local import LocalTrainer  # noqa: E402
 from trainer.policy import Generation  # noqa: E402
@@ -79,7 +79,7 @@ def services(tmp_path_factory):
         env, em, judge = started_together(
             stack, run_service("env_service", ["--conf", str(root / "env.yaml")]),
             run_service("experience_manager", ["--store", str(root / "experience")]),
-            run_service("advantage.judge", ["--conf", str(root / "judge.yaml")]))
+            run_service("judge", ["--conf", str(root / "judge.yaml")]))
         (root / "tm.yaml").write_text(yaml.safe_dump({"task_manager": {
             "env_url": env.url, "store_dir": str(root / "tasks"), "environments": ["flights"],
             "mixture": {"synthetic_ratio": 0.5}}}))

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 import trainer.verl_plugin  # noqa: E402,F401
-from advantage.estimators import AdcaGrpoConfig, AdvantageBatch, estimate  # noqa: E402
+from estimators import AdcaGrpoConfig, AdvantageBatch, estimate  # noqa: E402
 from trainer.verl_plugin.loss import EXPERIENCE_FLAG_FIELD  # noqa: E402
 from trainer.verl_plugin.trainer import EvolverPPOTrainer  # noqa: E402
 

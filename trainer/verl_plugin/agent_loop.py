@@ -40,8 +40,8 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from advantage.estimators.segments import split_row
 from common.schemas import Task
+from estimators.segments import split_row
 from trainer.asks import Hit, ask_policy
 from trainer.mechanisms import GroupExperience, experience_flags
 from trainer.peers import EnvPeer, ExperiencePeer, Retrieved, TaskPeer
@@ -184,7 +184,7 @@ def outputs_from_rollout(rollout: Rollout, generate: ServerGenerate, response_le
 
 
 def _anchor_keys(trajectory: Any) -> list[str]:
-    from advantage.estimators import anchor_keys_for
+    from estimators import anchor_keys_for
 
     return anchor_keys_for(trajectory)
 

@@ -2,7 +2,7 @@
 
 veRL calls a registered estimator as `fn(token_level_rewards, response_mask, config, index, ...)`
 and returns `(advantages, returns)`. Our wrappers build an `AdvantageBatch` from exactly that
-(`AdvantageBatch.from_token_rewards`) and run the same `advantage.estimators` code the local trainer
+(`AdvantageBatch.from_token_rewards`) and run the same `estimators` code the local trainer
 runs. Stock veRL never passes step ids or labels, so `evolver_adca_grpo` and `evolver_gigpo` need
 the `evolver_sync` trainer, which calls `compute_evolver_advantage` with the agent loop's per-sample
 fields; called without them they fail with a message saying so.
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from advantage.estimators import AdvantageBatch, BatchError, catalog, estimate
-from advantage.estimators.segments import join_segments, split_row
+from estimators import AdvantageBatch, BatchError, catalog, estimate
+from estimators.segments import join_segments, split_row
 from trainer.verl_plugin.settings import advantage_settings
 
 # Per-sample fields the agent loop puts in `extra_fields` (veRL's non_tensor_batch).

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from advantage.estimators.batch import label_values
 from common.schemas import Trajectory
+from estimators.batch import label_values
 from trainer.asks import ask_metrics
 from trainer.mechanisms import LoopThread, Mechanisms, groups_of
 from trainer.verl_plugin.settings import EvolverVerlSettings

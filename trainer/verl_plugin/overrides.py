@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from advantage.estimators import AdvantageConfig, catalog
 from common.config import StrictModel, validate
+from estimators import AdvantageConfig, catalog
 from trainer.config import ExperienceConfig, TaskSourceConfig
 from trainer.settings import OptimConfig, PolicyLossConfig, RolloutConfig
 from trainer.verl_plugin.settings import (

@@ -21,7 +21,7 @@ REGISTERED: list[str] = []
 def _register_estimators() -> None:
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
-    from advantage.estimators import catalog
+    from estimators import catalog
     from trainer.verl_plugin.estimators import make_verl_estimator
 
     # Every estimator in our catalog (built in, entry points, registered before `import verl`), by derived name.

@@ -14,13 +14,13 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from advantage.estimators import AdvantageConfig
 from common.config import StrictModel, validate
+from estimators import AdvantageConfig
 from trainer.config import ExperienceConfig, TaskSourceConfig
 from trainer.settings import RolloutConfig
 
 # Our names in veRL's registries. Estimators: every name in our catalog as `evolver_<name>`
-# (`advantage.estimators.catalog.verl_name`); veRL refuses to re-register its own `grpo`.
+# (`estimators.catalog.verl_name`); veRL refuses to re-register its own `grpo`.
 VERL_POLICY_LOSS = "evolver_boosted"
 VERL_TRAINER = "evolver_sync"
 VERL_AGENT_LOOP = "evolver_env_agent"
