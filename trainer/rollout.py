@@ -134,6 +134,171 @@ def _align_logprobs(segments: Sequence[Segment], generated_logprobs: list[float]
     return [next(queue, 0.0) if m else 0.0 for s in segments for m in s.loss_mask]
 
 
+@dataclass
+class _Shown:
+    """What an episode shows the policy besides its task, stripped again from the training context: the
+    experience text, or a demonstration as chat turns (with the budget it must leave), and the ids behind it."""
+
+    text: str | None = None
+    ids: list[str] = field(default_factory=list)
+    demonstration: list[dict[str, Any]] | None = None
+    budget: DemonstrationBudget | None = None
+    source: dict[str, Any] | None = None  # the demonstration's experience id and task kind
+
+    @property
+    def flagged(self) -> bool:
+        return self.text is not None or self.demonstration is not None
+
+
+@dataclass
+class _Played:
+    """What an episode's turns produced, in turn order."""
+
+    steps: list[Step] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # every generated token's, turn after turn
+    versions: list[int] = field(default_factory=list)  # the generator's policy version at each turn
+    generations: list[Generation] = field(default_factory=list)
+    generated: int = 0  # generated tokens
+    truncated: bool = False
+    env_steps: int = 0
+    invalid: int = 0
+    env_error: str | None = None  # the last environment step's error text, if the environment failed it
+    env_error_steps: int = 0
+
+    def add_generation(self, out: Generation) -> None:
+        self.generations.append(out)
+        self.logprobs += out.logprobs
+        self.versions.append(out.policy_version)
+        self.generated += len(out.token_ids)
+
+    def add_environment_step(self, turn: int, action: str, result: Any, finish_reason: str,
+                             episode_asks: EpisodeAsks | None) -> None:
+        self.env_steps += 1
+        self.invalid += int(is_invalid_action(result.info))
+        self.env_error = environment_error(result.info)
+        self.env_error_steps += self.env_error is not None
+        info = {**result.info, "finish_reason": finish_reason}
+        if episode_asks is not None:
+            info = episode_asks.step_info(info)
+        self.steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
+                               observation=result.observation, reward=result.reward, done=result.done, info=info))
+
+
+def _task_query(task: Task, messages: Sequence[ChatMessage]) -> str:
+    """What experience is looked up by: the task's query, else the environment's last user message."""
+    return task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
+
+
+async def _retrieve_experience(experience: GroupExperience, query: str, task_kind: str | None,
+                               config: RolloutConfig) -> _Shown:
+    """A flagged rollout's experience (the group's one retrieval): its text, or its demonstration as turns."""
+    got = await experience.get(query, task_kind)
+    if not got:
+        return _Shown()
+    demo = experience.demonstration_for(got)
+    if not demo:
+        return _Shown(text=got.text, ids=got.ids)
+    return _Shown(ids=got.ids, demonstration=demo,
+                  budget=DemonstrationBudget(config.max_new_tokens, config.max_turns,
+                                             experience.demonstration_observation_tokens),
+                  source={"id": got.demonstration_id, "kind": got.demonstration_kind})
+
+
+def _start_context(template: Any, chat: list[dict[str, str]], shown: _Shown, experience: GroupExperience | None,
+                   task_kind: str | None) -> _Shown:
+    """The template's opening context, and what it really shows: a demonstration too long even cut is dropped,
+    and the rollout, which then saw no experience, is not flagged."""
+    template.start(chat, shown.text, shown.demonstration, shown.budget)
+    if experience is None or not shown.demonstration:
+        return shown
+    experience.record_fit(template.demonstration_fit)
+    if template.demonstration_fit == "dropped":
+        return _Shown()
+    assert shown.source is not None
+    experience.record_kind(task_kind, shown.source["kind"])
+    return shown
+
+
+async def _play_turns(template: Any, env: EnvAccess, instance_id: str, generate: GenerateFn, config: RolloutConfig, *,
+                      seed: int | None, sampling: Sampling | None, asks: AskPolicy | None,
+                      episode_asks: EpisodeAsks | None) -> _Played:
+    """The agent loop: generate, answer an ask or step the environment, observe; until the environment ends the
+    episode, `max_turns` environment steps are taken, or the context is full (both: truncated)."""
+    played = _Played()
+    base = sampling or Sampling(max_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
+    turn_limit = config.max_turns + (asks.extra_turns() if asks is not None else 0)
+    for turn in range(turn_limit):
+        if played.env_steps >= config.max_turns:  # asks on top of the environment's turns, never instead of them
+            played.truncated = True
+            break
+        budget = template.budget()
+        if budget <= 0:
+            played.truncated = True
+            break
+        step_seed = None if seed is None else seed * 1000 + turn
+        out = await generate(template.generation_context(),
+                             Sampling(max_tokens=min(base.max_tokens, budget), temperature=base.temperature,
+                                      top_p=base.top_p, seed=step_seed))
+        action = template.add_turn(turn, out.token_ids, out.text)
+        played.add_generation(out)
+        ask = (await episode_asks.ask(turn, instance_id, out.text, action, out.finish_reason)
+               if episode_asks is not None else None)
+        if ask is not None:  # answered here: it never reaches the environment
+            played.steps.append(ask)
+            template.add_observation(ask.observation.text() if ask.observation is not None else None)
+            continue
+        result = await env.step(instance_id, action)
+        played.add_environment_step(turn, action, result, out.finish_reason, episode_asks)
+        if result.done:
+            template.add_observation(None)
+            break
+        observation = result.observation.text()
+        if episode_asks is not None and played.env_steps < config.max_turns:  # another turn follows
+            observation = await episode_asks.observation(observation)
+        template.add_observation(observation)
+    else:
+        played.truncated = True  # max turns reached without the environment ending the episode
+    return played
+
+
+def _trajectory(task: Task, group_id: str | None, config: RolloutConfig, messages: list[ChatMessage],
+                played: _Played, shown: _Shown, task_kind: str | None) -> Trajectory:
+    """The episode's wire trajectory, before its outcome and token fields."""
+    return Trajectory(task_id=task.task_id, group_id=group_id, env_type=config.env,
+                      messages=messages + [m for s in played.steps for m in (s.action, s.observation) if m is not None],
+                      steps=played.steps, truncated=played.truncated, experience_flag=shown.flagged,
+                      experience_ids=shown.ids, policy_version=min(played.versions) if played.versions else 0,
+                      # the task's kind: the experience manager files the summary under it
+                      metadata={"task_kind": task_kind} if task_kind else {})
+
+
+async def _outcome(env: EnvAccess, instance_id: str, task: Task, trajectory: Trajectory,
+                   grader: SyntheticGrader | None, config: RolloutConfig) -> float:
+    """The episode's outcome: a synthetic task is graded by the task manager on the state read before release,
+    any other by the environment's own evaluation."""
+    if task.synthetic and grader is not None:
+        state = await env.state(instance_id)
+        return float(await grader.grade(task, state, trajectory))
+    return float((await env.evaluate(instance_id, config.evaluate_params)).score)
+
+
+async def _release(env: EnvAccess, instance_id: str) -> None:
+    try:
+        await env.release(instance_id)
+    except Exception as exc:  # the env service reaps it later; never mask the episode's own error
+        logger.warning("release of {} failed: {}", instance_id, exc)
+
+
+def _set_token_fields(trajectory: Trajectory, segments: list[Segment], prompt_plain: list[int],
+                      logprobs: list[float]) -> None:
+    """The trajectory's exact token ids, loss mask, step ids and generating log-probs, from its segments."""
+    trajectory.prompt_ids = list(segments[0].prompt_ids) if segments else list(prompt_plain)
+    trajectory.response_ids = [t for s in segments for t in s.response_ids]
+    trajectory.loss_mask = [t for s in segments for t in s.loss_mask]
+    trajectory.step_ids = [t for s in segments for t in s.step_ids]
+    trajectory.logprobs = _align_logprobs(segments, logprobs)
+
+
 async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenizer: Any, config: RolloutConfig, *,
                       experience: GroupExperience | None = None, group_id: str | None = None,
                       seed: int | None = None, grader: SyntheticGrader | None = None,
@@ -145,118 +310,37 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
     """
     started = time.monotonic()
     template = make_template(config.template, tokenizer, config.max_context, **config.template_options)
+    # 1. The environment instance and its opening messages.
     created = await env.create(config.env, task)
     instance_id = created.instance_id
     try:
         messages = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in created.messages]
         chat = [{"role": m.role, "content": m.text()} for m in messages]
-        exp_text, exp_ids, demo = None, [], None
-        budget = None
         task_kind = task.metadata.get("task_kind") or None
-        shown: dict[str, Any] | None = None  # the demonstration's experience id and kind
-        if experience is not None:
-            query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
-            got = await experience.get(query, task_kind)
-            if got:
-                exp_ids = got.ids
-                demo = experience.demonstration_for(got)
-                exp_text = None if demo else got.text
-                if demo:
-                    budget = DemonstrationBudget(config.max_new_tokens, config.max_turns,
-                                                 experience.demonstration_observation_tokens)
-                    shown = {"id": got.demonstration_id, "kind": got.demonstration_kind}
-        episode_asks = None
-        if asks is not None:
-            task_query = task.query or next((m.text() for m in reversed(messages) if m.role == "user"), "")
-            episode_asks = EpisodeAsks(asks, task_query, task_kind)
+        # 2. What the policy is shown besides the task: the group's experience (flagged rollouts), the asks' opening.
+        shown = (await _retrieve_experience(experience, _task_query(task, messages), task_kind, config)
+                 if experience is not None else _Shown())
+        episode_asks = EpisodeAsks(asks, _task_query(task, messages), task_kind) if asks is not None else None
+        if episode_asks is not None:
             chat = await episode_asks.opening(chat)
-        template.start(chat, exp_text, demo, budget)
-        if experience is not None and demo:
-            experience.record_fit(template.demonstration_fit)
-            if template.demonstration_fit == "dropped":  # the rollout saw no experience: it is not flagged
-                demo, exp_ids, shown = None, [], None
-            else:
-                experience.record_kind(task_kind, got.demonstration_kind)
-        steps: list[Step] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        truncated, invalid, generated = False, 0, 0
-        env_error, env_error_steps = None, 0
-        env_steps = 0
-        turns: list[Generation] = []
-        base = sampling or Sampling(max_tokens=config.max_new_tokens, temperature=config.temperature,
-                                    top_p=config.top_p)
-        turn_limit = config.max_turns + (asks.extra_turns() if asks is not None else 0)
-        for turn in range(turn_limit):
-            if env_steps >= config.max_turns:  # asks on top of the environment's turns, never instead of them
-                truncated = True
-                break
-            budget = template.budget()
-            if budget <= 0:
-                truncated = True
-                break
-            step_seed = None if seed is None else seed * 1000 + turn
-            out = await generate(template.generation_context(),
-                                 Sampling(max_tokens=min(base.max_tokens, budget), temperature=base.temperature,
-                                          top_p=base.top_p, seed=step_seed))
-            turns.append(out)
-            action = template.add_turn(turn, out.token_ids, out.text)
-            logprobs += out.logprobs
-            versions.append(out.policy_version)
-            generated += len(out.token_ids)
-            ask = (await episode_asks.ask(turn, instance_id, out.text, action, out.finish_reason)
-                   if episode_asks is not None else None)
-            if ask is not None:  # answered here: it never reaches the environment
-                steps.append(ask)
-                template.add_observation(ask.observation.text() if ask.observation is not None else None)
-                continue
-            result = await env.step(instance_id, action)
-            env_steps += 1
-            invalid += int(is_invalid_action(result.info))
-            env_error = environment_error(result.info)
-            env_error_steps += env_error is not None
-            info = {**result.info, "finish_reason": out.finish_reason}
-            if episode_asks is not None:
-                info = episode_asks.step_info(info)
-            steps.append(Step(index=turn, action=ChatMessage(role="assistant", content=action),
-                              observation=result.observation, reward=result.reward, done=result.done, info=info))
-            if result.done:
-                template.add_observation(None)
-                break
-            observation = result.observation.text()
-            if episode_asks is not None and env_steps < config.max_turns:  # another turn follows
-                observation = await episode_asks.observation(observation)
-            template.add_observation(observation)
-        else:
-            truncated = True  # max turns reached without the environment ending the episode
-        trajectory_messages = messages + [m for s in steps for m in (s.action, s.observation) if m is not None]
-        trajectory = Trajectory(task_id=task.task_id, group_id=group_id, env_type=config.env,
-                                messages=trajectory_messages, steps=steps, truncated=truncated,
-                                experience_flag=exp_text is not None or demo is not None, experience_ids=exp_ids,
-                                policy_version=min(versions) if versions else 0,
-                                # the task's kind: the experience manager files the summary under it
-                                metadata={"task_kind": task_kind} if task_kind else {})
-        if task.synthetic and grader is not None:
-            state = await env.state(instance_id)
-            trajectory.outcome = float(await grader.grade(task, state, trajectory))
-        else:
-            trajectory.outcome = float((await env.evaluate(instance_id, config.evaluate_params)).score)
+        shown = _start_context(template, chat, shown, experience, task_kind)
+        # 3. The turns.
+        played = await _play_turns(template, env, instance_id, generate, config, seed=seed, sampling=sampling,
+                                   asks=asks, episode_asks=episode_asks)
+        # 4. The outcome, read before the instance goes.
+        trajectory = _trajectory(task, group_id, config, messages, played, shown, task_kind)
+        trajectory.outcome = await _outcome(env, instance_id, task, trajectory, grader, config)
     finally:
-        try:
-            await env.release(instance_id)
-        except Exception as exc:  # the env service reaps it later; never mask the episode's own error
-            logger.warning("release of {} failed: {}", instance_id, exc)
-
+        # 5. The instance goes back, whatever happened.
+        await _release(env, instance_id)
+    # 6. The exact tokens for training.
     segments = template.segments()
-    trajectory.prompt_ids = list(segments[0].prompt_ids) if segments else list(template.prompt_plain)
-    trajectory.response_ids = [t for s in segments for t in s.response_ids]
-    trajectory.loss_mask = [t for s in segments for t in s.loss_mask]
-    trajectory.step_ids = [t for s in segments for t in s.step_ids]
-    trajectory.logprobs = _align_logprobs(segments, logprobs)
-    return Rollout(trajectory, segments, invalid, generated, time.monotonic() - started,
-                   environment_error=env_error, environment_error_steps=env_error_steps, policy_versions=versions,
-                   synthetic=task.synthetic, experience_text=exp_text, experience_demonstration=demo,
-                   demonstration=shown, turn_generations=turns, seed=seed, instance_id=instance_id,
+    _set_token_fields(trajectory, segments, template.prompt_plain, played.logprobs)
+    return Rollout(trajectory, segments, played.invalid, played.generated, time.monotonic() - started,
+                   environment_error=played.env_error, environment_error_steps=played.env_error_steps,
+                   policy_versions=played.versions, synthetic=task.synthetic, experience_text=shown.text,
+                   experience_demonstration=shown.demonstration, demonstration=shown.source,
+                   turn_generations=played.generations, seed=seed, instance_id=instance_id,
                    **(episode_asks.counts() if episode_asks is not None else {}))
 
 
