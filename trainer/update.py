@@ -22,7 +22,7 @@ import contextlib
 import math
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -287,6 +287,22 @@ def make_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+@dataclass
+class _UpdateStats:
+    """An update's running sums: the loss's metrics (each averaged over micro-batches at the end), the gradient
+    norm of every optimizer step, and the steps taken."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)
+    optimizer_steps: int = 0
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.totals[key] = self.totals.get(key, 0.0) + value
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+
 class PolicyUpdater:
     """Owns the trainable model, its optimizer and schedule, and an optional frozen reference."""
 
@@ -417,23 +433,19 @@ class PolicyUpdater:
                progress: Callable[[UpdateProgress], None] | None = None) -> dict[str, float]:
         """Old log-probs on the training context, then epochs x minibatches optimizer steps.
 
-        `samples`: the step batch's rows (`StepBatch.samples()`, one per segment); `policy_version` is the version of the model's current weights (what rollouts record);
-        `progress` is called once per optimizer step.
+        `samples`: the step batch's rows (`StepBatch.samples()`, one per segment); `policy_version` is the version
+        of the model's current weights (what rollouts record); `progress` is called once per optimizer step.
         """
         if not samples:
             return {}
         if self.cannot_move(samples):
             logger.info("update skipped: every trained token's advantage is 0 and no other loss term has a gradient")
             return self._skipped_metrics(samples)
-        cfg = self.optim_config
         was_training = self.model.training
         self.model.eval()  # no dropout in the old log-probs
-        old: dict[int, torch.Tensor] = {}
-        for i, s in enumerate(samples):
-            if self.reusable(s, policy_version):
-                assert s.rollout_logprobs is not None
-                old[i] = torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=self.device) * \
-                    torch.tensor(s.loss_mask, dtype=torch.float32, device=self.device)
+        # 1. Old log-probs: the rollout's where they may stand for them, the first minibatch's own forward where
+        #    that computes them (fused), a scoring forward for the rest.
+        old = self._reused_old_logprobs(samples, policy_version)
         reused = len(old)
         order = list(range(len(samples)))
         # The first epoch's minibatches are cut now: the first one's old log-probs may come from its own forward.
@@ -442,15 +454,38 @@ class PolicyUpdater:
         fused = self._fusable(samples, first_chunks, old, policy_version)
         old.update(self.score(self.model, samples,
                               [i for i in range(len(samples)) if i not in old and i not in fused]))
+        # 2. The reference's log-probs (the KL term) and the off-policy samples' importance weights.
         ref = self.score(self.ref_model, samples) if self.ref_model is not None and self.loss_config.kl_coef > 0 \
             else None
         weights = self._behaviour_weights(samples, old, policy_version)
+        # 3. Epochs x minibatches optimizer steps.
         self.model.train()
-        want_entropy = self.loss_config.entropy_coef > 0
-        totals: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        optimizer_steps = 0
-        grad_norms: list[float] = []
+        stats = self._optimize(samples, order, first_chunks, old, ref, weights, progress)
+        # The last minibatch's gradients are spent (the next update starts from None anyway); glibc keeps most
+        # of their buffers in its heap unless asked to hand the pages back.
+        self.optimizer.zero_grad(set_to_none=True)
+        return_freed_memory()
+        self.model.train(was_training)
+        # 4. The update's metrics.
+        return self._update_metrics(samples, stats, reused, fused, weights)
+
+    def _reused_old_logprobs(self, samples: list[TrainSample], policy_version: int | None) -> dict[int, torch.Tensor]:
+        """Per sample index, the rollout's log-probs standing for the old ones (`reusable`), 0 off the loss mask."""
+        old: dict[int, torch.Tensor] = {}
+        for i, s in enumerate(samples):
+            if self.reusable(s, policy_version):
+                assert s.rollout_logprobs is not None
+                old[i] = torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=self.device) * \
+                    torch.tensor(s.loss_mask, dtype=torch.float32, device=self.device)
+        return old
+
+    def _optimize(self, samples: list[TrainSample], order: list[int], first_chunks: list[list[int]],
+                  old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor] | None, weights: dict[int, torch.Tensor],
+                  progress: Callable[[UpdateProgress], None] | None) -> _UpdateStats:
+        """`epochs` passes over the samples, each cut into `minibatches` (reshuffled after the first epoch): one
+        optimizer step per minibatch with trained tokens."""
+        cfg = self.optim_config
+        stats = _UpdateStats()
         total_steps = cfg.epochs * sum(1 for k in range(cfg.minibatches) if order[k::cfg.minibatches])
         for epoch in range(cfg.epochs):
             if epoch:
@@ -460,44 +495,56 @@ class PolicyUpdater:
                 tokens = sum(sum(samples[i].loss_mask) for i in minibatch)
                 if tokens == 0:
                     continue
-                self.optimizer.zero_grad(set_to_none=True)
-                minibatch_loss = 0.0
-                for idx in self._micro_batches(minibatch, samples):
-                    micro = [samples[i] for i in idx]
-                    if not any(m for s in micro for m in s.loss_mask):
-                        continue  # nothing to train here, and no logits to take a gradient through
-                    batch = collate(micro, self.pad_id, self.device)
-                    logp, entropy = self._forward(self.model, micro, batch, with_entropy=want_entropy)
-                    for j, i in enumerate(idx):
-                        if i not in old:  # fused: no optimizer step yet, so this forward is the old policy
-                            old[i] = logp[j, :len(samples[i].response_ids)].detach()
-                    old_logp = _pad([old[i] for i in idx], batch.mask.shape, self.device)
-                    ref_logp = _pad([ref[i] for i in idx], batch.mask.shape, self.device) if ref is not None else None
-                    weight = _pad([weights.get(i, torch.ones(len(samples[i].response_ids))) for i in idx],
-                                  batch.mask.shape, self.device) if any(i in weights for i in idx) else None
-                    loss, metrics = policy_loss(logp, old_logp, batch.advantages, batch.mask, batch.experience_flag,
-                                                self.loss_config, ref_logp=ref_logp, entropy=entropy, weights=weight)
-                    share = float(batch.mask.sum()) / tokens
-                    (loss * share).backward()
-                    minibatch_loss += float(loss.detach()) * share
-                    for key, value in metrics.items():
-                        totals[key] = totals.get(key, 0.0) + value
-                        counts[key] = counts.get(key, 0) + 1
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                grad_norms.append(float(norm))
-                self.optimizer.step()
-                self.scheduler.step()
-                optimizer_steps += 1
+                minibatch_loss = self._minibatch_step(samples, minibatch, tokens, old, ref, weights, stats)
                 if progress is not None:
-                    progress(UpdateProgress(optimizer_steps, total_steps, int(tokens), minibatch_loss))
-        # The last minibatch's gradients are spent (the next update starts from None anyway); glibc keeps most
-        # of their buffers in its heap unless asked to hand the pages back.
+                    progress(UpdateProgress(stats.optimizer_steps, total_steps, int(tokens), minibatch_loss))
+        return stats
+
+    def _minibatch_step(self, samples: list[TrainSample], minibatch: list[int], tokens: int,
+                        old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor] | None,
+                        weights: dict[int, torch.Tensor], stats: _UpdateStats) -> float:
+        """One optimizer step: the micro-batches' gradients accumulated, the norm clipped, the step and the
+        schedule's step taken. Returns the minibatch's token-mean loss."""
         self.optimizer.zero_grad(set_to_none=True)
-        return_freed_memory()
-        self.model.train(was_training)
-        out = {f"update/{k}": v / counts[k] for k, v in totals.items()}
-        out["update/optimizer_steps"] = float(optimizer_steps)
-        out["update/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        minibatch_loss = 0.0
+        for idx in self._micro_batches(minibatch, samples):
+            if not any(m for i in idx for m in samples[i].loss_mask):
+                continue  # nothing to train here, and no logits to take a gradient through
+            minibatch_loss += self._micro_batch_backward(samples, idx, tokens, old, ref, weights, stats)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip)
+        stats.grad_norms.append(float(norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        stats.optimizer_steps += 1
+        return minibatch_loss
+
+    def _micro_batch_backward(self, samples: list[TrainSample], idx: list[int], tokens: int,
+                              old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor] | None,
+                              weights: dict[int, torch.Tensor], stats: _UpdateStats) -> float:
+        """A micro-batch's loss, its gradient accumulated weighted by its share of the minibatch's `tokens` (the
+        loss stays a token mean over the minibatch). Returns its share of the minibatch's loss."""
+        micro = [samples[i] for i in idx]
+        batch = collate(micro, self.pad_id, self.device)
+        logp, entropy = self._forward(self.model, micro, batch, with_entropy=self.loss_config.entropy_coef > 0)
+        for j, i in enumerate(idx):
+            if i not in old:  # fused: no optimizer step yet, so this forward is the old policy
+                old[i] = logp[j, :len(samples[i].response_ids)].detach()
+        old_logp = _pad([old[i] for i in idx], batch.mask.shape, self.device)
+        ref_logp = _pad([ref[i] for i in idx], batch.mask.shape, self.device) if ref is not None else None
+        weight = _pad([weights.get(i, torch.ones(len(samples[i].response_ids))) for i in idx],
+                      batch.mask.shape, self.device) if any(i in weights for i in idx) else None
+        loss, metrics = policy_loss(logp, old_logp, batch.advantages, batch.mask, batch.experience_flag,
+                                    self.loss_config, ref_logp=ref_logp, entropy=entropy, weights=weight)
+        share = float(batch.mask.sum()) / tokens
+        (loss * share).backward()
+        stats.add(metrics)
+        return float(loss.detach()) * share
+
+    def _update_metrics(self, samples: list[TrainSample], stats: _UpdateStats, reused: int, fused: set[int],
+                        weights: dict[int, torch.Tensor]) -> dict[str, float]:
+        out = {f"update/{k}": v / stats.counts[k] for k, v in stats.totals.items()}
+        out["update/optimizer_steps"] = float(stats.optimizer_steps)
+        out["update/grad_norm"] = sum(stats.grad_norms) / max(len(stats.grad_norms), 1)
         out["update/skipped"] = 0.0
         out.update(self._batch_metrics(samples))
         out["update/reused_old_logprob_frac"] = reused / len(samples)
