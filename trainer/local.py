@@ -121,6 +121,10 @@ class CollectedStep:
     metrics: dict[str, float]
     cursor: dict[str, int]  # the task cursor right after this batch was drawn
 
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g]
+
 
 def _staleness_metrics(rollouts: list[Rollout], trained_version: int) -> dict[str, float]:
     """How many versions behind the update's starting weights the rollouts were generated (overlap: <= 1)."""
@@ -128,6 +132,15 @@ def _staleness_metrics(rollouts: list[Rollout], trained_version: int) -> dict[st
         return {}
     lags = [trained_version - min(r.policy_versions or [r.trajectory.policy_version]) for r in rollouts]
     return {"rollout/version_lag_max": float(max(lags)), "rollout/stale_frac": float(np.mean([x > 0 for x in lags]))}
+
+
+def _phase_times(started: float, batch_ready: float, updated: float, synced: float, fed_back: float
+                 ) -> dict[str, float]:
+    """A step's timings. `wait_s`: how long it waited for its batch (all of rollout + judge without overlap);
+    `update_s`: from the batch to the updated weights (advantages and records included)."""
+    return {"time/wait_s": batch_ready - started, "time/update_s": updated - batch_ready,
+            "time/weight_sync_s": synced - updated, "time/feedback_s": fed_back - synced,
+            "time/step_s": fed_back - started}
 
 
 class LocalTrainer:
@@ -341,91 +354,136 @@ class LocalTrainer:
                                dtype=rollout_dtype(cfg.policy.dtype, self.device))
 
     async def _collect_step(self, step: int) -> CollectedStep:
-        """Step `step`'s batch: its tasks, complete rollout groups and judge labels, with their metrics."""
+        """Phases 1 to 3 of step `step` (0-based): its tasks, their rollout groups and the judge's labels, with
+        their metrics. `train_step` runs them, or, with `overlap`, starts them while the previous step updates."""
         cfg = self.config
         assert self.mechanisms is not None
-        mechanisms = self.mechanisms
         step_seed = step_batch_seed(cfg.seed, step)
-        t0 = time.monotonic()
-        # The batch is a function of the step's seed (and the task manager's curriculum state).
-        sampled = await mechanisms.next_tasks(cfg.tasks_per_step, cfg.rollout.env, seed=step_seed)
-        if sampled is not None:
-            tasks = sampled
-        else:
-            tasks = [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split)
-                     for t in self.cursor.next_batch(cfg.tasks_per_step)]
+        started = time.monotonic()
+        # 1. Tasks.
+        tasks = await self._next_tasks(step_seed)
         cursor = self.cursor.state()
+        # 2. Rollouts: complete groups only; a step without any is collected again, then fails.
         dropped_before = self.group_stats.dropped_groups
         points = self.branches.points() if self.branches is not None else None
-        groups = await self._collect(tasks, step, step_seed, t0, points)
-        t1 = time.monotonic()
-        rollouts = [r for g in groups for r in g]
-        metrics: dict[str, float] = {"time/rollout_s": t1 - t0,
-                                     "rollout/dropped_groups": float(self.group_stats.dropped_groups - dropped_before),
-                                     "rollout/groups": float(len(groups)),
-                                     "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)),
-                                     "rollout/synthetic_frac": float(np.mean([t.synthetic for t in tasks]))}
-        metrics.update(self._rollout_metrics(rollouts, t1 - t0))
-        judgments = await mechanisms.label([r.trajectory for r in rollouts])
-        metrics["time/judge_s"] = time.monotonic() - t1
+        groups = await self._collect(tasks, step, step_seed, started, points)
+        rolled_out = time.monotonic()
+        metrics = self._collection_metrics(tasks, groups, self.group_stats.dropped_groups - dropped_before,
+                                           rolled_out - started)
+        # 3. Labels: the judge's step labels (when the estimator needs them), the paired branches' ask credits.
+        judgments = await self.mechanisms.label([r.trajectory for g in groups for r in g])
+        metrics["time/judge_s"] = time.monotonic() - rolled_out
         if self.branches is not None and points is not None:  # before the estimator reads the asks' credits
             metrics.update(await self.branches.run(groups, {t.task_id: t for t in tasks}, points))
         return CollectedStep([t.task_id for t in tasks], groups, judgments or {}, metrics, cursor)
 
     async def train_step(self) -> dict[str, float]:
-        """One step: its batch (collected now, or while the previous step updated), update, sync, feedback.
+        """One training step, told as its numbered phases (docs/services/trainer.md, "One step").
 
         With `overlap`, the next step's batch is collected while this one updates: its rollouts are
         generated by this step's starting policy (or, once the new weights are loaded, by the next),
         so they are at most one version stale when trained on; its tasks are drawn before this step's
         curriculum and experience feedback is sent, which therefore lags one step.
         """
-        cfg = self.config
-        assert self.policy is not None and self.mechanisms is not None
+        assert self.policy is not None
         step = self.step
-        t0 = time.monotonic()
+        started = time.monotonic()
+        # 1. Tasks, 2. rollouts, 3. labels: `_collect_step`, run now, or already run while the last step updated.
+        collected = await self._take_batch(step)
+        batch_ready = time.monotonic()
+        # The version the update starts from: a rollout generated by an older one is off-policy.
+        trained_version = self.policy.policy_version
+        metrics = {**collected.metrics, **self._observe_rollouts(collected.rollouts, step, trained_version)}
+        # While the update runs, the next step's batch (its phases 1 to 3) is prefetched (`overlap`).
+        self._prefetch_next(step)
+        if collected.rollouts:
+            # 4. Advantages: the step batch, from rollout to loss, its token advantages, recorded for the studio.
+            batch = self._step_batch(collected)
+            metrics.update(self._advantages(batch, step))
+            self.records.write(step + 1, batch, trained_version=trained_version)
+            # 5. Update: old log-probs, then epochs x minibatches optimizer steps.
+            metrics.update(await self._update(batch, trained_version))
+        updated = time.monotonic()
+        # 6. Weight sync: the new weights to the rollout engine or the serving endpoint.
+        version = await self._sync_weights()
+        synced = time.monotonic()
+        # 7. Feedback: trajectories to the experience manager, pass rates to the task manager.
+        await self._feedback(collected.groups, step)
+        fed_back = time.monotonic()
+        # 8. Metrics: the step's timings and the mechanisms' counters; its batch to batches.jsonl.
+        metrics.update(self._step_metrics(_phase_times(started, batch_ready, updated, synced, fed_back), version))
+        self._log_batch(step, collected)
+        self.step += 1
+        return metrics
+
+    async def _next_tasks(self, step_seed: int) -> list[Task]:
+        """Phase 1: the step's tasks, from the task manager (its mixture and curriculum; the batch is a function
+        of the step's seed and its curriculum state), else the next ones of the environment's training split."""
+        cfg = self.config
+        assert self.mechanisms is not None
+        sampled = await self.mechanisms.next_tasks(cfg.tasks_per_step, cfg.rollout.env, seed=step_seed)
+        if sampled is not None:
+            return sampled
+        return [Task(task_id=t, env_type=cfg.rollout.env, split=cfg.train_split)
+                for t in self.cursor.next_batch(cfg.tasks_per_step)]
+
+    async def _take_batch(self, step: int) -> CollectedStep:
+        """Phases 1 to 3: the batch prefetched while the previous step updated, else collected now."""
         if self._prefetch is not None:
             collected = await self._prefetch
             self._prefetch = None
-        else:
-            collected = await self._collect_step(step)
-        t2 = time.monotonic()
-        groups = collected.groups
-        rollouts = [r for g in groups for r in g]
-        metrics = dict(collected.metrics)
-        # The version the update starts from: a rollout generated by an older one is off-policy.
-        trained_version = self.policy.policy_version
-        metrics.update(_staleness_metrics(rollouts, trained_version))
-        metrics.update(self.collapse.observe(step + 1, [replies_of_trajectory(r.trajectory, r.invalid_steps)
-                                                        for r in rollouts]))
-        if cfg.overlap and step + 1 < cfg.steps:
+            return collected
+        return await self._collect_step(step)
+
+    def _observe_rollouts(self, rollouts: list[Rollout], step: int, trained_version: int) -> dict[str, float]:
+        """How stale the batch's rollouts are, and the collapse detector's reading of their replies."""
+        return {**_staleness_metrics(rollouts, trained_version),
+                **self.collapse.observe(step + 1, [replies_of_trajectory(r.trajectory, r.invalid_steps)
+                                                   for r in rollouts])}
+
+    def _prefetch_next(self, step: int) -> None:
+        """`overlap`: start collecting the next step's batch; it runs from the update's first await on."""
+        if self.config.overlap and step + 1 < self.config.steps:
             self._prefetch_cursor = self.cursor.state()  # what a checkpoint taken meanwhile resumes from
             self._prefetch = asyncio.create_task(self._collect_step(step + 1))
-        if rollouts:
-            # The step batch, from rollout to loss. Only a generator with the training numerics gives log-probs
-            # that may stand for the old ones.
-            batch = StepBatch(groups, collected.judgments,
-                              exact_logprobs=getattr(self.policy, "exact_logprobs", False))
-            metrics.update(batch.estimate(cfg.advantage.estimator, cfg.advantage.estimator_config(), step))
-            self.records.write(step + 1, batch, trained_version=trained_version)
-            metrics.update(await asyncio.to_thread(self.updater.update, batch.samples(),
-                                                   policy_version=trained_version, progress=_update_progress))
-        t3 = time.monotonic()
-        version = await self.policy.load_weights(lora.serving_view(self.model))
-        t4 = time.monotonic()
+
+    def _step_batch(self, collected: CollectedStep) -> StepBatch:
+        """Phase 4's batch. Only a generator with the training numerics gives log-probs that may stand for the old
+        ones."""
+        return StepBatch(collected.groups, collected.judgments,
+                         exact_logprobs=getattr(self.policy, "exact_logprobs", False))
+
+    def _advantages(self, batch: StepBatch, step: int) -> dict[str, float]:
+        """Phase 4: the estimator's token advantages onto the batch; returns its metrics."""
+        advantage = self.config.advantage
+        return batch.estimate(advantage.estimator, advantage.estimator_config(), step)
+
+    async def _update(self, batch: StepBatch, trained_version: int) -> dict[str, float]:
+        """Phase 5: `PolicyUpdater.update` in a worker thread, so the event loop (a prefetch) runs meanwhile."""
+        return await asyncio.to_thread(self.updater.update, batch.samples(), policy_version=trained_version,
+                                       progress=_update_progress)
+
+    async def _sync_weights(self) -> int:
+        """Phase 6: the updated weights to the policy; returns the policy version they became."""
+        assert self.policy is not None
+        return await self.policy.load_weights(lora.serving_view(self.model))
+
+    async def _feedback(self, groups: list[list[Rollout]], step: int) -> None:
+        """Phase 7: the step's trajectories to the experience manager, pass rates to the task manager."""
+        assert self.mechanisms is not None
         # Request ids tie the calls to (run, step): a resumed run re-sending a step is not applied twice.
-        await self.mechanisms.after_step([[r.trajectory for r in g] for g in groups], cfg.rollout.env,
+        await self.mechanisms.after_step([[r.trajectory for r in g] for g in groups], self.config.rollout.env,
                                          request_id=f"{self.run_id}-step{step}")
-        t5 = time.monotonic()
-        # `wait_s`: how long this step waited for its batch (all of rollout + judge without overlap).
-        metrics.update({"time/wait_s": t2 - t0, "time/update_s": t3 - t2, "time/weight_sync_s": t4 - t3,
-                        "time/feedback_s": t5 - t4, "time/step_s": t5 - t0, "policy/version": float(version)})
-        metrics.update(self._mechanism_metrics())
+
+    def _step_metrics(self, times: dict[str, float], version: int) -> dict[str, float]:
+        """Phase 8: the step's timings, the policy version, the mechanisms' counters."""
+        return {**times, "policy/version": float(version), **self._mechanism_metrics()}
+
+    def _log_batch(self, step: int, collected: CollectedStep) -> None:
+        """Phase 8: which tasks the step trained on, and the task cursor after them (`batches.jsonl`)."""
         with (self.out / "batches.jsonl").open("a") as f:
             f.write(json.dumps({"step": step + 1, "task_ids": collected.task_ids,
                                 "cursor": collected.cursor}) + "\n")
-        self.step += 1
-        return metrics
 
     async def _collect(self, tasks: list[Task], step: int, step_seed: int, started: float,
                        points: BranchPoints | None = None) -> list[list[Rollout]]:
@@ -515,6 +573,14 @@ class LocalTrainer:
 
     def _mechanism_metrics(self) -> dict[str, float]:
         return self.mechanisms.metrics() if self.mechanisms is not None else {}
+
+    def _collection_metrics(self, tasks: list[Task], groups: list[list[Rollout]], dropped: int,
+                            seconds: float) -> dict[str, float]:
+        """Phase 2's metrics: the groups kept and dropped, the share of synthetic tasks, the rollouts'."""
+        return {"time/rollout_s": seconds, "rollout/dropped_groups": float(dropped),
+                "rollout/groups": float(len(groups)), "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)),
+                "rollout/synthetic_frac": float(np.mean([t.synthetic for t in tasks])),
+                **self._rollout_metrics([r for g in groups for r in g], seconds)}
 
     def _rollout_metrics(self, rollouts: list[Rollout], seconds: float) -> dict[str, float]:
         if not rollouts:
