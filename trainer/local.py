@@ -1,10 +1,12 @@
 """The local GRPO trainer: rollouts against the env service, advantages, PPO updates, weight sync.
 
-One training step: the next `tasks_per_step` tasks from the data cursor -> n rollouts each through
-the policy (complete groups only), judged when the estimator needs labels -> one `StepBatch`
-(`trainer.step_batch`) -> token advantages from `estimators/` -> `PolicyUpdater.update`
-(old log-probs on the stripped context, epochs x minibatches) -> the new weights go to the policy
-(the in-process engine or the served endpoint via `/v1/weights`), bumping the policy version.
+`LocalTrainer.train_step` tells one training step as numbered phases, each one call: 1. tasks (the task
+manager's batch, or the next `tasks_per_step` of the data cursor), 2. rollouts (n per task through the policy,
+complete groups only), 3. labels (the judge's, when the estimator needs them), 4. advantages (a `StepBatch`,
+`trainer.step_batch`, and the estimator's token advantages), 5. update (`PolicyUpdater.update`: old log-probs
+on the stripped context, epochs x minibatches), 6. weight sync (to the in-process engine or the served endpoint
+via `/v1/weights`, bumping the policy version), 7. feedback (to the experience and task managers), 8. metrics.
+Phases 1 to 3 are `_collect_step`: with `overlap` the next step's run while this step updates.
 Evaluation (avg@k, best@k, invalid-action rate) runs before training, after the warm start (when there
 is one), every `eval.every` steps and at the end; checkpoints every `checkpoint.every` steps; metrics to
 JSONL and TensorBoard.
