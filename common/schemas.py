@@ -215,16 +215,3 @@ class Experience(WireModel):
     # form), when the trajectory said: experiences of different kinds are never merged, and retrieval for a
     # task of a known kind prefers its own kind.
     task_kind: str | None = None
-
-
-# ---------------------------------------------------------------- errors
-
-
-class ErrorDetail(WireModel):
-    code: str
-    message: str
-    details: Any = None
-
-
-class ErrorBody(WireModel):
-    error: ErrorDetail
