@@ -17,7 +17,7 @@ def process_alive(pid: int, *, group: bool = False) -> bool:
         return False  # os.kill would read 0 as "my own group" and a negative id as a group: no such process
     try:
         (os.killpg if group else os.kill)(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: an id beyond C int, which no process has
         return False
     except PermissionError:
         return True

@@ -43,6 +43,7 @@ def test_ids_that_name_no_single_process_are_not_alive() -> None:
     # os.kill(0, 0) would signal this very process group and succeed: the helper must not say "alive".
     assert os.getpgrp() > 0 and not process_alive(0) and not process_alive(0, group=True)
     assert not process_alive(-os.getpgrp())
+    assert not process_alive(2**40) and not process_alive(2**40, group=True)  # e.g. a corrupt lock file's number
 
 
 def test_the_running_process_is_alive() -> None:
