@@ -10,7 +10,7 @@ import math
 import time
 import uuid
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -183,11 +183,19 @@ class Provenance(WireModel):
     author: str = "heuristic"
 
 
+# The experience text contract, declared once: every model that carries an experience's text (here, and the
+# experience manager's requests in experience_manager/protocol.py) types it with these.
+WHEN_TO_USE_MAX_CHARS = 1_000
+CONTENT_MAX_CHARS = 4_000
+WhenToUse = Annotated[str, Field(min_length=1, max_length=WHEN_TO_USE_MAX_CHARS)]
+ExperienceContent = Annotated[str, Field(min_length=1, max_length=CONTENT_MAX_CHARS)]
+
+
 class Experience(WireModel):
     experience_id: str = Field(default_factory=lambda: new_id("exp"))
     workspace_id: str = "default"
-    when_to_use: str = Field(min_length=1, max_length=1000)
-    content: str = Field(min_length=1, max_length=4000)
+    when_to_use: WhenToUse
+    content: ExperienceContent
     kind: ExperienceKind = ExperienceKind.case
     tags: list[str] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
@@ -207,16 +215,3 @@ class Experience(WireModel):
     # form), when the trajectory said: experiences of different kinds are never merged, and retrieval for a
     # task of a known kind prefers its own kind.
     task_kind: str | None = None
-
-
-# ---------------------------------------------------------------- errors
-
-
-class ErrorDetail(WireModel):
-    code: str
-    message: str
-    details: Any = None
-
-
-class ErrorBody(WireModel):
-    error: ErrorDetail

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.processes import process_alive
+
 if TYPE_CHECKING:  # torch loads lazily: resolving a bad spec should fail in milliseconds
     import torch
 
@@ -202,12 +204,8 @@ def _remove_abandoned_builds(parent: Path, name: str) -> None:
         pid = leftover.name.rsplit("-", 2)[-2]
         if not pid.isdigit():
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
-        except PermissionError:  # alive, owned by someone else
-            pass
 
 
 def _build_smollm2(directory: Path) -> None:

@@ -31,8 +31,7 @@ _LAZY = {
     "AdvantageBatch": "batch", "anchor_keys_for": "batch",
     "batch_from_rows": "batch", "batch_from_trajectories": "batch", "label_values": "batch",
     "normalize_observation": "batch",
-    "Estimator": "registry", "compute_advantages": "registry",
-    "estimate": "registry", "get_estimator": "registry", "list_estimators": "registry",
+    "compute_advantages": "registry", "estimate": "registry", "get_estimator": "registry",
     "register_estimator": "registry",
     "join_segments": "segments", "split_row": "segments",
 }

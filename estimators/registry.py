@@ -16,7 +16,6 @@ from estimators.result import AdvantageResult
 from estimators.spec import EstimatorSpec, estimator, spec_of
 
 EstimatorFn = Callable[[AdvantageBatch, Any, int], AdvantageResult]
-Estimator = EstimatorSpec  # the registry's entries are the catalog's specs
 
 
 def register_estimator(name: str, config_model: type[BaseModel], *, needs: Iterable[str] = ()
@@ -41,10 +40,6 @@ def get_estimator(name: str) -> EstimatorSpec:
     spec = catalog.get_spec(name)
     spec.load()
     return spec
-
-
-def list_estimators() -> list[str]:
-    return catalog.names()
 
 
 def estimate(name: str, batch: AdvantageBatch, config: BaseModel | dict | None = None, *,

@@ -26,6 +26,7 @@ from typing import TextIO
 
 import httpx
 
+from common.processes import process_alive
 from evolver_launcher.leftovers import MARKER, marked_processes, stop_ray_processes, terminate
 from evolver_launcher.plan import ChildSpec
 from evolver_launcher.settings import RestartPolicy
@@ -51,16 +52,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -346,7 +337,7 @@ class Supervisor:
     # ------------------------------------------------------------------ teardown
 
     def _kill_group(self, child: Child, sig: int) -> None:
-        if child.pgid is not None and group_alive(child.pgid):
+        if child.pgid is not None and process_alive(child.pgid, group=True):
             try:
                 os.killpg(child.pgid, sig)
             except ProcessLookupError:
@@ -355,7 +346,7 @@ class Supervisor:
     def stop_all(self) -> None:
         """SIGTERM each started group in reverse start order, wait, SIGKILL the rest; reap everything."""
         for child in reversed(self._started_order):
-            if child.pgid is None or not group_alive(child.pgid):
+            if child.pgid is None or not process_alive(child.pgid, group=True):
                 self._reap(child)
                 continue
             self.say(f"stopping {child.name}")
@@ -369,14 +360,14 @@ class Supervisor:
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
                 self._reap(child)
-                if not group_alive(child.pgid):
+                if not process_alive(child.pgid, group=True):
                     break
                 time.sleep(0.1)
-            if group_alive(child.pgid):
+            if process_alive(child.pgid, group=True):
                 self.say(f"{child.name} did not stop within {grace:.0f}s of SIGTERM: SIGKILL")
                 self._kill_group(child, signal.SIGKILL)
                 deadline = time.monotonic() + 10
-                while group_alive(child.pgid) and time.monotonic() < deadline:
+                while process_alive(child.pgid, group=True) and time.monotonic() < deadline:
                     self._reap(child)
                     time.sleep(0.05)
             self._reap(child)

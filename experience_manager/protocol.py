@@ -11,7 +11,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.schemas import ChatMessage, ExperienceKind, ExperienceUsage, Provenance, Trajectory, WireModel
+from common.schemas import (
+    ChatMessage,
+    ExperienceContent,
+    ExperienceKind,
+    ExperienceUsage,
+    Provenance,
+    Trajectory,
+    WhenToUse,
+    WireModel,
+)
 from experience_manager.text import ID_PATTERN, REQUEST_ID_PATTERN, forbidden_markup, valid_id
 
 RequestId = Field(default=None, pattern=REQUEST_ID_PATTERN,
@@ -91,8 +100,8 @@ class FeedbackRequest(WireModel):
 
 
 class ExperienceCreate(WireModel):
-    when_to_use: str = Field(min_length=1, max_length=1000)
-    content: str = Field(min_length=1, max_length=4000)
+    when_to_use: WhenToUse
+    content: ExperienceContent
     kind: ExperienceKind = ExperienceKind.manual
     tags: list[str] = Field(default_factory=list, max_length=20)
     tools: list[str] = Field(default_factory=list, max_length=50)
@@ -108,8 +117,8 @@ class ExperienceCreate(WireModel):
 
 
 class ExperiencePatch(WireModel):
-    when_to_use: str | None = Field(default=None, min_length=1, max_length=1000)
-    content: str | None = Field(default=None, min_length=1, max_length=4000)
+    when_to_use: WhenToUse | None = None
+    content: ExperienceContent | None = None
     kind: ExperienceKind | None = None
     tags: list[str] | None = Field(default=None, max_length=20)
     tools: list[str] | None = Field(default=None, max_length=50)
@@ -128,8 +137,8 @@ class ImportItem(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     experience_id: str | None = Field(default=None, pattern=ID_PATTERN)
-    when_to_use: str = Field(min_length=1, max_length=1000)
-    content: str = Field(min_length=1, max_length=4000)
+    when_to_use: WhenToUse
+    content: ExperienceContent
     kind: ExperienceKind = ExperienceKind.manual
     tags: list[str] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from common.processes import process_alive
+
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 ITEM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}\.log")
@@ -81,16 +83,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -160,7 +152,7 @@ class Run:
                 pid = int(lock.read_text().strip())
             except (OSError, ValueError):
                 return "crashed"
-            return "live" if _pid_alive(pid) else "crashed"
+            return "live" if process_alive(pid) else "crashed"
         if (self.trainer_dir / "summary.json").is_file():
             return "finished"
         metrics = self.trainer_dir / "metrics.jsonl"

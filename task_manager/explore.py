@@ -341,7 +341,3 @@ def exploration_text(exploration: Exploration, max_chars: int = 600) -> str:
         parts.append(f">>> STEP {step.index} <<<\n<|ACTION|>\n{step.action}\n<|END|>\n"
                      f"<|OBSERVATION|>\n{step.observation[:max_chars]}\n<|END|>")
     return "\n".join(parts)
-
-
-def dump_calls(calls: list[Call]) -> str:
-    return json.dumps([c.model_dump() for c in calls])

@@ -97,9 +97,6 @@ class EnvProfile(_Lenient):
     def operations(self) -> dict[str, Operation]:
         return {op.name: op for entity in self.entities for op in entity.opts}
 
-    def entity_of(self, operation: str) -> Entity | None:
-        return next((e for e in self.entities if any(op.name == operation for op in e.opts)), None)
-
     def instruction(self) -> str:
         """The profile as text for an LLM explorer: what exists and what can be done to it."""
         lines = [f"# Environment: {self.name}"]

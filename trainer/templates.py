@@ -40,10 +40,6 @@ def inject_experience(query: str, experience: str) -> str:
     return f"{EXP_OPEN}\n{experience.strip()}\n{EXP_CLOSE}\n\n{query}"
 
 
-def strip_experience(text: str) -> str:
-    return re.sub(re.escape(EXP_OPEN) + r".*?" + re.escape(EXP_CLOSE) + r"\n*", "", text, flags=re.DOTALL)
-
-
 def _call_text(call: dict[str, Any]) -> str:
     function = call.get("function") if isinstance(call.get("function"), dict) else call
     arguments = function.get("arguments", {})

@@ -6,6 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from common.schemas import (
+    CONTENT_MAX_CHARS,
+    WHEN_TO_USE_MAX_CHARS,
     ChatMessage,
     Experience,
     ExperienceKind,
@@ -16,6 +18,7 @@ from common.schemas import (
     ToolFunction,
     Trajectory,
 )
+from experience_manager.protocol import ExperienceCreate, ExperiencePatch, ImportItem
 
 
 def roundtrip(model):
@@ -61,3 +64,14 @@ def test_non_finite_outcome_rejected():
 def test_unknown_fields_rejected():
     with pytest.raises(ValidationError, match="extra"):
         Task.model_validate({"task_id": "a", "env_type": "x", "reference": "secret"})
+
+
+@pytest.mark.parametrize("model", [Experience, ExperienceCreate, ExperiencePatch, ImportItem],
+                         ids=lambda m: m.__name__)
+def test_every_model_of_experience_text_keeps_the_same_limits(model):
+    for field, limit in (("when_to_use", WHEN_TO_USE_MAX_CHARS), ("content", CONTENT_MAX_CHARS)):
+        other = "when_to_use" if field == "content" else "content"
+        assert getattr(model(**{field: "x" * limit, other: "y"}), field) == "x" * limit
+        for bad in ("", "x" * (limit + 1)):
+            with pytest.raises(ValidationError, match=field):
+                model(**{field: bad, other: "y"})

@@ -13,7 +13,6 @@ import torch
 
 from engine.generation import Engine, SamplingParams
 from engine.models import load_model
-from llm_server.tools import parse_tool_calls
 
 TIMEOUT = 300  # seconds; generous for a loaded shared machine
 
@@ -135,16 +134,6 @@ def test_check_state_dict_names_problems(engine: Engine) -> None:
     assert "model.norm.weight: got (3,)" in message
     # Tied weights: the lm_head alias of the embeddings may be left out.
     engine.check_state_dict({k: v for k, v in state.items() if k != "lm_head.weight"})
-
-
-def test_parse_tool_calls() -> None:
-    text = 'Let me look.\n<tool_call>\n{"name": "search", "arguments": {"city": "Paris"}}\n</tool_call>' \
-           '<tool_call>{"name": "book", "arguments": "{\\"id\\": 3}"}</tool_call><tool_call>{not json}</tool_call>'
-    content, calls = parse_tool_calls(text)
-    assert [c["function"]["name"] for c in calls] == ["search", "book"]
-    assert calls[0]["function"]["arguments"] == '{"city": "Paris"}' and calls[1]["function"]["arguments"] == '{"id": 3}'
-    assert content == "Let me look.\n<tool_call>{not json}</tool_call>"
-    assert parse_tool_calls("plain answer") == ("plain answer", [])
 
 
 def test_prefill_groups_respect_the_token_budget() -> None:
