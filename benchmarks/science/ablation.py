@@ -55,7 +55,7 @@ import yaml
 from pydantic import Field, model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from benchmarks.harness import REPO  # noqa: E402
 from benchmarks.science.ablation_common import (  # noqa: E402
     MECHANISMS_V1,
     ROWS_V1,
@@ -71,7 +71,6 @@ from common.config import ConfigError, StrictModel, compose  # noqa: E402
 from evolver_launcher.manifest import git_state  # noqa: E402
 from evolver_launcher.supervisor import COLLAPSED_EXIT  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 ROWS, MECHANISMS = ROWS_V1, MECHANISMS_V1  # the v1 protocol's rows (examples/ablation/flights.yaml)
 __all__ = ["ROWS", "MECHANISMS", "derive", "load_protocol", "paired", "per_task_metric", "success_lengths"]
 

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, add_probe_arguments, load_avg  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
@@ -45,7 +47,6 @@ from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 ENV_CONFIG = {"version": 2, "tiers": [1]}
 ARMS = ("group_start", "action")
 
@@ -155,7 +156,7 @@ async def seed_pools(env_url: str, em_url: str, args: argparse.Namespace) -> dic
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"benchmark": "ask_vs_group_start", "name": args.name, "env_config": ENV_CONFIG,
-                              "split": "validation", "args": vars(args), "load_avg_start": os.getloadavg()}
+                              "split": "validation", "args": vars(args), "load_avg_start": load_avg()}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": ENV_CONFIG}}}))
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for arm in args.arms.split(","):
                 result[arm] = train(arm, env_service.url, em.url, args)
                 _write(args, result)
-    result["load_avg_end"] = os.getloadavg()
+    result["load_avg_end"] = load_avg()
     return result
 
 
@@ -201,15 +202,9 @@ def main() -> None:
         "a warm-started run's step-0 checkpoint (e.g. the ablation's w row, self-questioned references) that both "
         "arms load instead of fine-tuning"))
     parser.add_argument("--seed-per-kind", type=int, default=4, help="train references per task kind in each pool")
-    parser.add_argument("--eval-tasks", type=int, default=40)
-    parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--max-context", type=int, default=1536)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    add_probe_arguments(parser)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--lr", type=float, default=3e-5)
-    parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-min", type=float, default=90.0, help="per arm")
     parser.add_argument("--out", default="benchmarks/results/ask_vs_group_start")
     args = parser.parse_args()

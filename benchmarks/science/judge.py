@@ -37,9 +37,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.harness import emit  # noqa: E402
 from judge.agreement import DEFAULT_FIXTURE, baselines, fixture_summary, load_fixture, report  # noqa: E402
 from judge.client import JudgeClient, JudgeStep, JudgeTrajectory  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
@@ -211,10 +211,7 @@ def main() -> None:
                if args.env in (None, t.env)][::args.stride]
     fixture = [t for t in fixture if t.trajectory_id not in judged][:args.trajectories]
     if args.rescore:
-        text = json.dumps(rescore(fixture, args.rescore, args.bootstrap))
-        print(text)
-        if args.out:
-            args.out.write_text(text + "\n")
+        emit(rescore(fixture, args.rescore, args.bootstrap), args.out)
         return
     model = args.llm_model or args.model
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
@@ -264,11 +261,7 @@ def main() -> None:
         if labelled else None,
         "audit_log": str(work / "audit.jsonl"),
     }
-    text = json.dumps(line)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(line, args.out)
 
 
 if __name__ == "__main__":

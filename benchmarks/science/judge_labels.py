@@ -46,9 +46,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO  # noqa: E402
 from common.actions import ActionParseError, ParsedCall, parse_actions, parse_python_calls  # noqa: E402
 from common.schemas import ChatMessage  # noqa: E402
 from env_service.environments.base import EnvInstance  # noqa: E402

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, add_probe_arguments, emit, load_avg  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
@@ -48,8 +50,6 @@ from common.schemas import Task, Trajectory  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from tests.helpers import free_port, run_service  # noqa: E402
 from trainer.peers import EnvPeer, ExperiencePeer  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def tier_weights(text: str) -> dict[int, float]:
@@ -348,7 +348,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     flights = FlightsEnvironment(env_config(args))
     result: dict[str, Any] = {"benchmark": "loop_probe", "name": args.name, "split": "validation",
                               "env_config": {"tiers": args.tiers, "version": args.version}, "args": vars(args),
-                              "load_avg_start": os.getloadavg()}
+                              "load_avg_start": load_avg()}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config(args)}}}))
@@ -379,7 +379,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 result["demonstrations_shown"] = await demonstrations_shown(
                     em.url, "probe", flights, REPO / "runs" / "probes" / args.name,
                     result["seeding"].get("task_kinds") or {})
-    result["load_avg_end"] = os.getloadavg()
+    result["load_avg_end"] = load_avg()
     return result
 
 
@@ -409,13 +409,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=2, help="samples per forward of the update (memory)")
     parser.add_argument("--summarize", action="store_true", help="also summarize the run's own rollouts into the pool")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--max-context", type=int, default=1536)
-    parser.add_argument("--eval-tasks", type=int, default=40)
-    parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    add_probe_arguments(parser)
     parser.add_argument("--train-timeout-min", type=float, default=40)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ablation" / "flights" / "explore" /
                                              "probes"))
@@ -423,11 +417,7 @@ def main() -> None:
     # `timeout` or a SIGTERM unwinds the services' context managers instead of leaving them running.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     result = asyncio.run(run(args))
-    line = json.dumps(result)
-    out = Path(args.out) / f"{args.name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(line + "\n")
-    print(line)
+    emit(result, Path(args.out) / f"{args.name}.json")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import emit, load_1m  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
@@ -350,7 +352,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                       "tasks": len(ids), "env_config": env_config, "greedy": True,
                                       "rollout": config.model_dump(include={"template", "max_turns", "max_context",
                                                                             "max_new_tokens"}),
-                                      "demonstrations": first_of_kind, "load_avg_start": os.getloadavg()[0]}
+                                      "demonstrations": first_of_kind, "load_avg_start": load_1m()}
             started = time.monotonic()
             conditions = set(args.conditions.split(","))
             try:
@@ -395,7 +397,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 await policy.aclose()
                 await env.aclose()
-    result["load_avg_end"] = os.getloadavg()[0]
+    result["load_avg_end"] = load_1m()
     return result
 
 
@@ -426,11 +428,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = asyncio.run(run(args))
-    line = json.dumps(result)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(line + "\n")
-    print(line)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, add_probe_arguments, load_1m, load_avg  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
@@ -38,8 +40,6 @@ from common.schemas import Task  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def task_manager_section(env_url: str, store: Path, lookup_kinds: str = "profile") -> dict[str, Any]:
@@ -144,7 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     env_config = {"tiers": [1], "version": args.version}
     flights = FlightsEnvironment(env_config)
     result: dict[str, Any] = {"benchmark": "warm_start", "name": args.name, "env_config": env_config, "split": "validation", "greedy": True,
-                              "experience": False, "args": vars(args), "load_avg_start": os.getloadavg()}
+                              "experience": False, "args": vars(args), "load_avg_start": load_avg()}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "env.yaml").write_text(yaml.safe_dump({"env_service": {"environments": {"flights": env_config}}}))
@@ -177,19 +177,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         _write(args, result)  # what is done so far survives a run cut short
                 finally:
                     await env.aclose()
-    result["load_avg_end"] = os.getloadavg()
+    result["load_avg_end"] = load_avg()
     return result
 
 
 def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({**result, "load_avg_now": os.getloadavg()}, indent=1) + "\n")
+    (out / f"{args.name}.json").write_text(json.dumps({**result, "load_avg_now": load_avg()}, indent=1) + "\n")
 
 
 def _say(args: argparse.Namespace, what: str, value: dict[str, Any]) -> None:
     short = {k: v for k, v in value.items() if k not in ("episodes", "task_ids")}
-    print(f"warm_start {args.name}: {what} {json.dumps(short)[:600]} (load {os.getloadavg()[0]:.1f})",
+    print(f"warm_start {args.name}: {what} {json.dumps(short)[:600]} (load {load_1m():.1f})",
           file=sys.stderr, flush=True)
 
 
@@ -205,13 +205,7 @@ def main() -> None:
                         help="in this order: zero_shot, and the warm start sources (synthetic, environment)")
     parser.add_argument("--lookup-kinds", default="profile", choices=["profile", "train"],
                         help="synthesis.lookup_kinds (train: only the kinds and query forms the train tasks ask)")
-    parser.add_argument("--eval-tasks", type=int, default=40)
-    parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--max-context", type=int, default=1536)
-    parser.add_argument("--max-batch", type=int, default=40)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    add_probe_arguments(parser, max_batch=40)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_start"))
     args = parser.parse_args()
     result = asyncio.run(run(args))

@@ -40,7 +40,9 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, emit  # noqa: E402
+
 SERVICES = ("env_service", "experience_manager", "task_manager", "judge", "llm_server")
 
 CONFIG = """
@@ -267,11 +269,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="evolver-chaos-") as tmp:
         result = run_chaos(Path(tmp), steps=args.steps, model=args.model, backoff_s=args.backoff)
         result.pop("log"), result.pop("run_dir")
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(line + "\n")
+    emit(result, args.out)
     return 0 if result["exit_code"] == 0 else 1
 
 

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,11 +28,11 @@ import aiohttp
 import httpx
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO  # noqa: E402
 from common.schemas import ChatMessage  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 ACTION = "get_passenger(passenger_id='P1001')"
 MIB = 1024 * 1024
@@ -55,12 +54,6 @@ def in_process_latency(steps: int) -> dict[str, float]:
         instance.step(action)
         times.append(time.perf_counter() - start)
     return {"p50_ms": percentile(times, 50) * 1e3, "p99_ms": percentile(times, 99) * 1e3}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(max_instances: int) -> tuple[subprocess.Popen, str]:

@@ -38,6 +38,8 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import load_1m  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from env_service.environments.textgames.packages import package_version  # noqa: E402
@@ -289,7 +291,7 @@ def main() -> None:
     except ValueError as exc:
         parser.error(str(exc))
     started = time.time()
-    load_start = os.getloadavg()[0]
+    load_start = load_1m()
     with tempfile.TemporaryDirectory() as scratch:
         conf = Path(scratch) / "env.yaml"
         conf.write_text(service_yaml(suites, tasks, args.max_turns, args.games_dir))
@@ -303,7 +305,7 @@ def main() -> None:
                       "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "history": args.history,
                       "obs_chars": args.obs_chars, "concurrency": args.concurrency,
                       "budget_s_per_env_id": args.budget_s, "cpus": os.cpu_count(),
-                      "load_1m_start": round(load_start, 2), "load_1m_end": round(os.getloadavg()[0], 2),
+                      "load_1m_start": round(load_start, 2), "load_1m_end": load_1m(),
                       "seconds": round(time.time() - started, 1), "suites": results}))
 
 

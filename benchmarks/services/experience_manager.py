@@ -21,8 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.embeddings import shared_embedder  # noqa: E402
 from common.schemas import Experience, Provenance  # noqa: E402

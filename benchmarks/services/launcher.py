@@ -22,7 +22,8 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO  # noqa: E402
 
 CONFIG = """
 launcher:

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,10 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, load_1m  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
+
 QUESTIONS = [
     "Describe the water cycle in detail.", "Explain how a bicycle works.", "Write a short story about a cat.",
     "Describe the city of Paris.", "Explain photosynthesis step by step.", "Write a poem about the sea.",
@@ -42,14 +44,8 @@ QUESTIONS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_server(model: str, max_batch: int, dtype: str) -> tuple[subprocess.Popen, str, Path]:
-    port = _free_port()
+    port = free_port()
     log = Path(tempfile.gettempdir()) / f"llm_server-bench-{port}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "llm_server", "--port", str(port), "--model", model,
@@ -93,7 +89,7 @@ async def _round(client: httpx.AsyncClient, model: str, questions: list[str], ma
 
 
 async def _measure(url: str, model: str, max_tokens: int, concurrency: int) -> dict:
-    load_start = round(os.getloadavg()[0], 2)  # the machine may be shared: the numbers are only as quiet as this
+    load_start = load_1m()  # the machine may be shared: the numbers are only as quiet as this
     async with httpx.AsyncClient(base_url=url, timeout=1200) as client:
         await _round(client, model, QUESTIONS[:1], 4)  # warm-up: first-call allocations
         single_tokens, single_s = await _round(client, model, QUESTIONS[:1], max_tokens)
@@ -105,7 +101,7 @@ async def _measure(url: str, model: str, max_tokens: int, concurrency: int) -> d
     single_rate, batch_rate = single_tokens / single_s, batch_tokens / batch_s
     return {
         "benchmark": "llm_server", "model": model, "max_tokens": max_tokens, "cpus": os.cpu_count(),
-        "load_1m_start": load_start, "load_1m_end": round(os.getloadavg()[0], 2),
+        "load_1m_start": load_start, "load_1m_end": load_1m(),
         "single": {"tokens": single_tokens, "seconds": round(single_s, 2), "tokens_per_s": round(single_rate, 2)},
         f"concurrent_{concurrency}": {"tokens": batch_tokens, "seconds": round(batch_s, 2),
                                       "tokens_per_s": round(batch_rate, 2)},

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO  # noqa: E402
 from common.schemas import ChatMessage, Experience, Step, StepLabel, Trajectory  # noqa: E402
 from engine.models import build_tiny_tokenizer  # noqa: E402
 from judge.client import TrajectoryJudgment  # noqa: E402

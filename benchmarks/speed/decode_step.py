@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import load_1m  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
@@ -56,7 +57,7 @@ def main() -> None:
     variants = [(dtype, span, sampler) for dtype in ("float32", "bfloat16") for span, sampler in
                 (("span", "multinomial"), ("whole", "multinomial"), ("whole", "inverse_cdf"))]
     result: dict = {"benchmark": "decode_step", "rows": args.rows, "threads": args.threads,
-                    "load_1m_start": round(os.getloadavg()[0], 2)}
+                    "load_1m_start": load_1m()}
     states = {}
     with torch.inference_mode():
         for dtype in ("float32", "bfloat16"):
@@ -104,7 +105,7 @@ def main() -> None:
                 best[":".join(variant)] = min(best.get(":".join(variant), float("inf")), time.perf_counter() - began)
     result["variants"] = {name: {"ms": round(s * 1000, 1), "tokens_per_s": round(args.rows / s, 1)}
                           for name, s in best.items()}
-    result["load_1m_end"] = round(os.getloadavg()[0], 2)
+    result["load_1m_end"] = load_1m()
     print(json.dumps(result))
 
 

@@ -28,13 +28,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, load_avg  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
 
 from common.schemas import Task  # noqa: E402
 from engine.models import load_model  # noqa: E402
-from tests.helpers import REPO, run_service  # noqa: E402
+from tests.helpers import run_service  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
 from trainer.policy import InProcessPolicy, engine_usage  # noqa: E402
 from trainer.rollout import evaluate_policy, evaluation_progress  # noqa: E402
@@ -87,7 +89,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     replies = [run.pop("replies") for run in runs]
     return {"benchmark": "eval_batch", "model": args.checkpoint or "smollm2", "env": "flights tier 1", "split": args.split,
             "tasks": len(tasks), "k": args.k, "temperature": quickstart_rollout().temperature,
-            "threads": args.threads, "load_average": os.getloadavg(), "runs": runs,
+            "threads": args.threads, "load_average": load_avg(), "runs": runs,
             "same_replies_in_every_run": all(r == replies[0] for r in replies[1:]),
             "samples_that_differ_from_the_first_run": [
                 sum(a != b for t in replies[0] for a, b in zip(replies[0][t], other[t], strict=True))

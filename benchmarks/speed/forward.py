@@ -24,8 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import best_seconds, load_1m  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
@@ -40,11 +41,7 @@ def gemm_gflops(dtype: torch.dtype, tokens: int = 2048, reps: int = 5) -> float:
     """Best rate of [tokens, 576] x [576, 1536] (SmolLM2's MLP up-projection shape), GFLOP/s."""
     x, w = torch.randn(tokens, 576).to(dtype), torch.randn(1536, 576).to(dtype)
     torch.nn.functional.linear(x, w)
-    best = float("inf")
-    for _ in range(reps):
-        began = time.perf_counter()
-        torch.nn.functional.linear(x, w)
-        best = min(best, time.perf_counter() - began)
+    best = best_seconds(lambda: torch.nn.functional.linear(x, w), reps)
     return round(2 * tokens * 576 * 1536 / best / 1e9, 1)
 
 
@@ -62,7 +59,7 @@ def main() -> None:
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
     rows_list = [int(r) for r in args.rows.split(",")]
-    result: dict = {"benchmark": "forward", "threads": args.threads, "clock": clock.__name__, "load_1m_start": round(os.getloadavg()[0], 2)}
+    result: dict = {"benchmark": "forward", "threads": args.threads, "clock": clock.__name__, "load_1m_start": load_1m()}
     steps = {}
     with torch.inference_mode():
         for dtype_name in args.dtypes.split(","):
@@ -104,7 +101,7 @@ def main() -> None:
     result["lean_speedup"] = {name.rsplit(":", 1)[0]: round(best[name] / best[name.rsplit(":", 1)[0] + ":lean"], 2)
                               for name in best if name.endswith(":hf")}
     result["gemm_gflops"] = {d: gemm_gflops(getattr(torch, d)) for d in args.dtypes.split(",")}
-    result["load_1m_end"] = round(os.getloadavg()[0], 2)
+    result["load_1m_end"] = load_1m()
     print(json.dumps(result))
 
 

@@ -16,8 +16,14 @@ import importlib.metadata
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.harness import load_1m  # noqa: E402
 
 SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
     "judge_labels": ({
@@ -163,7 +169,7 @@ def main() -> None:
     answer_ids = {name: tokenizer.encode(json.dumps(answer), add_special_tokens=False)
                   + [tokenizer.eos_token_id] for name, (_, answer) in SCHEMAS.items()}
     result = {"benchmark": "grammar_engines", "model": args.model, "vocab": vocab, "repeats": args.repeats,
-              "cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2),
+              "cpus": os.cpu_count(), "load_1m": load_1m(),
               "llguidance": _llguidance(tokenizer, answer_ids, args.repeats),
               "xgrammar": _xgrammar(tokenizer, answer_ids, args.repeats, vocab) if _installed("xgrammar")
               else "not installed (pip install xgrammar==0.2.8 to compare)",

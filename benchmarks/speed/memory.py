@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, load_avg  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -177,7 +178,7 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "memory", "model": args.model, "threads": args.threads, "shape": args.shape,
                               "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                                                     capture_output=True, text=True).stdout.strip() or None,
-                              "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+                              "loadavg_start": load_avg()}
     for part in args.parts.split(","):
         proc = subprocess.run([sys.executable, __file__, "--one", part, "--model", args.model, "--steps",
                                str(args.steps), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
@@ -187,7 +188,7 @@ def main() -> None:
             raise SystemExit(f"part {part} failed:\n{proc.stderr[-3000:]}")
         result[part] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(part, result[part], file=sys.stderr, flush=True)
-        result[f"loadavg_after_{part}"] = [round(x, 2) for x in os.getloadavg()]
+        result[f"loadavg_after_{part}"] = load_avg()
     print(json.dumps(result))
 
 

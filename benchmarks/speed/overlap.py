@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from benchmarks.harness import load_avg  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.local import LocalTrainer  # noqa: E402
@@ -144,7 +144,7 @@ def main() -> None:
     conf.write_text(yaml.safe_dump({"env_service": {"environments": {"signal": signal}}}))
     result: dict[str, Any] = {"benchmark": "overlap", "model": args.model, "steps": args.steps, "tasks": args.tasks,
                               "n": args.n, "eval_tasks": args.eval_tasks, "seeds": args.seeds,
-                              "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+                              "cpus": os.cpu_count(), "loadavg_start": load_avg(),
                               "runs": {}}
     with run_service("env_service", ["--conf", str(conf)]) as service:
         for seed in args.seeds:
@@ -161,7 +161,7 @@ def main() -> None:
     result["step_time_ratio_off_over_on"] = round(
         statistics.mean(r["off"]["train_s"] / r["off"]["steps"] for r in runs)
         / statistics.mean(r["on"]["equal_steps"]["train_s"] / r["on"]["equal_steps"]["steps"] for r in runs), 3)
-    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["loadavg_end"] = load_avg()
     print(json.dumps(result))
 
 

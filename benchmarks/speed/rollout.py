@@ -39,8 +39,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, best_seconds, load_1m  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SYSTEM = ("You are an agent that books flights through a tool API. Tools: search_flight(origin, destination, date) "
@@ -208,11 +209,7 @@ def read_bandwidth_gb_s(megabytes: int = 512, threads: int = 2) -> float:
 
     torch.set_num_threads(threads)
     data = torch.ones(megabytes * 2**20 // 4)
-    best = float("inf")
-    for _ in range(5):
-        began = time.perf_counter()
-        data.sum()
-        best = min(best, time.perf_counter() - began)
+    best = best_seconds(data.sum, 5)
     return round(data.numel() * 4 / best / 1e9, 1)
 
 
@@ -267,7 +264,7 @@ def main() -> None:
     import importlib.util
 
     result: dict = {"benchmark": "rollout", "model": args.model, "max_tokens": args.max_tokens,
-                    "threads": args.threads, "cpus": os.cpu_count(), "load_1m_start": round(os.getloadavg()[0], 2),
+                    "threads": args.threads, "cpus": os.cpu_count(), "load_1m_start": load_1m(),
                     "engines": {}}
     runners: dict[str, Callable] = {}
     hf_engine = functools.partial(engine_runner, lean=False)
@@ -296,7 +293,7 @@ def main() -> None:
         run, close, tokenizer = runners[name]()
         try:
             run(build_prompts(tokenizer, 1, 1, 0), 4, 0)  # warm-up: first-call allocations
-            scores: dict = {"load_1m_start": round(os.getloadavg()[0], 2)}
+            scores: dict = {"load_1m_start": load_1m()}
             for scenario in args.scenarios.split(","):
                 rows, per_prompt, long_rows = SCENARIOS[scenario]
                 if name.startswith("llama_cpp") and rows > 8:  # sequential: 32 rows run at the single-row rate
@@ -308,7 +305,7 @@ def main() -> None:
             result["engines"][name] = scores
         finally:
             close()
-    result["load_1m_end"] = round(os.getloadavg()[0], 2)
+    result["load_1m_end"] = load_1m()
     print(json.dumps(result))
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from benchmarks.harness import load_avg  # noqa: E402
 from benchmarks.speed.trainer_vs_trl import SIGNAL as LOOKUP_SIGNAL  # noqa: E402
 from common.schemas import Task  # noqa: E402
 from engine.models import load_model  # noqa: E402
@@ -216,7 +216,7 @@ def main() -> None:
     conf.write_text(json.dumps({"env_service": {"environments": {"signal": signal}}}))  # JSON is YAML
     result: dict[str, Any] = {"benchmark": "trainer", "model": args.model, "signal_turns": 1 if args.lookup else 2, "tasks_per_step": args.tasks, "n": args.n,
                               "max_new_tokens": args.max_new_tokens, "cpus": os.cpu_count(),
-                              "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+                              "loadavg_start": load_avg()}
     with run_service("env_service", ["--conf", str(conf)]) as service:
         if args.rollout_rates:
             batched = asyncio.run(rollout_rate(service.url, args, args.tasks, 64))
@@ -231,10 +231,10 @@ def main() -> None:
             config = trainer_config(args, service.url, optim, overlap, "float32" if label == "before" else "auto")
             history = asyncio.run(LocalTrainer(config).run())["history"]
             result[label] = step_times(history)
-            result[f"loadavg_after_{label}"] = [round(x, 2) for x in os.getloadavg()]
+            result[f"loadavg_after_{label}"] = load_avg()
         if args.levers:
             result["update_levers"] = asyncio.run(update_levers(service.url, args))
-            result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+            result["loadavg_end"] = load_avg()
     if "overlap" in result:
         result["overlap_step_speedup"] = round(result["after"]["seconds_per_step"]
                                                / result["overlap"]["seconds_per_step"], 2)

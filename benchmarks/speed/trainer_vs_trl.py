@@ -37,7 +37,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from benchmarks.harness import load_avg  # noqa: E402
 from common.schemas import ChatMessage, Task  # noqa: E402
 from engine.models import load_model  # noqa: E402
 from env_service.environments.signal import SignalEnvironment  # noqa: E402
@@ -229,7 +229,7 @@ def main() -> None:
                               "prompts": PROMPTS, "completions": COMPLETIONS, "new_tokens": NEW_TOKENS,
                               "optimizer_updates_per_step": 2, "task": "signal lookup, turns: 1",
                               "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                              "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+                              "cpus": os.cpu_count(), "loadavg_start": load_avg()}
     with run_service("env_service", ["--conf", str(conf)]) as service:
         if args.eval_saved:
             model, tok = load_model(args.eval_saved)
@@ -240,7 +240,7 @@ def main() -> None:
             if args.only in (None, side):
                 torch.manual_seed(args.seed)
                 result[side] = run(service.url, args)
-                result[f"loadavg_after_{side}"] = [round(x, 2) for x in os.getloadavg()]
+                result[f"loadavg_after_{side}"] = load_avg()
     if "ours" in result and "trl" in result:
         result["trl_over_ours_seconds_per_step"] = round(result["trl"]["seconds_per_step"]
                                                          / result["ours"]["seconds_per_step"], 2)

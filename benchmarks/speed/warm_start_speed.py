@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import REPO, load_avg  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
@@ -34,7 +36,6 @@ from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from trainer.settings import RolloutConfig, WarmStartConfig  # noqa: E402
 from trainer.warm_start import fine_tune, from_messages, shared_groups, tokens_computed, training_data  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 PROTOCOL = REPO / "examples" / "ablation" / "flights_v2.yaml"
 
 
@@ -55,7 +56,7 @@ def one_run(samples: list[Any], share: bool, epochs: int, seed: int) -> tuple[di
     wall = time.perf_counter() - started
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return {"share_opening": share, "wall_s": round(wall, 1), "loss_curve": [round(x, 5) for x in trained["loss_curve"]],
-            "load_average": [round(x, 2) for x in os.getloadavg()]}, weights
+            "load_average": load_avg()}, weights
 
 
 def main() -> None:
