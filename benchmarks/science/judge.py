@@ -1,8 +1,8 @@
 """Judge benchmark: agreement of a judge LLM's step labels with ground truth, next to three baselines.
 
     python benchmarks/science/judge.py [--model smollm2] [--llm-url URL --llm-model NAME [--api-key-env VAR]]
-                               [--split test] [--trajectories N] [--structured auto|on|off] [--out FILE]
-                               [--judge KEY=VALUE ...] [--repeat-steps N] [--rollouts RUN/trainer/rollouts]
+                                       [--split test] [--trajectories N] [--structured auto|on|off] [--out FILE]
+                                       [--judge KEY=VALUE ...] [--repeat-steps N] [--rollouts RUN/trainer/rollouts]
 
 Starts `llm_server` (unless --llm-url is given: any OpenAI-compatible endpoint, e.g. vLLM or a hosted API)
 and the judge service on free 127.0.0.1 ports, judges the ground-truth fixture's trajectories

@@ -2,7 +2,7 @@
 correctness is known, on `flights` and `bfcl`.
 
     .venv/bin/python benchmarks/science/judge_labels.py [--out benchmarks/fixtures/judge_step_labels_v1.jsonl]
-                                                [--flights-rollouts 4] [--bfcl-rollouts 2] [--no-rollouts]
+                                                        [--flights-rollouts 4] [--bfcl-rollouts 2] [--no-rollouts]
 
 Sources (the environments run in-process; outcomes are their own graders' scores):
 - `reference`: the task's reference solution replayed, then a closing reply: every step GOOD.

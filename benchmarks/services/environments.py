@@ -1,7 +1,7 @@
 """Where can a small model learn at all? SmolLM2's starting success on every suite adapter and text world.
 
     .venv/bin/python benchmarks/services/environments.py [--tasks 64] [--max-turns 20] [--suites gem,babyai]
-                                                [--tasks-for gym=16,scienceworld=8] [--concurrency 16]
+                                                         [--tasks-for gym=16,scienceworld=8] [--concurrency 16]
 
 Starts `python -m env_service` with each suite's (at most) 2 environment ids and `python -m llm_server`
 (SmolLM2-135M-Instruct, the batching engine), then plays the first `--tasks` test-split tasks of each

@@ -2,7 +2,7 @@
 and N concurrent requests under a structured-output grammar against the same N free.
 
     python benchmarks/services/llm_server.py [--model smollm2] [--max-tokens 64] [--concurrency 8] [--dtype float32]
-                                    [--url URL]
+                                             [--url URL]
 
 Starts `python -m llm_server` on a free 127.0.0.1 port (unless --url is given), warms it up, then
 sends one request alone and N at once (greedy, `max_tokens` each; the prompts ask for long answers

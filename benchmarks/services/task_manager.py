@@ -1,7 +1,7 @@
 """Benchmark of self-questioning on `flights`: tasks verified per minute and the fraction of proposals kept.
 
     .venv/bin/python benchmarks/services/task_manager.py [--episodes 100] [--llm-episodes 2] [--no-llm]
-                                                [--structured auto|on|off]
+                                                         [--structured auto|on|off]
 
 Starts the env service (flights), a task manager per synthesizer and, for the LLM synthesizer,
 `llm_server` with SmolLM2, all over real HTTP on 127.0.0.1. Prints one JSON line:

@@ -1,7 +1,7 @@
 """The engine's forward passes, transformers vs the lean Llama forward, interleaved in one process (A/B under load).
 
     python benchmarks/speed/forward.py [--rows 1,32] [--dtypes bfloat16,float32] [--reps 5] [--prefill-prompts 8]
-                                 [--threads 2] [--cpu-time] [--profile]
+                                       [--threads 2] [--cpu-time] [--profile]
 
 Decode: one step (forward over the slot cache to logits) at each `--rows` count, every row at the rollout
 benchmark's ~330-token context (held fixed). Prefill: `--prefill-prompts` distinct ~330-token prompts in one

@@ -1,7 +1,7 @@
 """Rollout engines on one fixed workload: tokens/s at 1, 8 and 32 concurrent rows, prefix-shared groups, a long row.
 
     python benchmarks/speed/rollout.py [--engines engine,engine_bf16,llm_server_bf16,hf_generate,llama_cpp]
-                                 [--max-tokens 64] [--threads 2] [--scenarios single,rows_8,...] [--llama-f16]
+                                       [--max-tokens 64] [--threads 2] [--scenarios single,rows_8,...] [--llama-f16]
 
 Workload (SmolLM2-135M-Instruct, temperature 1, seeded, EOS ignored so every row makes exactly
 `max_tokens` tokens): a ~315-token chat prompt per row, distinct per row unless the scenario shares it.

@@ -1,7 +1,7 @@
 """Trainer speed: seconds per GRPO step and its time shares, before and after the update levers, in one run.
 
     .venv/bin/python benchmarks/speed/trainer.py [--model smollm2|tiny] [--tasks 8] [--n 4] [--steps 2]
-                                           [--levers] [--rollout-rates] [--overlap] [--only-after]
+                                                 [--levers] [--rollout-rates] [--overlap] [--only-after]
 
 Starts a real env service (the `signal` environment, two turns) on a free port and runs training steps
 with the local trainer twice, back to back on the same machine: `before` with the update levers off
