@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation_common import LABELS_V2, failed_run_lines
+from benchmarks.science.ablation_common import LABELS_V2, failed_run_lines
 from common import generated_page
 
 HERE = Path(__file__).resolve().parent
@@ -83,7 +83,7 @@ def learning() -> list[str]:
         f"observation lists {data['env_config']['fields']} labelled readings in a seeded order; every task a "
         f"different prompt), about 20 minutes per seed (4 tasks x 8 rollouts a step); the first "
         f"{data['eval_tasks']} held-out test tasks greedy before and after, paired per task. Raw: {link(name)}.",
-        ["python benchmarks/learning.py --seeds 0,1,2 --minutes 20"],
+        ["python benchmarks/science/learning.py --seeds 0,1,2 --minutes 20"],
         table(["seed", "steps", "minutes", "held-out success before", "after", "paired change (95% CI)",
                "invalid actions before / after"], rows))
 
@@ -151,8 +151,8 @@ def ablation_v2() -> list[str]:
         f"({', '.join(c[:10] for c in data['commits'])}). Rows appear as they are run, in the issue's priority "
         "order; the criteria are pre-registered ('missing': a row not run yet; 'too few seeds': above 0, and the "
         f"seeds still to run can meet the seed rule). Full tables: {link('ablation/flights_v2/REPORT.md')}.",
-        ["python benchmarks/ablation.py --protocol examples/ablation/flights_v2.yaml --rows ROW --seeds 0,1,2",
-         "python benchmarks/ablation.py --report --results-dir benchmarks/results/ablation/flights_v2"],
+        ["python benchmarks/science/ablation.py --protocol examples/ablation/flights_v2.yaml --rows ROW --seeds 0,1,2",
+         "python benchmarks/science/ablation.py --report --results-dir benchmarks/results/ablation/flights_v2"],
         [*table(["row", "seeds", f"strict avg@{data['k']} [95% CI]", *kinds, f"strict best@{data['k']}",
                  "minutes train / eval (per seed)"], rows), "",
          *(["Runs recorded as failed (a collapse stop is a failed run: never rerun, never evaluated):", "",
@@ -197,8 +197,8 @@ def ablation() -> list[str]:
         f"[does it learn?](../docs/results/learning.md). Raw: `results/ablation/flights/<row>-seed<S>.json`, "
         f"summarized in {link(name)}; the full generated report with its picture: "
         "[`REPORT.md`](results/ablation/flights/REPORT.md).",
-        [".venv/bin/python benchmarks/ablation.py --protocol examples/ablation/flights.yaml",
-         ".venv/bin/python benchmarks/ablation.py --report --results-dir benchmarks/results/ablation/flights"],
+        [".venv/bin/python benchmarks/science/ablation.py --protocol examples/ablation/flights.yaml",
+         ".venv/bin/python benchmarks/science/ablation.py --report --results-dir benchmarks/results/ablation/flights"],
         body)
 
 
@@ -238,7 +238,7 @@ def speed_vs_trl() -> list[str]:
         f"is evaluated: `trainer-vs-trl-20steps-ours-final.txt`), TRL "
         f"{load('trainer-vs-trl-20steps-trl-final.json')['trl']['held_out_success']:.3f} "
         f"({link('trainer-vs-trl-20steps-trl-final.json')}).",
-        ["python benchmarks/trainer_vs_trl.py --steps 3"],
+        ["python benchmarks/speed/trainer_vs_trl.py --steps 3"],
         table(["", "s/step", "rollout s/step", "update s/step", "update ms per trained token",
                "update ms per sequence token"], rows))
 
@@ -270,9 +270,9 @@ def rollout_engine() -> list[str]:
         "llama.cpp, SmolLM2, 2 threads, 64 new tokens per row, temperature 1, EOS ignored, back to back on a quiet "
         "machine. Cells: tokens/s end to end (decode only, prefill taken out, in brackets). "
         f"Raw: {link(bf16_name)}, {link(fp32_name)}.",
-        ["python benchmarks/rollout.py --engines engine_bf16,engine_hf_bf16,llm_server_bf16 \\",
+        ["python benchmarks/speed/rollout.py --engines engine_bf16,engine_hf_bf16,llm_server_bf16 \\",
          "    --scenarios single,rows_8,rows_32,rows_32_noshare,groups_8x4,long_1",
-         "python benchmarks/rollout.py --engines engine,llama_cpp --llama-f16 --scenarios single,rows_32,groups_8x4,long_1"],
+         "python benchmarks/speed/rollout.py --engines engine,llama_cpp --llama-f16 --scenarios single,rows_32,groups_8x4,long_1"],
         table(["tokens/s", *(label for _, label in columns)], rows))
 
 
@@ -284,7 +284,7 @@ ENVIRONMENT_FILES = ["environments-smollm2-20turns.jsonl", "environments-smollm2
 
 
 def environments() -> list[str]:
-    from benchmarks.environments import markdown_table
+    from benchmarks.services.environments import markdown_table
 
     body = markdown_table([RESULTS / name for name in ENVIRONMENT_FILES]).strip().splitlines()
     return section(
@@ -294,9 +294,9 @@ def environments() -> list[str]:
         "the prompt keeping the first observation and the last 2 exchanges. Read the mapped and invalid columns "
         "beside success: a mapped reply was rewritten by the parser. Later files replace a suite's rows: "
         + ", ".join(link(name) for name in ENVIRONMENT_FILES) + ".",
-        ["benchmarks/environments.py --suites gem,textarena --tasks 64 --concurrency 16 --max-turns 20 --history 2 \\",
+        ["benchmarks/services/environments.py --suites gem,textarena --tasks 64 --concurrency 16 --max-turns 20 --history 2 \\",
          "    --obs-chars 1000 --episodes benchmarks/results/environments-smollm2-20turns-short64-episodes.jsonl",
-         "benchmarks/environments.py --table " + " ".join(f"benchmarks/results/{n}" for n in ENVIRONMENT_FILES)],
+         "benchmarks/services/environments.py --table " + " ".join(f"benchmarks/results/{n}" for n in ENVIRONMENT_FILES)],
         body)
 
 
@@ -323,7 +323,7 @@ def judge() -> list[str]:
         f"(`benchmarks/fixtures/{data['fixture']}`: replayed and perturbed references and rule-labelled rollouts on "
         f"flights and bfcl), on the {data['split']} half: {d['trajectories']} trajectories, {d['tasks']} tasks, "
         f"{d['steps']} steps ({d['good']} GOOD, {d['bad']} BAD); 95% CIs from {data['bootstrap']}. Raw: {link(name)}.",
-        [f"python benchmarks/judge.py --model {data['model']} --max-tokens-per-step {data['max_tokens_per_step']}"],
+        [f"python benchmarks/science/judge.py --model {data['model']} --max-tokens-per-step {data['max_tokens_per_step']}"],
         table(["labeller", "balanced accuracy (95% CI)", "Cohen's kappa (95% CI)", "recall GOOD", "recall BAD",
                "raw parse rate", "filled", "s / trajectory"], rows))
 
@@ -346,7 +346,7 @@ def chaos() -> list[str]:
         f"empty steps: {len(data['empty_steps'])}; an undisturbed step took {clean:.1f} s (median). "
         f"Rollouts run again: {data['resilience']['rollouts_retried']}; resumes from a checkpoint: "
         f"{data['resilience']['resumes']}. Raw: {link(name)}.",
-        ["python benchmarks/chaos.py"],
+        ["python benchmarks/services/chaos.py"],
         table(["killed (SIGKILL)", "outage (kill -> healthy)", "step hit", "trainer waited", "steps lost / redone",
                "wall time it cost"], rows))
 
@@ -371,8 +371,8 @@ def kept_caches() -> list[str]:
         "seed 0), run with and without kept caches (`policy.prefix_cache_mb`; 0 is off) in one process; the "
         "second file runs the configuration without them twice, to show how many sampled replies differ from run "
         "to run anyway. Raw: " + ", ".join(link(name) for name in names) + ".",
-        ["python benchmarks/eval_batch.py --checkpoint <run>/trainer/checkpoints --rows 128 --prefix-cache-mb 0,1024",
-         "python benchmarks/eval_batch.py --checkpoint <run>/trainer/checkpoints --rows 128 --prefix-cache-mb 0,0"],
+        ["python benchmarks/speed/eval_batch.py --checkpoint <run>/trainer/checkpoints --rows 128 --prefix-cache-mb 0,1024",
+         "python benchmarks/speed/eval_batch.py --checkpoint <run>/trainer/checkpoints --rows 128 --prefix-cache-mb 0,0"],
         table(["raw", "rows", "kept-cache MiB", "wall s", "prefill s", "decode s", "prompt tokens computed",
                "turns resumed", "avg@4", "invalid-action rate", "samples whose last reply differs from the first run"],
               rows))
@@ -406,7 +406,7 @@ def structured_outputs() -> list[str]:
         "Structured outputs: llm_server throughput and grammar engines",
         "What constrained decoding costs: llm_server's throughput with and without a JSON schema, and the two "
         "grammar engines' compile and mask times (llguidance is the one used).",
-        ["python benchmarks/llm_server.py", "python benchmarks/grammar_engines.py"],
+        ["python benchmarks/services/llm_server.py", "python benchmarks/speed/grammar_engines.py"],
         body)
 
 
@@ -420,7 +420,7 @@ def studio() -> list[str]:
         "Studio: trajectory page render time",
         "The studio's heaviest page, one rollout turn by turn with every token coloured by its loss mask, over "
         f"HTTP one request at a time on {data['cpu_count']} shared cores. Raw: {link(name)}.",
-        ["python benchmarks/studio.py"],
+        ["python benchmarks/services/studio.py"],
         table(["turns", "token spans", "experiences in the pool", "rollouts in the index", "requests",
                "p50 ms", "p95 ms", "p99 ms", "goal: p95 under ms"], rows))
 
@@ -461,8 +461,8 @@ def tiers() -> list[str]:
         f"tokens, {rollout['max_context']} tokens of context), greedy unless noted; experience and demonstrations "
         "come from solved *train* tasks, replayed over HTTP, or from a pool seeded by the task manager. These runs "
         "predate the disjoint splits, so the reference row is not comparable to a rerun.",
-        ["python benchmarks/tiers.py                       # zero-shot and one experience",
-         "python benchmarks/tiers.py --conditions pool_turns --tiers 1 --synthesis-kinds lookup"],
+        ["python benchmarks/science/tiers.py                       # zero-shot and one experience",
+         "python benchmarks/science/tiers.py --conditions pool_turns --tiers 1 --synthesis-kinds lookup"],
         table(["condition", "tier 1 solved", "tier 2", "tier 3", "raw (condition)"], rows))
 
 
@@ -473,7 +473,7 @@ PROBES = ["p2-train-t1-T0.7-lr3e-5.json", "p3-train-t1-T0.7-lr1e-4.json", "p4-tr
 def probe_command(args: dict[str, Any]) -> str:
     """The loop_probe.py command line that a probe's recorded arguments come from."""
     keys = ["name", "tiers", "start_tasks", "steps", "tasks_per_step", "n", "eta", "lr", "temperature", "eval_tasks"]
-    return "python benchmarks/loop_probe.py " + " ".join(f"--{key.replace('_', '-')} {args[key]}" for key in keys)
+    return "python benchmarks/science/loop_probe.py " + " ".join(f"--{key.replace('_', '-')} {args[key]}" for key in keys)
 
 
 def solved(value: dict[str, float] | None) -> str:
@@ -537,7 +537,7 @@ def zero_human_data() -> list[str]:
         "and after 8 steps; every run started from 0. Two more runs (e7: e6 to step 11; e8: names-form lookups "
         "only) were stopped with a flat curve and left no raw file. Readings of the rollouts: "
         "`results/ablation/flights/explore/NOTES.md` section 4.",
-        [".venv/bin/python benchmarks/ablation.py --protocol examples/ablation/flights.yaml --explore"],
+        [".venv/bin/python benchmarks/science/ablation.py --protocol examples/ablation/flights.yaml --explore"],
         table(["run", "what changed", "groups mixed", "steps with a gradient", "validation avg@4 after",
                "paired change (95% CI)", "invalid-action rate after", "raw"], rows))
 
@@ -581,7 +581,7 @@ def warm_start() -> list[str]:
         "the pool's share, never a held-out task), solved by their verified references: zero human data. These "
         "runs but the quiet rerun shared the machine with other jobs (load 2-7): only the quiet rerun's fine-tuning time "
         "says what the warm start costs on 2 cores.",
-        [".venv/bin/python benchmarks/warm_start.py --name NAME --version 2 --episodes 32 --lookup-kinds train "
+        [".venv/bin/python benchmarks/science/warm_start.py --name NAME --version 2 --episodes 32 --lookup-kinds train "
          "--phases zero_shot,synthetic,environment"],
         table(["policy", "fine-tuned on", "solved (with a call)", "credit", "id", "fare", "episodes with a call",
                "raw"], rows))
@@ -632,7 +632,7 @@ def asking() -> list[str]:
         "per kind; greedy evaluation on the 40 tier-1 validation tasks (plain: no experience; with asks: the ask "
         "tool listed, the train-only pool). `action` runs paired branches on half of its asking rollouts. Load "
         f"{data['load_avg_start'][0]:.1f}-{data['load_avg_end'][0]:.1f} (quiet).",
-        [".venv/bin/python benchmarks/ask_vs_group_start.py --name NAME --steps 4 --warm-start-checkpoint CKPT "
+        [".venv/bin/python benchmarks/science/ask_vs_group_start.py --name NAME --steps 4 --warm-start-checkpoint CKPT "
          "--lr 5e-6 --ask-reward paired_branch --eval-tasks 40"],
         table(["arm", "validation, plain (warm start -> after)", "validation, with asks", "training rollouts asking "
                "(first -> last step)", "training success asked / not", "paired branches", "wall time"], rows)
@@ -675,8 +675,8 @@ def update_speed() -> list[str]:
         "What each of the GRPO update's levers (`trainer.optim`) buys, measured on one update, and what a whole "
         "step costs with them off and on. Older runs under load: `trainer-levers-smollm2*.json`, "
         "`trainer-smollm2-run*.json`.",
-        ["python benchmarks/trainer.py --lookup --no-steps --levers --lever-tasks 4 --repeats 2",
-         "python benchmarks/trainer.py --steps 2"],
+        ["python benchmarks/speed/trainer.py --lookup --no-steps --levers --lever-tasks 4 --repeats 2",
+         "python benchmarks/speed/trainer.py --steps 2"],
         body)
 
 
@@ -703,7 +703,7 @@ def overlap() -> list[str]:
         "and at equal training time; held-out success greedy on the first test tasks. On 2 shared cores the "
         "measured gain is the scheduler's, not a saving (a quiet-machine run, `trainer-overlap-smollm2-quiet.json`, "
         "gained nothing), so `overlap` stays off by default.",
-        [f"python benchmarks/overlap.py --model {d['model']} --seeds {' '.join(str(x) for x in d['seeds'])} "
+        [f"python benchmarks/speed/overlap.py --model {d['model']} --seeds {' '.join(str(x) for x in d['seeds'])} "
          f"--steps {d['steps']} --tasks {d['tasks']} --n {d['n']} --eval-tasks {d['eval_tasks']}"
          for d in map(load, OVERLAP_FILES)],
         table(["raw", "model", "run", "seeds", "s/step off -> on", "off / on", "held-out success off -> on, per seed",
@@ -723,7 +723,7 @@ def warm_start_speed() -> list[str]:
         f"of similar length continue its cache), alternated. Mean {data['mean_wall_s']['per_sample']:.1f} -> "
         f"{data['mean_wall_s']['shared_opening']:.1f} s ({data['speedup']:.2f}x); the largest difference "
         f"between the two final weights {data['max_abs_weight_difference']:.1e} ({link(name)}).",
-        ["python benchmarks/warm_start_speed.py --tasks 32 --epochs 1 --repeats 2"],
+        ["python benchmarks/speed/warm_start_speed.py --tasks 32 --epochs 1 --repeats 2"],
         table(["mode", "seconds", "tokens computed", "load (1 min)"], rows))
 
 

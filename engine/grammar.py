@@ -1,7 +1,7 @@
 """Grammar-constrained decoding with llguidance: grammars from JSON schemas, regexes, choices and Lark/GBNF
 text, compiled once per tokenizer and cached, and a per-row matcher that yields a token bitmask.
 
-Why llguidance (measured by `benchmarks/grammar_engines.py` on SmolLM2's 49k vocabulary): it has no
+Why llguidance (measured by `benchmarks/speed/grammar_engines.py` on SmolLM2's 49k vocabulary): it has no
 dependencies (xgrammar pulls in triton and apache-tvm-ffi), its schema compile is sub-millisecond to a few
 ms, and a mask costs tens of microseconds per token on CPU, so a constrained row costs about as much as a
 free one next to a forward pass.

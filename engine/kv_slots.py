@@ -10,7 +10,7 @@ Here row r of the batch lives in slot r: its tokens at columns 0..lengths[r]-1 o
 every allocated column with a per-row mask. Not just columns 0..max length: CPU matmul (bf16 always, fp32
 in the batched case) copies an operand that is not contiguous, and a slice of the column axis is not; that
 copy cost more than reading the < _BLOCK masked columns past the longest row (zeros keep them harmless;
-benchmarks/decode_step.py). Rows that finish leave a hole that the last row moves into (copying only that row).
+benchmarks/speed/decode_step.py). Rows that finish leave a hole that the last row moves into (copying only that row).
 
 Memory (the trainer's engine holds fp32 slots beside the training model and the optimizer; doubling got
 trainer actors OOM-killed): buffers are sized to what the batch needs, in chunks of _ROW_CHUNK rows and

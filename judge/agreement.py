@@ -2,7 +2,7 @@
 95% bootstrap intervals that resample whole tasks (a task's steps and trajectories are not independent).
 
 Also the ground-truth fixture (benchmarks/fixtures/judge_step_labels_v*.jsonl, made by
-benchmarks/judge_labels.py) and the three baselines every judge is compared with.
+benchmarks/science/judge_labels.py) and the three baselines every judge is compared with.
 """
 
 from __future__ import annotations

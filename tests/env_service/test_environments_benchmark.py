@@ -1,4 +1,4 @@
-"""benchmarks/environments.py's episode loop against a real env service and a real llm_server (the tiny
+"""benchmarks/services/environments.py's episode loop against a real env service and a real llm_server (the tiny
 random model): every task is played once, in task order, concurrently; a spent budget starts none; a run
 resumed from its episode log plays only the missing episodes; the counts in the summary and the README
 table add up."""
@@ -13,7 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.environments import EpisodeLog, Policy, markdown_table, parse_tasks_for, play_all, summarize
+from benchmarks.services.environments import (
+    EpisodeLog,
+    Policy,
+    markdown_table,
+    parse_tasks_for,
+    play_all,
+    summarize,
+)
 from llm_server.client import LLMServerClient
 from tests.helpers import run_env_service, run_service
 

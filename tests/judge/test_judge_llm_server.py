@@ -77,7 +77,7 @@ async def test_structured_outputs_make_even_a_random_model_parse(tmp_path, tiny_
 @pytest.mark.slow
 async def test_smollm2_parses_every_step_of_fixture_trajectories(tmp_path, smollm2_server: ServiceProcess):
     """Two ground-truth bfcl trajectories (a success and a failure); the full sets and the
-    agreement with their labels are measured by benchmarks/judge.py."""
+    agreement with their labels are measured by benchmarks/science/judge.py."""
     test = load_fixture(DEFAULT_FIXTURE, split="test")
     # flights' own call syntax is covered by the eight-step test below; here bfcl's, success and failure.
     picked = [next(t for t in test if t.env == "bfcl" and t.source == source) for source in ("reference", "wrong_argument")]

@@ -1,4 +1,4 @@
-"""benchmarks/ablation.py end to end with the tiny model over the real launcher and services: the raw JSON,
+"""benchmarks/science/ablation.py end to end with the tiny model over the real launcher and services: the raw JSON,
 paired statistics from it, a run interrupted and continued from its last checkpoint, the report, and an
 evaluation that saw no experience and the same prompts before and after."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.ablation import ROWS, derive, load_protocol, paired, success_lengths
-from benchmarks.ablation_common import ROWS_V2
-from benchmarks.ablation_report import steps_to_target
+from benchmarks.science.ablation import ROWS, derive, load_protocol, paired, success_lengths
+from benchmarks.science.ablation_common import ROWS_V2
+from benchmarks.science.ablation_report import steps_to_target
 from tests.helpers import REPO
 from trainer.summary import interval
 
@@ -61,7 +61,7 @@ run:
 
 
 def harness(protocol: Path, tmp_path: Path, *extra: str) -> subprocess.Popen:
-    argv = [sys.executable, str(REPO / "benchmarks" / "ablation.py"), "--protocol", str(protocol),
+    argv = [sys.executable, str(REPO / "benchmarks" / "science" / "ablation.py"), "--protocol", str(protocol),
             "--results-dir", str(tmp_path / "results"), "--runs-dir", str(tmp_path / "runs"), *extra]
     log = (tmp_path / "harness.log").open("ab")
     return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -128,7 +128,7 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
     """v2's rows base and w_qn (v1's rows run through the same Harness code; their derivation is tested above):
     the warm start computed once in the w row (trained first, for the seed) and loaded by w_qn, its synthetic tasks not made again, w_qn interrupted
     and continued from its last checkpoint, the strict metric, the report's criteria from the raw JSON."""
-    from benchmarks.ablation import main
+    from benchmarks.science.ablation import main
     from trainer.checkpoint import load_checkpoint
     from trainer.warm_start import weights_digest
 
@@ -213,7 +213,7 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
 
 
 def _raw(directory: Path, row: str, seed: int, per_task: dict[str, list[float]], curve: list[float] | None = None):
-    """A raw result file as benchmarks/ablation.py writes it (only the fields the report reads)."""
+    """A raw result file as benchmarks/science/ablation.py writes it (only the fields the report reads)."""
     evaluation = {"per_task": per_task, "prompts": {t: f"p-{t}" for t in per_task}, "tasks": len(per_task), "k": 2}
     data = {"benchmark": "ablation", "row": row, "seed": seed, "git": {"commit": "c0ffee"},
             "protocol": {"sha256": "abc"}, "explore": False, "target_delta": 0.10,
@@ -228,7 +228,7 @@ def _raw(directory: Path, row: str, seed: int, per_task: dict[str, list[float]],
 
 
 def test_report_pools_seeds_per_task_and_checks_the_ordering_by_hand(tmp_path):
-    from benchmarks.ablation_report import summarize, write_report
+    from benchmarks.science.ablation_report import summarize, write_report
 
     curve = [0.25, 0.3, 0.4]
     _raw(tmp_path, "base", 0, {"a": [0.0, 0.0], "b": [1.0, 0.0]})
@@ -261,7 +261,7 @@ def test_report_pools_seeds_per_task_and_checks_the_ordering_by_hand(tmp_path):
 
 
 def test_an_ordering_pairs_only_the_seeds_both_rows_have(tmp_path):
-    from benchmarks.ablation_report import summarize, write_report
+    from benchmarks.science.ablation_report import summarize, write_report
 
     curve = [0.0, 0.0]
     _raw(tmp_path, "base", 0, {"a": [0.0, 0.0], "b": [0.0, 0.0]})
@@ -280,7 +280,7 @@ def test_an_ordering_pairs_only_the_seeds_both_rows_have(tmp_path):
 
 
 def test_a_run_recorded_as_failed_is_listed_and_kept_out_of_the_numbers(tmp_path):
-    from benchmarks.ablation_report import summarize, write_report
+    from benchmarks.science.ablation_report import summarize, write_report
 
     _raw(tmp_path, "base", 0, {"a": [0.0, 0.0], "b": [0.0, 0.0]})
     _raw(tmp_path, "full", 0, {"a": [1.0, 0.0], "b": [0.0, 0.0]}, [0.0, 0.0])
@@ -302,7 +302,7 @@ def test_successes_are_counted_by_episode_length():
 
 
 def test_single_value_regrading_rejects_hedges_by_hand():
-    from benchmarks.ablation_report import single_value
+    from benchmarks.science.ablation_report import single_value
 
     answers = {"test-t1-0000": "2500", "test-t1-0001": "P1003"}
     result = {"per_task": {"test-t1-0000": [1.0, 1.0, 0.0, 1.0], "test-t1-0001": [1.0, 0.0]},
@@ -317,7 +317,7 @@ def test_single_value_regrading_rejects_hedges_by_hand():
 
 
 def test_the_report_regrades_flights_replies_against_the_environments_answers(tmp_path):
-    from benchmarks.ablation_report import flights_answers
+    from benchmarks.science.ablation_report import flights_answers
     from env_service.environments.flights.env import FlightsEnvironment
 
     env = FlightsEnvironment({"tiers": [1]})
@@ -413,7 +413,7 @@ def test_v2_rows_switch_on_what_their_table_says(tmp_path):
 
 
 def test_strict_metric_counts_a_success_without_a_tool_call_as_zero_by_hand():
-    from benchmarks.ablation_common import per_task_metric as metric
+    from benchmarks.science.ablation_common import per_task_metric as metric
 
     result = {"per_task": {"a": [1.0, 1.0, 0.0, 1.0], "b": [1.0, 0.0]},
               "per_task_called": {"a": [True, False, True, True], "b": [False, True]}}
@@ -425,7 +425,7 @@ def test_strict_metric_counts_a_success_without_a_tool_call_as_zero_by_hand():
 
 
 def test_detectable_difference_and_verdicts_by_hand():
-    from benchmarks.ablation_criteria import (
+    from benchmarks.science.ablation_criteria import (
         SEEDS_PER_ROW,
         adds_verdict,
         close_verdict,
@@ -455,7 +455,7 @@ def test_detectable_difference_and_verdicts_by_hand():
 
 
 def _raw_v2(directory: Path, row: str, seed: int, scores: dict[str, tuple[list[float], list[bool]]]):
-    """A v2 raw result as benchmarks/ablation.py writes it (only the fields the report reads)."""
+    """A v2 raw result as benchmarks/science/ablation.py writes it (only the fields the report reads)."""
     evaluation = {"per_task": {t: s for t, (s, _) in scores.items()},
                   "per_task_called": {t: c for t, (_, c) in scores.items()},
                   "prompts": {t: f"p-{t}" for t in scores}, "tasks": len(scores), "k": 2, "seconds": 60.0,
@@ -473,7 +473,7 @@ def _raw_v2(directory: Path, row: str, seed: int, scores: dict[str, tuple[list[f
 
 
 def test_v2_criteria_by_hand_on_a_partial_grid_with_a_failed_run(tmp_path):
-    from benchmarks.ablation_report import summarize, write_report
+    from benchmarks.science.ablation_report import summarize, write_report
 
     yes, no = [True, True], [False, False]
     w = {"a": ([1.0, 1.0], yes), "b": ([1.0, 1.0], yes), "c": ([1.0, 1.0], [True, False]), "d": ([1.0, 0.0], yes)}
@@ -514,7 +514,7 @@ def test_v2_criteria_by_hand_on_a_partial_grid_with_a_failed_run(tmp_path):
 
 
 def test_a_failed_run_settles_its_seed_for_the_seed_rule(tmp_path):
-    from benchmarks.ablation_report import summarize
+    from benchmarks.science.ablation_report import summarize
 
     yes, no = [True, True], [False, False]
     for seed in (0, 1, 2):
@@ -532,7 +532,7 @@ def test_a_failed_run_settles_its_seed_for_the_seed_rule(tmp_path):
 
 @pytest.mark.slow
 def test_env_n_pool_is_seeded_from_train_references_once_into_the_runs_store(tmp_path):
-    from benchmarks.ablation import Harness
+    from benchmarks.science.ablation import Harness
 
     (tmp_path / "p.yaml").write_text(PROTOCOL_V2.replace("  eval_threads: 1\n",
                                                          "  eval_threads: 1\n  env_pool: {per_kind: 1}\n"))

@@ -3,14 +3,14 @@
 The run must finish all its steps and write its summary; no step may be empty; the trainer's
 counters must show an outage of each service (each one survived) and the trainer's resume; nothing
 the experience manager or the task manager acknowledged before its kill may be missing after it.
-The driver is `benchmarks/chaos.py` (which also prints what each outage cost).
+The driver is `benchmarks/services/chaos.py` (which also prints what each outage cost).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.chaos import SERVICES, run_chaos
+from benchmarks.services.chaos import SERVICES, run_chaos
 
 pytestmark = pytest.mark.slow
 

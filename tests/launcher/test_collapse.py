@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.ablation import Harness, derive, load_protocol
-from benchmarks.ablation_report import failed_runs, load_results
+from benchmarks.science.ablation import Harness, derive, load_protocol
+from benchmarks.science.ablation_report import failed_runs, load_results
 from tests.helpers import REPO, InProcessServer
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ answers with the first reading it sees about as often as with the asked one (abo
 
 `turns: 1` makes either mode single-turn: the cue (or the readings) follows the query in the first
 user message and the agent's first answer is scored. That is the shape a single-turn trainer (TRL's
-GRPOTrainer on a prompt dataset) can run too, so `benchmarks/trainer_vs_trl.py` compares on it.
+GRPOTrainer on a prompt dataset) can run too, so `benchmarks/speed/trainer_vs_trl.py` compares on it.
 """
 
 from __future__ import annotations
