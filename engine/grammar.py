@@ -255,6 +255,15 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     """
     words = bitmask[:len(rows)].numpy().astype("<i4", copy=False)
     bits = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")
+    if logits.device.type != "cpu":  # an accelerator's logits: one masked write per step from the unpacked bits
+        vocab = logits.shape[-1]
+        allowed = np.zeros((len(rows), vocab), dtype=bool)
+        covered = min(vocab, bits.shape[-1])
+        allowed[:, :covered] = bits[:, :covered] == 1
+        index = torch.tensor(rows, device=logits.device)
+        forbidden = torch.from_numpy(~allowed).to(logits.device)
+        logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
+        return
     values = logits.numpy()
     covered = min(values.shape[-1], bits.shape[-1])
     for line, row in enumerate(rows):
