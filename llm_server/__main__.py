@@ -56,19 +56,23 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from engine.device import DeviceUnavailable, describe, resolve_device
+
+    try:
+        device = resolve_device(settings.device, "llm_server.device")  # before the engine and the app load
+    except DeviceUnavailable as exc:
+        sys.exit(f"llm_server: {exc}")
     from engine.generation import Engine
     from llm_server.app import ServedModel, build_app
 
     threads = settings.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     try:
-        device = resolve_device(settings.device, "llm_server.device")
         model, tokenizer = load_from_directory(model_dir, dtype=_torch_dtype(settings.dtype, device))
         model.to(device)
         engine = Engine(model, tokenizer, max_batch=settings.max_batch,
                         batch_window_s=settings.batch_window_ms / 1000, threads=threads,
                         prefix_cache_bytes=settings.prefix_cache_mb << 20)
-    except (ModelLoadError, DeviceUnavailable, ValueError) as exc:
+    except (ModelLoadError, ValueError) as exc:
         sys.exit(f"llm_server: {exc}")
     name = settings.served_model_name or settings.model
     logger.info("llm_server: serving {!r} ({} parameters, {}, {}, context {}, max batch {}, {} threads)", name,

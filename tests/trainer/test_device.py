@@ -58,3 +58,12 @@ def test_a_device_that_is_not_one_of_the_forms_is_refused_by_the_settings(tmp_pa
     conf.write_text("trainer:\n  device: gpu\n  rollout: {env: signal}\n  services: {env_url: 'http://127.0.0.1:9'}\n")
     with pytest.raises(ConfigError, match=r"trainer.device"):
         load_config(TrainerConfig, str(conf), [], section="trainer")
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the refusal on a machine without a GPU")
+def test_llm_server_with_device_cuda_and_no_gpu_exits_at_start_naming_the_setting():
+    from llm_server.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", "tiny", "--device", "cuda", "--port", "0"])
+    assert str(exited.value.code).startswith("llm_server: llm_server.device: cuda but torch sees no CUDA GPU")
