@@ -1,7 +1,9 @@
 """The local trainer on a GPU, in one prepared run: its engine, log-probs, one GRPO step, one warm-start step.
 
 For each model (`smollm2-shape`: SmolLM2-135M's architecture, randomly initialised, no weights to fetch;
-`tiny`: the test model built in code), on CPU and on the device (only CPU with `--device cpu`):
+`tiny`: the test model built in code; `tiny-qwen2`: the same size as a Qwen2 model, with attention biases, which
+the engine runs through the transformers forward instead of its lean Llama one, as it runs Qwen2.5), on CPU
+and on the device (only CPU with `--device cpu`):
 - log-probs of the same sequences (the CPU rollout's) on the device against CPU fp32, with fp32 and with
   bf16 autocast (max and mean |delta|), and the engine's rollout log-probs against the update's recompute;
 - rollout tokens/s: the batching engine over `--rows` rows sampled together, `--new-tokens` each (EOS ignored,
@@ -48,7 +50,7 @@ from trainer.templates import Segment  # noqa: E402
 from trainer.update import PolicyUpdater, TrainSample  # noqa: E402
 from trainer.warm_start import fine_tune  # noqa: E402
 
-MODELS = ("smollm2-shape", "tiny")
+MODELS = ("smollm2-shape", "tiny", "tiny-qwen2")
 QUESTIONS = ["Name a colour.", "What is two plus two?", "Say hello to Ada.", "Book a flight to Paris.",
              "Cancel my order.", "What is the weather?", "Count to three.", "Which way is north?"]
 GROUP = 4  # rollouts per question: one GRPO group
@@ -69,12 +71,26 @@ def smollm2_shape(tokenizer: Any) -> Any:
     return model.eval()
 
 
+def tiny_qwen2(tokenizer: Any) -> Any:
+    """The tiny model's size as a Qwen2 model (q/k/v biases: not the lean forward's), seeded."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+    return model.eval()
+
+
 def build(name: str) -> tuple[Any, Any]:
-    """(model fp32 on CPU, tokenizer); the SmolLM2-shaped model reads the tiny tokenizer's ids (all < 49152)."""
+    """(model fp32 on CPU, tokenizer); the models built here read the tiny tokenizer's ids."""
     if name == "tiny":
         return load_model("tiny")
     tokenizer = load_tokenizer("tiny")
-    return smollm2_shape(tokenizer), tokenizer
+    return (smollm2_shape if name == "smollm2-shape" else tiny_qwen2)(tokenizer), tokenizer
 
 
 def prompts(tokenizer: Any, rows: int) -> list[list[int]]:
