@@ -12,7 +12,7 @@ and on the device (only CPU with `--device cpu`):
   log-probs, one PPO pass): update tokens/s (prompt and response tokens of every sample), weights moved,
   metrics finite; then the new weights pushed into the engine, which generates again;
 - one warm-start step (`trainer.warm_start.fine_tune`, one batch of rollouts as supervised samples);
-- peak GPU memory of each phase.
+- peak GPU memory allocated during each phase (what the earlier phases left resident included).
 A phase that fails is recorded (its error in the JSON) and the others still run; the exit status is 1 then.
 Nothing here needs Ray, vLLM, FastAPI, Qdrant or a service: `gpu_check.sh` runs it where only torch,
 transformers, accelerate, peft and httpx are installed, unpacking the few wheels it carries.
@@ -57,12 +57,13 @@ GROUP = 4  # rollouts per question: one GRPO group
 
 
 def smollm2_shape(tokenizer: Any) -> Any:
-    """SmolLM2-135M-Instruct's architecture (its config.json) with random weights, seeded."""
+    """SmolLM2-135M-Instruct's architecture (its config.json; RoPE's base left at the default: it changes no
+    shape or cost) with random weights, seeded."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)
     with torch.random.fork_rng(devices=[]):
@@ -112,6 +113,7 @@ class Phases:
     def run(self, record: dict[str, Any], name: str, work: Any) -> Any:
         if time.perf_counter() - self.began > self.budget_s:
             record[name] = {"skipped": f"past the {self.budget_s:g} s budget"}
+            self.failed = True  # an incomplete check is not a passed one
             return None
         cuda = torch.cuda.is_available()
         if cuda:
