@@ -13,11 +13,12 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -45,6 +46,9 @@ def load_dotenv_file(path: str | os.PathLike | None = None) -> None:
 
 
 def _load_composed(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    # OmegaConf on first use: the settings models and `validate` serve code that reads no YAML (the device check).
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"{path}: `defaults` includes itself through {' -> '.join(map(str, seen))}")
@@ -71,6 +75,9 @@ def _load_composed(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
 
 def compose(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Load a YAML file (with `defaults`), apply `a.b=c` overrides, resolve, return plain data."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     node = _load_composed(Path(path)) if path else OmegaConf.create({})
     bad = [o for o in overrides if "=" not in o]
     if bad:

@@ -178,8 +178,11 @@ class Engine:
         self._decoder, self._lm_head = model.get_decoder(), model.get_output_embeddings()
         # Llama models run the lean forward (fused projections, no generic plumbing; `engine.lean_llama`).
         self._lean = LeanLlama(model) if lean and lean_support(model) is None else None
-        dtype = next(model.parameters()).dtype
-        self._cache = SlotCache(model.config, dtype, max_rows=max_batch, max_columns=self.context_length)
+        weights = next(model.parameters())
+        # Every tensor the engine builds goes to the model's device; row lengths and generators stay on CPU.
+        self.device = weights.device
+        self._cache = SlotCache(model.config, weights.dtype, max_rows=max_batch, max_columns=self.context_length,
+                                device=self.device)
         self.policy_version = policy_version
         self.stats = EngineStats()
         self._inbox: queue.Queue[_Job | _WeightUpdate | None] = queue.Queue()
@@ -406,7 +409,8 @@ class Engine:
         self.stats.constrained_rows += sum(row.matcher is not None for row in new_rows)
         self._rows = self._rows + new_rows
         self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(self._rows))
-        self._sample_and_finish(logits[torch.tensor(sources)].float(), start=len(self._rows) - len(new_rows))
+        self._sample_and_finish(logits[torch.tensor(sources, device=logits.device)].float(),
+                                start=len(self._rows) - len(new_rows))
 
     def _prefill_rows(self, prompts: list[tuple[int, ...]], shared: int) -> torch.Tensor:
         """Prefill `prompts` into new rows, in order; their first `shared` tokens (equal in all) computed once.
@@ -433,25 +437,25 @@ class Engine:
             if self._lean is not None:
                 return self._lean.prefill(input_ids, self._cache, last)
             # Right padding: every real token sees only real tokens before it under the plain causal mask.
-            positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+            positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
             hidden = self._decoder(input_ids=input_ids, position_ids=positions, past_key_values=self._cache,
                                    use_cache=True).last_hidden_state
-            return self._lm_head(hidden[torch.arange(len(prompts)), last])
+            return self._lm_head(hidden[torch.arange(len(prompts), device=self.device), last])
         finally:
             self._cache.end_prefill((last + 1).tolist())
 
     def _right_padded(self, prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids [prompts, longest] padded on the right, and each prompt's last index."""
+        """Token ids [prompts, longest] padded on the right (on the model's device), and each prompt's last index."""
         lengths = [len(p) for p in prompts]
         input_ids = torch.full((len(prompts), max(lengths)), self.eos_ids[0], dtype=torch.long)
         for i, prompt in enumerate(prompts):
             input_ids[i, :len(prompt)] = torch.tensor(prompt)
-        return input_ids, torch.tensor(lengths) - 1
+        return input_ids.to(self.device), torch.tensor(lengths, device=self.device) - 1
 
     def _decode_step(self) -> None:
-        last = torch.tensor([[row.token_ids[-1]] for row in self._rows], dtype=torch.long)
+        last = torch.tensor([[row.token_ids[-1]] for row in self._rows], dtype=torch.long, device=self.device)
         mask = self._cache.begin_decode()
-        positions = self._cache.lengths[:len(self._rows), None].clone()
+        positions = self._cache.lengths[:len(self._rows), None].to(self.device, copy=True)
         try:
             if self._lean is not None:
                 logits = self._lean.decode(last[:, 0], self._cache, mask)
@@ -475,7 +479,7 @@ class Engine:
         self._constrain(rows, logits)  # in place: the raw values are not needed past this point
         tokens = sample_rows(logits, [row.job.params.temperature for row in rows],
                              [row.job.params.top_p for row in rows], [row.generator for row in rows])
-        chosen = logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
         finished: list[int] = []
         for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
             params = row.job.params

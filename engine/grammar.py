@@ -255,12 +255,26 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     """
     words = bitmask[:len(rows)].numpy().astype("<i4", copy=False)
     bits = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")
+    if logits.device.type != "cpu":  # an accelerator's logits: no numpy view of them
+        mask_rows_with_torch(logits, bits, rows)
+        return
     values = logits.numpy()
     covered = min(values.shape[-1], bits.shape[-1])
     for line, row in enumerate(rows):
         target = values[row]
         target[:covered][bits[line, :covered] == 0] = -np.inf
         target[covered:] = -np.inf
+
+
+def mask_rows_with_torch(logits: torch.Tensor, bits: np.ndarray, rows: list[int]) -> None:
+    """`apply_bitmask` for logits on any device (a GPU's): one masked write from the unpacked bits [lines, bits]."""
+    vocab = logits.shape[-1]
+    allowed = np.zeros((len(rows), vocab), dtype=bool)
+    covered = min(vocab, bits.shape[-1])
+    allowed[:, :covered] = bits[:, :covered] == 1
+    index = torch.tensor(rows, device=logits.device)
+    forbidden = torch.from_numpy(~allowed).to(logits.device)
+    logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
 
 
 def _first_line_block(message: str) -> str:

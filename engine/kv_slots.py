@@ -60,14 +60,17 @@ AttentionInterface.register(ATTENTION, slot_attention)
 class SlotCache:
     """Per-layer key/value buffers; rows are slots 0..rows-1. Passed to the model as `past_key_values`."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, max_rows: int, max_columns: int) -> None:
+    def __init__(self, config: Any, dtype: torch.dtype, max_rows: int, max_columns: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)  # the buffers' and the decode masks' (the model's); `lengths` stays on CPU
         self.layers = int(config.num_hidden_layers)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.dtype, self.max_rows, self.max_columns = dtype, max_rows, max_columns
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.lengths = torch.zeros(0, dtype=torch.long)  # tokens cached per row
+        # Tokens cached per row, on CPU: the engine reads them as Python ints every step (no device sync).
+        self.lengths = torch.zeros(0, dtype=torch.long)
         self.rows = 0
         self._write: torch.Tensor | None = None  # decode: per (row, kv head), its flat [slot, head, column] index
         self._prefill: tuple[int, int] | None = None  # prefill: (first slot, width)
@@ -170,8 +173,8 @@ class SlotCache:
         self._reserve(self.rows, int(lengths.max()) + 1)
         self._span = self.capacity[1]
         heads = torch.arange(self.rows)[:, None] * self.kv_heads + torch.arange(self.kv_heads)[None, :]
-        self._write = (heads * self._span + lengths[:, None]).reshape(-1)
-        return (torch.arange(self._span) <= lengths[:, None]).view(self.rows, 1, 1, self._span)
+        self._write = (heads * self._span + lengths[:, None]).reshape(-1).to(self.device)
+        return (torch.arange(self._span) <= lengths[:, None]).view(self.rows, 1, 1, self._span).to(self.device)
 
     def end_decode(self) -> None:
         self._write = None
@@ -223,13 +226,13 @@ class SlotCache:
         used = int(self.lengths[:self.rows].max()) if self.rows else 0
         shape = (rows, self.kv_heads, columns, self.head_dim)
         if not self.keys:  # empty 4-d placeholders: `capacity` stays readable while layers are replaced
-            empty = torch.empty(0, self.kv_heads, 0, self.head_dim, dtype=self.dtype)
+            empty = torch.empty(0, self.kv_heads, 0, self.head_dim, dtype=self.dtype, device=self.device)
             self.keys, self.values = [empty] * self.layers, [empty] * self.layers
         held = self.nbytes
         for buffers in (self.keys, self.values):
             for layer in range(self.layers):
                 # Zeros, not empty: masked columns still multiply their (zero) attention weight by the stored value.
-                grown = torch.zeros(shape, dtype=self.dtype)
+                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 held += grown.numel() * grown.element_size()
                 self.peak_bytes = max(self.peak_bytes, held)
                 old = buffers[layer]
@@ -246,9 +249,12 @@ def _chunked(n: int, chunk: int) -> int:
 
 
 def return_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps buffers below its mmap threshold in the heap)."""
+    """Hand freed heap pages back to the OS (glibc keeps buffers below its mmap threshold in the heap), and freed
+    CUDA blocks back to the driver (the caching allocator keeps them otherwise)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _load_libc() -> Any:

@@ -72,8 +72,8 @@ class _Weight:
         return F.linear(x, self.weight)
 
 
-def _can_pack(dtype: torch.dtype) -> bool:
-    return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+def _can_pack(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
@@ -103,7 +103,8 @@ class LeanLlama:
         self.scaling = self.head_dim ** -0.5
         self.embed = base.embed_tokens.weight
         self.norm = base.norm.weight
-        pack = pack and _can_pack(self.embed.dtype)
+        self.device = self.embed.device  # every tensor built here lives beside the weights
+        pack = pack and _can_pack(self.embed)
         self.lm_head = _Weight(model.lm_head.weight, pack)
         with torch.no_grad():
             self.layers = [_Layer(layer.input_layernorm.weight,
@@ -113,7 +114,7 @@ class LeanLlama:
                                   _Weight(_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]), pack),
                                   _Weight(layer.mlp.down_proj.weight, pack))
                            for layer in base.layers]
-            positions = torch.arange(int(config.max_position_embeddings))[None]
+            positions = torch.arange(int(config.max_position_embeddings), device=self.device)[None]
             cos, sin = base.rotary_emb(self.embed[:1], positions)
         half = self.head_dim // 2
         # rotate_half(x) * sin == flip_halves(x) * [-sin_first_half, sin_second_half]: one flip, no negation per step.
@@ -144,14 +145,14 @@ class LeanLlama:
     def decode(self, tokens: torch.Tensor, cache: SlotCache, mask: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] for one new token per row (`cache.begin_decode()` gave `mask`)."""
         rows = tokens.shape[0]
-        positions = cache.lengths[:rows]
+        positions = cache.lengths[:rows].to(self.device)
         cos, sin = self.cos[positions][:, None], self.sin_signed[positions][:, None]  # [rows, 1, head_dim]
         group, kv_heads, head_dim = self.heads // self.kv_heads, self.kv_heads, self.head_dim
         # The mask as an additive bias, once per step: each layer then fuses scaling and masking into one baddbmm.
         span = mask.shape[-1]
-        bias = torch.zeros(mask.shape, dtype=self.embed.dtype).masked_fill_(~mask, float("-inf"))
+        bias = torch.zeros(mask.shape, dtype=self.embed.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
         bias = bias.expand(rows, kv_heads, 1, span).reshape(rows * kv_heads, 1, span)
-        x = F.embedding(tokens, self.embed)  # [rows, hidden]
+        x = F.embedding(tokens.to(self.device), self.embed)  # [rows, hidden]
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.input_norm))
             qk = self._rope(qkv[:, :self._qk].view(rows, self.heads + kv_heads, head_dim), cos, sin)
@@ -178,8 +179,9 @@ class LeanLlama:
         sin = self.sin_signed[offset:offset + width][None, :, None]
         # Right padding: under the plain causal mask every real token sees only real tokens before it; all of
         # the prefix (columns < offset) is before every one of them.
-        bias = torch.full((width, offset + width), float("-inf"), dtype=self.embed.dtype).triu_(offset + 1)
-        x = F.embedding(input_ids, self.embed)  # [prompts, width, hidden]
+        bias = torch.full((width, offset + width), float("-inf"), dtype=self.embed.dtype,
+                          device=self.device).triu_(offset + 1)
+        x = F.embedding(input_ids.to(self.device), self.embed)  # [prompts, width, hidden]
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.input_norm))
             qk = self._rope(qkv[..., :self._qk].view(prompts, width, self.heads + self.kv_heads, self.head_dim),
@@ -192,7 +194,7 @@ class LeanLlama:
             x = x + layer.down(F.silu(gate) * up)
         if last is None:
             return None
-        x = x[torch.arange(prompts), last]
+        x = x[torch.arange(prompts, device=self.device), last.to(self.device)]
         return self.lm_head(self._rms(x, self.norm))
 
     def _causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor

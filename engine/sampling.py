@@ -20,25 +20,26 @@ def sample_rows(logits: torch.Tensor, temperatures: list[float], top_ps: list[fl
     Temperature <= 0 is greedy. Top-p keeps the smallest set of most likely tokens whose mass reaches
     top_p (always at least the top token).
     """
+    device = logits.device  # index and scale tensors beside the logits; the generators stay on CPU
     sampled = [i for i, t in enumerate(temperatures) if t > 0]
     greedy = [i for i, t in enumerate(temperatures) if t <= 0]
     tokens = [0] * len(temperatures)
     if greedy:
-        for i, token in zip(greedy, logits[torch.tensor(greedy)].argmax(dim=-1).tolist(), strict=True):
+        for i, token in zip(greedy, logits[torch.tensor(greedy, device=device)].argmax(dim=-1).tolist(), strict=True):
             tokens[i] = token
     if not sampled:
         return tokens
-    index = torch.tensor(sampled)
-    scale = torch.tensor([temperatures[i] for i in sampled], dtype=logits.dtype)[:, None]
+    index = torch.tensor(sampled, device=device)
+    scale = torch.tensor([temperatures[i] for i in sampled], dtype=logits.dtype, device=device)[:, None]
     probs = torch.softmax(logits[index] / scale, dim=-1)
     nucleus = [j for j, i in enumerate(sampled) if top_ps[i] < 1.0]
     order = None
     if nucleus:  # those rows sample in sorted order, with the tail past top_p zeroed
-        picked = torch.tensor(nucleus)
+        picked = torch.tensor(nucleus, device=device)
         sorted_probs, order = probs[picked].sort(dim=-1, descending=True)
-        top_p = torch.tensor([top_ps[sampled[j]] for j in nucleus], dtype=probs.dtype)[:, None]
+        top_p = torch.tensor([top_ps[sampled[j]] for j in nucleus], dtype=probs.dtype, device=device)[:, None]
         probs[picked] = sorted_probs * ((sorted_probs.cumsum(-1) - sorted_probs) < top_p)
-    uniforms = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in sampled])
+    uniforms = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in sampled]).to(device)
     choice = _inverse_cdf(probs, uniforms)
     # Rounding can land the target on the total: then the last column, maybe a zero-probability one.
     # That happens about once in 2^24 draws; the row's most likely token stands in.
@@ -46,7 +47,7 @@ def sample_rows(logits: torch.Tensor, temperatures: list[float], top_ps: list[fl
     if bool(zero.any()):
         choice = torch.where(zero, probs.argmax(dim=-1, keepdim=True), choice)
     if order is not None:
-        picked = torch.tensor(nucleus)
+        picked = torch.tensor(nucleus, device=device)
         choice[picked] = order.gather(1, choice[picked])
     for j, token in zip(sampled, choice[:, 0].tolist(), strict=True):
         tokens[j] = token

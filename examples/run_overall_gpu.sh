@@ -87,15 +87,29 @@ while not gate():
 PY
 fi
 
-# One parquet row per task; veRL's dataloader feeds them to the evolver_env_agent loop.
-$PY -m trainer.verl_plugin dataset --env-url "$ENV_URL" --env "$ENV_NAME" --split train \
-  --out "$RUN_DIR/data/train.parquet"
-$PY -m trainer.verl_plugin dataset --env-url "$ENV_URL" --env "$ENV_NAME" --split validation \
-  --out "$RUN_DIR/data/validation.parquet"
+# One parquet row per task (veRL's dataloader feeds them to the evolver_env_agent loop), then the Hydra
+# overrides: what `python -m trainer.verl_plugin dataset` (twice) and `... overrides` write, in one process
+# (each of those imports veRL with our plugin again, ~7 s of CPU).
+$PY - "$CONF" "$ENV_URL" "$ENV_NAME" "$RUN_DIR" <<'PY'
+import asyncio
+import sys
+from pathlib import Path
 
-$PY -m trainer.verl_plugin overrides --conf "$CONF" \
-  "verl.train_files=$RUN_DIR/data/train.parquet" "verl.val_files=$RUN_DIR/data/validation.parquet" \
-  > "$RUN_DIR/overrides.txt"
+from common.config import ConfigError, compose
+from trainer.verl_plugin.dataset import env_tasks, write_parquet
+from trainer.verl_plugin.overrides import translate
+
+conf, env_url, env, run_dir = sys.argv[1:]
+data = Path(run_dir) / "data"
+try:
+    for split in ("train", "validation"):
+        tasks = asyncio.run(env_tasks(env_url, env, split))
+        print(f"wrote {len(tasks)} tasks of {env}/{split} to {write_parquet(tasks, data / f'{split}.parquet')}")
+    run = compose(conf, [f"verl.train_files={data}/train.parquet", f"verl.val_files={data}/validation.parquet"])
+    (Path(run_dir) / "overrides.txt").write_text("".join(f"{line}\n" for line in translate(run)))
+except (ConfigError, ValueError) as exc:
+    sys.exit(f"error: {exc}")
+PY
 mapfile -t OVERRIDES < "$RUN_DIR/overrides.txt"
 echo "veRL overrides: $RUN_DIR/overrides.txt (${#OVERRIDES[@]} lines)"
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="smollm2 (default), tiny, or a local HF model directory")
     parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    parser.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, or auto (cuda when present)")
     parser.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16"],
                         help="auto (default): bfloat16 where the CPU has native bf16, else float32")
     parser.add_argument("--max-batch", type=int, default=None, help="sequences decoded together at most (32)")
@@ -43,7 +44,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     settings, _ = service_cli("llm_server", LLMServerSettings, "llm_server",
-                              "OpenAI-compatible model server (transformers, CPU) with token ids and logprobs",
+                              "OpenAI-compatible model server (transformers, CPU or GPU) with token ids and logprobs",
                               add_arguments=_arguments, argv=argv)
     assert isinstance(settings, LLMServerSettings)
     from engine.models import ModelLoadError, load_from_directory, resolve_model_dir
@@ -54,21 +55,29 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"llm_server: {exc}")
     import torch
 
+    from engine.device import DeviceUnavailable, describe, resolve_device
+
+    try:
+        device = resolve_device(settings.device, "llm_server.device")  # before the engine and the app load
+    except DeviceUnavailable as exc:
+        sys.exit(f"llm_server: {exc}")
     from engine.generation import Engine
     from llm_server.app import ServedModel, build_app
 
     threads = settings.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     try:
-        model, tokenizer = load_from_directory(model_dir, dtype=_torch_dtype(settings.dtype))
+        model, tokenizer = load_from_directory(model_dir, dtype=_torch_dtype(settings.dtype, device))
+        model.to(device)
         engine = Engine(model, tokenizer, max_batch=settings.max_batch,
                         batch_window_s=settings.batch_window_ms / 1000, threads=threads,
                         prefix_cache_bytes=settings.prefix_cache_mb << 20)
     except (ModelLoadError, ValueError) as exc:
         sys.exit(f"llm_server: {exc}")
     name = settings.served_model_name or settings.model
-    logger.info("llm_server: serving {!r} ({} parameters, {}, context {}, max batch {}, {} threads)", name,
-                f"{model.num_parameters():,}", model.dtype, engine.context_length, settings.max_batch, threads)
+    logger.info("llm_server: serving {!r} ({} parameters, {}, {}, context {}, max batch {}, {} threads)", name,
+                f"{model.num_parameters():,}", model.dtype, describe(device), engine.context_length,
+                settings.max_batch, threads)
     grammars = _grammar_compiler(tokenizer, engine, settings)
     app = build_app(ServedModel(engine, tokenizer, name, settings, grammars))
     try:
@@ -79,12 +88,15 @@ def main(argv: list[str] | None = None) -> None:
             grammars.close()
 
 
-def _torch_dtype(name: str) -> Any:
-    """The weights' dtype; `auto` takes bf16 only where the CPU has bf16 instructions (emulated bf16 is slower)."""
+def _torch_dtype(name: str, device: Any) -> Any:
+    """The weights' dtype; `auto` takes bf16 on a GPU, and on a CPU only where it has bf16 instructions (emulated
+    bf16 is slower)."""
     import torch
 
     if name != "auto":
         return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16
     from engine.models import native_bf16
 
     return torch.bfloat16 if native_bf16() else torch.float32

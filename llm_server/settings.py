@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from common.service import ServiceSettings
+from engine.device import DEVICE_PATTERN
 from llm_server.protocol import DEFAULT_WEIGHTS_DIR
 
 
@@ -14,9 +15,12 @@ class LLMServerSettings(ServiceSettings):
     port: int = Field(default=8001, ge=0, le=65535)
     model: str = Field(default="smollm2", description="`smollm2`, `tiny` or a local HF model directory")
     served_model_name: str | None = Field(default=None, description="the name clients send (default: `model`)")
+    device: str = Field(default="cpu", pattern=DEVICE_PATTERN, description=(
+        "where the model and its KV cache live: cpu, cuda, cuda:1, or auto (cuda when torch sees a GPU); cuda "
+        "without a GPU fails at start"))
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto", description="weights and KV cache; auto: bfloat16 where the CPU computes it natively "
-                                    "(avx512_bf16 or AMX: ~1.5-2x faster decode), else float32")
+        default="auto", description="weights and KV cache; auto: bfloat16 on a GPU and where the CPU computes it "
+                                    "natively (avx512_bf16 or AMX: ~1.5-2x faster decode), else float32")
     max_batch: int = Field(default=32, ge=1, description=(
         "rows (sequences) decoded together at most: a GRPO batch of 8 tasks x 4 rollouts decodes as one"))
     batch_window_ms: float = Field(default=10.0, ge=0, description="how long an idle server waits for company")

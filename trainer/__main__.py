@@ -33,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trainer: {exc}", file=sys.stderr)
         return 2
+    from engine.device import DeviceUnavailable, resolve_device
+
+    if not config.ray.enabled:
+        try:  # a missing GPU fails here, before the trainer's modules and its model load
+            resolve_device(config.device, "trainer.device")
+        except DeviceUnavailable as exc:
+            print(f"trainer: {exc}", file=sys.stderr)
+            return 2
     from common.http import PeerUnavailable
     from trainer.collapse import COLLAPSED_EXIT, RunCollapsed
     from trainer.resilience import EmptyStepError
@@ -44,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             result = asyncio.run(LocalTrainer(config).run())
         else:
             result = run_on_ray(config)
+    except DeviceUnavailable as exc:
+        print(f"trainer: {exc}", file=sys.stderr)
+        return 2
     except (PeerUnavailable, EmptyStepError) as exc:
         # A restart cannot bring a peer back: exit 3 tells the launcher not to restart the trainer.
         print(f"trainer: {_cause(exc)}", file=sys.stderr)
@@ -95,6 +106,7 @@ def _stop_leftover_actor(ray: Any, name: str, timeout_s: float = 60.0) -> bool:
 def run_on_ray(config: TrainerConfig) -> dict:
     import ray
 
+    from trainer.device import actor_options
     from trainer.local import TrainerActorImpl
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -111,9 +123,10 @@ def run_on_ray(config: TrainerConfig) -> dict:
                  dashboard_port=config.ray.dashboard_port, num_cpus=max(2, int(config.ray.num_cpus) + 1),
                  log_to_driver=True)
     try:
-        actor_cls = ray.remote(num_cpus=config.ray.num_cpus)(TrainerActorImpl)
-        actor = actor_cls.options(name=ACTOR_NAME).remote(config.model_dump())
-        logger.info("trainer running in Ray actor {}", ACTOR_NAME)
+        options = actor_options(config.ray.num_cpus, config.device, ray.cluster_resources().get("GPU", 0), ACTOR_NAME)
+        actor = ray.remote(TrainerActorImpl).options(**options).remote(config.model_dump())
+        logger.info("trainer running in Ray actor {} ({} CPU, {} GPU)", ACTOR_NAME, options["num_cpus"],
+                    options["num_gpus"])
         return ray.get(actor.run.remote())
     finally:
         ray.shutdown()

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from common.config import StrictModel
+from engine.device import DEVICE_PATTERN
 from estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from trainer.settings import (
     CollapseSettings,
@@ -143,7 +144,9 @@ class RayConfig(StrictModel):
 
 class TrainerConfig(StrictModel):
     model: str = Field(default="smollm2", description="smollm2, tiny, or a local HF directory")
-    device: str = Field(default="auto", description="auto (cuda when present), cpu, cuda, cuda:1 ...")
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN, description=(
+        "auto (cuda when torch, or the Ray cluster, has a GPU; the log says which it took), cpu, cuda, cuda:1 "
+        "(an index only with ray.enabled: false); cuda without a GPU fails at start"))
     seed: int = 0
     steps: int = Field(default=10, ge=0, description="RL steps; 0 only with warm_start (the warm start alone)")
     tasks_per_step: int = Field(default=4, ge=1, description="task groups per training step")

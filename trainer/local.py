@@ -29,6 +29,7 @@ import torch
 from loguru import logger
 
 from common.schemas import Task
+from engine.device import describe, resolve_device
 from engine.models import export_model, load_model, native_bf16
 from judge.client import TrajectoryJudgment
 from trainer import lora
@@ -65,12 +66,6 @@ from trainer.step_batch import StepBatch
 from trainer.summary import RunRecord, mechanisms_summary, mixed_outcome_groups, run_summary, write_summary
 from trainer.update import PolicyUpdater, UpdateProgress
 from trainer.warm_start import warm_start
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def rollout_dtype(name: str, device: torch.device) -> torch.dtype | None:
@@ -175,7 +170,8 @@ class LocalTrainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device, "trainer.device")
+        logger.info("trainer.device: {} -> {}", cfg.device, describe(self.device))
         self.model, self.tokenizer = load_model(cfg.model)
         if cfg.lora is not None:
             self.model = lora.wrap(self.model, cfg.lora)

@@ -74,7 +74,7 @@ def test_bf16_packed_forward_follows_weight_updates() -> None:
     params = SamplingParams(max_tokens=6, temperature=0)
     engine = Engine(model, tok, max_batch=4)
     try:
-        assert engine._lean is not None and engine._lean.packed == _can_pack(torch.bfloat16)
+        assert engine._lean is not None and engine._lean.packed == _can_pack(torch.zeros(1, dtype=torch.bfloat16))
         before = [engine.submit(p, params).result(timeout=120).completions[0] for p in prompts]
         engine.update_weights(changed).result(timeout=120)
         after = [engine.submit(p, params).result(timeout=120).completions[0] for p in prompts]

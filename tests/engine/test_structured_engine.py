@@ -65,6 +65,22 @@ def test_apply_bitmask_hand_computed() -> None:
     assert torch.isfinite(wide[0]).nonzero().flatten().tolist() == list(range(64))
 
 
+def test_the_accelerator_path_of_the_mask_equals_the_cpu_path() -> None:
+    """A GPU's logits have no numpy view: `mask_rows_with_torch` masks them; here on CPU logits, against numpy's."""
+    import numpy as np
+
+    from engine.grammar import mask_rows_with_torch
+
+    bitmask = torch.tensor([[0b11, 0b10], [-(2**31), 0]], dtype=torch.int32)
+    for width in (40, 70):  # inside the mask's 64 tokens, and past them
+        expected = torch.randn(3, width)
+        logits = expected.clone()
+        apply_bitmask(expected, bitmask, [2, 0])
+        bits = np.unpackbits(bitmask.numpy().astype("<i4").view(np.uint8), axis=-1, bitorder="little")
+        mask_rows_with_torch(logits, bits, [2, 0])
+        assert torch.equal(logits, expected)
+
+
 def test_regex_and_choice_rows_match_and_stop(engine: Engine, grammars: GrammarCompiler) -> None:
     regex = grammars.compile(regex_grammar(r"[ab]{2,4}-[0-9]"))
     choice = grammars.compile(choice_grammar(["left", "right", "up"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,9 @@ def test_trainer_runs_as_a_ray_actor_and_exports(env_url, tmp_path):
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "Ray actor TrainerActor" in text
+    # The actor asks Ray for the GPU its device needs (none here, or one), and says which device it took.
+    assert re.search(r"Ray actor TrainerActor \(0(\.0)? CPU, [01] GPU\)", text)
+    assert re.search(r"trainer\.device: auto -> (cpu|cuda)", text)
     summary = json.loads(text.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["dropped_groups"] == 0
     assert (out / "learning_curves.png").stat().st_size > 0

@@ -95,12 +95,12 @@ def veRL_config(env_url: str, experience: dict | None = None, n: int = 4) -> obj
     })
 
 
-def run_loop(config, server, session_id: int, uid: str = "prompt-uid-1") -> list[AgentLoopOutput]:
+def run_loop(config, server, session_id: int, uid: str = "prompt-uid-1", **extra) -> list[AgentLoopOutput]:
     loop = EvolverEnvAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server,
                                tokenizer=word_tokenizer(), processor=None, dataset_cls=None,
                                data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
     row = {"raw_prompt": [{"role": "user", "content": "unused"}], "uid": uid, "session_id": session_id,
-           "extra_info": {TASK_KEY: json.dumps({"task_id": TASK, "env_type": "signal"})}}
+           "extra_info": {TASK_KEY: json.dumps({"task_id": TASK, "env_type": "signal"})}, **extra}
     return asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, **row))
 
 
@@ -204,6 +204,27 @@ def test_an_ask_of_the_scripted_model_is_answered_by_the_shared_ask_handling(env
     assert server.requests[1]["prompt_ids"] == out.prompt_ids + out.response_ids[:len(ask) + answer + 5]
     assert out.reward_score == 1.0 and out.extra_fields["experience_flag"] is False
     assert (out.extra_fields["asks"], out.extra_fields["asks_over_budget"], out.extra_fields["num_steps"]) == (1, 0, 3)
+
+
+def test_validation_rows_run_without_experience_or_asks(env_url, experience_url):
+    """A row `evolver_sync` marked as validation: the flagged session gets no experience and, with
+    experience.mode action, the policy is offered no ask (its first prompt is the plain task's)."""
+    injected = veRL_config(env_url, {"url": experience_url, "workspace": "signal-ws"}, n=4)
+    server = ScriptedServerManager([TURN_1, TURN_2])
+    [out] = run_loop(injected, server, session_id=1, uid="prompt-uid-val", evolver_validate=True)
+    assert server.requests[0]["prompt_ids"] == PROMPT  # session 1 of 4 at ratio 0.5 is flagged in training
+    assert out.extra_fields["experience_flag"] is False and out.extra_fields["experience_ids"] == []
+
+    asking = veRL_config(env_url, {"url": experience_url, "workspace": "signal-ws", "mode": "action",
+                                   "ask_format": "tool", "min_similarity": -1.0}, n=2)
+    asking.evolver.rollout.experience_ratio = 0.0
+    trained = ScriptedServerManager([TURN_1, TURN_2])
+    run_loop(asking, trained, session_id=0, uid="prompt-uid-train")
+    assert trained.requests[0]["prompt_ids"] != PROMPT  # training: the ask tool is offered in the prompt
+    validated = ScriptedServerManager([TURN_1, TURN_2])
+    [out] = run_loop(asking, validated, session_id=0, uid="prompt-uid-val-asks", evolver_validate=True)
+    assert validated.requests[0]["prompt_ids"] == PROMPT and out.extra_fields["asks"] == 0
+    assert out.response_ids == RESPONSE and out.reward_score == 1.0
 
 
 # ---- log-probs of experience rollouts vs the stripped training prompt ----

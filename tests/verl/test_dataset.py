@@ -54,3 +54,30 @@ def test_the_task_manager_source_needs_its_settings():
 def test_a_row_without_our_task_says_how_to_build_the_parquet():
     with pytest.raises(ValueError, match="trainer.verl_plugin dataset"):
         task_from_row({"extra_info": {"index": 0}})
+
+
+def test_evolver_sync_marks_every_validation_row_and_no_training_row(tmp_path):
+    """veRL's `_init_dataloader` as `evolver_sync` runs it: the validation batches reach the agent loop worker
+    with `evolver_validate` on each row (a non-tensor column, handed to the agent loop like `uid`)."""
+    import verl.utils.tensordict_utils as tu
+
+    from trainer.verl_plugin.settings import VALIDATION_KEY
+    from trainer.verl_plugin.trainer import EvolverPPOTrainer
+
+    tasks = [Task(task_id=f"signal-validation-000{i}", env_type="signal") for i in range(3)]
+    path = str(write_parquet(tasks, tmp_path / "tasks.parquet"))
+    trainer = EvolverPPOTrainer.__new__(EvolverPPOTrainer)  # no Ray workers: only the dataloaders are built
+    trainer.trainer_mode, trainer.parameter_sync_step, trainer.tokenizer, trainer.processor = "sync", 1, None, None
+    trainer.config = OmegaConf.create({
+        "data": {"train_files": path, "val_files": path, "train_batch_size": 3, "gen_batch_size": None,
+                 "custom_cls": {"path": "pkg://trainer.verl_plugin.dataset", "name": "EvolverTaskDataset"},
+                 "dataloader_num_workers": 0, "val_batch_size": None, "validation_shuffle": False, "shuffle": False,
+                 "seed": 0},
+        "algorithm": {}, "trainer": {"v1": {"sampler": {}}, "total_epochs": 1, "total_training_steps": 1},
+        "actor_rollout_ref": {"actor": {"optim": {}}}})
+    trainer._init_dataloader()
+    [validation] = list(trainer.val_dataloader)
+    [training] = list(trainer.train_dataloader)
+    assert len(trainer.val_dataloader) == 1 and VALIDATION_KEY not in training
+    rows = tu.get_tensordict(validation)[VALIDATION_KEY]
+    assert [rows[i] for i in range(3)] == [True, True, True]

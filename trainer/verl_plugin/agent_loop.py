@@ -19,6 +19,9 @@ trainer builds (`trainer.asks`): the policy's asks (or a search before every tur
 kept in the training sample with mask 0; `extra_fields` counts them (`asks`, `asks_over_budget`) and the
 trajectory's ask steps carry the queries and hits, which `evolver_sync` reports to the pool as usage feedback.
 
+Validation rows (the row key `evolver_validate`, put on them by `evolver_sync`) run with neither: no
+experience flag, no asks, as the local trainer's evaluation.
+
 The mechanisms are the same as the local trainer's (`trainer.mechanisms`): session `i` of a prompt's
 `rollout.n` sessions is given experience by the flag rule `experience_flags`; the flagged sessions of a
 prompt (one `uid`) share one retrieval, made by the first of them; a synthetic task is graded by the task
@@ -49,6 +52,7 @@ from trainer.policy import Generation, Sampling
 from trainer.rollout import Rollout, run_episode
 from trainer.verl_plugin.settings import (
     TASK_KEY,
+    VALIDATION_KEY,
     VERL_AGENT_LOOP,
     EvolverVerlSettings,
     ExperienceSettings,
@@ -204,11 +208,13 @@ class EvolverEnvAgentLoop(AgentLoopBase):
         n = int(kwargs.get("__rollout_n__") or self.rollout_config.n)
         session_id = int(kwargs.get("session_id", 0))
         uid = str(kwargs.get("uid", task.task_id))
-        ratio = settings.rollout.experience_ratio if settings.experience is not None else 0.0
+        # Validation (held-out) rollouts measure the policy alone: no injected experience and no asks.
+        experience = None if kwargs.get(VALIDATION_KEY) else settings.experience
+        ratio = settings.rollout.experience_ratio if experience is not None else 0.0
         flagged = experience_flags(n, ratio)[session_id] if session_id < n else False
-        asks = (ask_policy(settings.experience, FreshExperienceRetrieval(settings.experience, settings.timeout_s,
-                                                                         settings.outage()), self.tokenizer)
-                if settings.experience is not None else None)
+        asks = (ask_policy(experience, FreshExperienceRetrieval(experience, settings.timeout_s, settings.outage()),
+                           self.tokenizer)
+                if experience is not None else None)
         generate = ServerGenerate(self.server_manager, self.tokenizer, sampling_params)
         sampling = Sampling(max_tokens=settings.rollout.max_new_tokens,
                             temperature=float(sampling_params.get("temperature", settings.rollout.temperature)),

@@ -18,7 +18,13 @@ from torch.utils.data import Dataset
 
 from common.config import StrictModel, validate
 from common.schemas import Split, Task
-from trainer.verl_plugin.settings import TASK_KEY, TASK_MANAGER_FILES, VERL_AGENT_LOOP, plain_node
+from trainer.verl_plugin.settings import (
+    TASK_KEY,
+    TASK_MANAGER_FILES,
+    VALIDATION_KEY,
+    VERL_AGENT_LOOP,
+    plain_node,
+)
 
 
 def task_rows(tasks: Sequence[Task]) -> list[dict]:
@@ -140,3 +146,26 @@ def verl_item(row: dict[str, Any], index: int) -> dict[str, Any]:
         "extra_info": dict(row["extra_info"]), "index": index, "tools_kwargs": {}, "interaction_kwargs": {},
         "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
     }
+
+
+class ValidationBatches:
+    """veRL's validation dataloader with every batch's rows marked `VALIDATION_KEY: True` (a non-tensor column,
+    which veRL passes to the agent loop as a keyword like `uid`), so held-out rollouts run without experience
+    and without asks, as the local trainer's evaluation does."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        import numpy as np
+
+        for batch in self.loader:
+            rows = len(batch["raw_prompt"]) if "raw_prompt" in batch else len(batch["extra_info"])
+            batch[VALIDATION_KEY] = np.full(rows, True, dtype=object)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the dataloader's surface (state_dict, dataset...)
+        return getattr(self.loader, name)

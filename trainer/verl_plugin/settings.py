@@ -26,6 +26,9 @@ VERL_TRAINER = "evolver_sync"
 VERL_AGENT_LOOP = "evolver_env_agent"
 TASK_KEY = "evolver_task"  # extra_info field of a dataset row: the Task as JSON
 TASK_MANAGER_FILES = "evolver://task_manager"  # data.train_files: the batches come from the task manager
+# A validation batch's rows carry this key (True), put there by `evolver_sync`: veRL tells its agent loop
+# worker whether a batch validates, but not the agent loop, which must then run without experience or asks.
+VALIDATION_KEY = "evolver_validate"
 
 
 class ExperienceSettings(ExperienceConfig):

@@ -12,6 +12,8 @@ Selected with `trainer.v1.trainer_mode=evolver_sync`. Three changes to `PPOTrain
   step (`on_step_end`), the trajectories are summarized into the experience pool with usage feedback,
   and pass rates go to the task manager's curriculum (whose next batch `EvolverTaskDataset` then asks for).
 With a non-evolver `algorithm.adv_estimator`, the advantage step is veRL's own.
+Validation batches are marked row by row (`ValidationBatches`), so the agent loop runs them without
+experience and without asks.
 
 Experience rollouts' log-probs: their `rollout_log_probs` were computed with the experience in the
 context, which the training prompt no longer has. Before rollout correction they are replaced by the
@@ -38,6 +40,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
 from trainer.loss import gradient_is_zero
+from trainer.verl_plugin.dataset import ValidationBatches
 from trainer.verl_plugin.estimators import STEP_FIELDS, compute_evolver_advantage, estimator_name
 from trainer.verl_plugin.loss import EXPERIENCE_FLAG_FIELD, evolver_ppo_loss
 from trainer.verl_plugin.mechanisms import VerlMechanisms
@@ -122,6 +125,11 @@ class EvolverPPOTrainer(PPOTrainerSync):
         self.trainer_mode = "sync"
         self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
         return super()._build_replay_buffer()
+
+    def _init_dataloader(self):
+        super()._init_dataloader()
+        # Held-out rollouts run without experience or asks: the agent loop learns it is validating from the rows.
+        self.val_dataloader = ValidationBatches(self.val_dataloader)
 
     def init(self):
         super().init()
