@@ -112,11 +112,30 @@ def run_on_ray(config: TrainerConfig) -> dict:
                  log_to_driver=True)
     try:
         actor_cls = ray.remote(num_cpus=config.ray.num_cpus)(TrainerActorImpl)
-        actor = actor_cls.options(name=ACTOR_NAME).remote(config.model_dump())
+        actor = actor_cls.options(name=ACTOR_NAME, **_placement(config)).remote(config.model_dump())
         logger.info("trainer running in Ray actor {}", ACTOR_NAME)
         return ray.get(actor.run.remote())
     finally:
         ray.shutdown()
+
+
+def _placement(config: TrainerConfig) -> dict:
+    """Where Ray puts the trainer actor (`trainer.ray` resources, GPUs and node labels, all hard) and the run's
+    token, which its calls to the services carry."""
+    options: dict = {}
+    token = os.environ.get("EVOLVER_API_TOKEN")
+    if token:  # a worker process on a joined cluster does not inherit this process's environment
+        options["runtime_env"] = {"env_vars": {"EVOLVER_API_TOKEN": token}}
+    if config.ray.num_gpus:
+        options["num_gpus"] = config.ray.num_gpus
+    if config.ray.resources:
+        options["resources"] = dict(config.ray.resources)
+    if config.ray.node_labels:
+        from ray.util.scheduling_strategies import In, NodeLabelSchedulingStrategy
+
+        options["scheduling_strategy"] = NodeLabelSchedulingStrategy(
+            hard={k: In(v) for k, v in config.ray.node_labels.items()})
+    return options
 
 
 if __name__ == "__main__":

@@ -139,6 +139,11 @@ class RayConfig(StrictModel):
     dashboard: bool = True
     dashboard_port: int = Field(default=8265, ge=0, le=65535)
     num_cpus: float = Field(default=1.0, ge=0, description="CPUs the trainer actor reserves")
+    num_gpus: float = Field(default=0.0, ge=0, description="GPUs the trainer actor reserves")
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom Ray resources the trainer actor needs, e.g. {trainer_node: 1}: it runs on a node offering them"))
+    node_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "run the trainer actor only on a node with these labels, e.g. {evolver/role: gpu}"))
 
 
 class TrainerConfig(StrictModel):

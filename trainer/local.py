@@ -476,6 +476,8 @@ class LocalTrainer:
         stats = self.group_stats
         return {"outages": outage_table(self.peer_clients()),
                 "rollouts_retried": stats.retried_rollouts, "failed_attempts": stats.failed_attempts,
+                "rollouts_lost_with_env_worker": stats.lost_to_env_workers,
+                "rollouts_collected_again": stats.collected_again,
                 "dropped_groups": stats.dropped_groups, **self._step_counters(),
                 "degradations": degradations(self.mechanisms)}
 
