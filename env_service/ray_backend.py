@@ -88,8 +88,7 @@ class RayBackend(Backend):
     def _spawn(self) -> Any:
         return EnvHostActor.options(num_cpus=self.settings.num_cpus, max_concurrency=self.settings.max_concurrency,
                                     max_restarts=0, resources=dict(self.settings.resources) or None,
-                                    scheduling_strategy=placement_strategy(self.settings)
-                                    ).remote(self.enabled, self.plugins)
+                                    **placement_options(self.settings)).remote(self.enabled, self.plugins)
 
     async def close(self) -> None:
         for actor in self._actors:
@@ -230,11 +229,12 @@ class RayBackend(Backend):
                 "replacements": self.replacements}
 
 
-def placement_strategy(settings: RaySettings) -> Any:
-    """Ray's scheduling strategy for an env actor: preferred labels (soft, so a lost node's actors come back
-    elsewhere), else SPREAD over the nodes, else Ray's default."""
+def placement_options(settings: RaySettings) -> dict[str, Any]:
+    """Ray's placement of an env actor. With `node_labels`: a node with those labels (Ray's label selector),
+    and when none can take it, say after that node's loss, any other node (the selector's fallback). Else
+    SPREAD over the nodes, or Ray's default."""
     if settings.node_labels:
-        from ray.util.scheduling_strategies import In, NodeLabelSchedulingStrategy
-
-        return NodeLabelSchedulingStrategy(hard={}, soft={k: In(v) for k, v in settings.node_labels.items()})
-    return "SPREAD" if settings.placement == "spread" else "DEFAULT"
+        wanted = dict(settings.node_labels)
+        others = {key: f"!{value}" for key, value in wanted.items()}
+        return {"label_selector": wanted, "fallback_strategy": [{"label_selector": others}]}
+    return {"scheduling_strategy": "SPREAD" if settings.placement == "spread" else "DEFAULT"}
