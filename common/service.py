@@ -168,9 +168,10 @@ class _GuardMiddleware:
     """Request id, bearer auth, body-size limit and request metrics, as raw ASGI."""
 
     def __init__(self, app: ASGIApp, *, token: str | None, max_body: int, metrics: _Metrics,
-                 renderers: list[ErrorRenderer]) -> None:
+                 renderers: list[ErrorRenderer], body_limits: dict[str, int] | None = None) -> None:
         self.app, self.token, self.max_body, self.metrics = app, token, max_body, metrics
         self.renderers = renderers
+        self.body_limits = body_limits or {}
         self._expected = f"Bearer {token}".encode() if token else b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -206,12 +207,13 @@ class _GuardMiddleware:
                                            [(b"www-authenticate", b"Bearer")])
                         return
                 length = headers.get(b"content-length")
-                if length is not None and length.isdigit() and int(length) > self.max_body:
+                limit = self.body_limits.get(path, self.max_body)
+                if length is not None and length.isdigit() and int(length) > limit:
                     await self._reject(send_wrapped, path, 413, "payload_too_large",
-                                       f"request body of {int(length)} bytes exceeds the limit of {self.max_body} bytes")
+                                       f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
                     return
                 chunked = length is None and b"chunked" in headers.get(b"transfer-encoding", b"")
-                if chunked:
+                if chunked and path not in self.body_limits:
                     # No declared size: read up to the limit before the app sees anything, because
                     # FastAPI turns any error raised while it reads the body into a 400.
                     receive = await self._buffered(receive)
@@ -310,8 +312,12 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY,
     token: str | None = None,
     lifespan: Any = None,
+    body_limits: dict[str, int] | None = None,
 ) -> FastAPI:
     """Build a FastAPI app with the shared routes, errors and middleware.
+
+    `body_limits`: paths whose declared body may exceed `max_body_bytes` up to their own limit (a weights
+    upload); a chunked body without a declared size is read by the route itself there.
 
     `token` defaults to EVOLVER_API_TOKEN from the environment; `ready` decides /healthz: a string it
     returns is the reason the service is not ready, answered as 503 `{"status": "unavailable", "reason"}`.
@@ -364,7 +370,7 @@ def create_app(
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(_GuardMiddleware, token=token, max_body=max_body_bytes, metrics=metrics,
-                       renderers=app.state.error_renderers)
+                       renderers=app.state.error_renderers, body_limits=body_limits)
     return app
 
 

@@ -365,7 +365,7 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
     if data.get("trainer") is None:
         raise ConfigError("trainer: launcher.trainer is true but the YAML has no `trainer` section "
                           "(add one, or set launcher.trainer=false to run the services only)")
-    from trainer.config import ServicesConfig
+    from trainer.config import ServicesConfig, uploads_weights
 
     trainer = _section(data, "trainer")
     _set_default(trainer, "output_dir", str(run_dir / "trainer"))
@@ -386,8 +386,10 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
         _set_default(ray_section, "address", ray.address)
     if launcher.resume:
         trainer["resume"] = True
-    if "llm_server" in services and policy.get("kind") == "endpoint":
-        # The trainer pushes weights from <output_dir>/weights; the server loads from nowhere else.
+    if ("llm_server" in services and policy.get("kind") == "endpoint"
+            and not uploads_weights(policy.get("weights_transfer", "auto"), str(policy.get("url")))):
+        # The trainer writes weights to <output_dir>/weights and names the file; the server loads from nowhere
+        # else. Off loopback they travel as the request body instead, and no folder is shared.
         _set_default(_section(data, "llm_server"), "weights_dir", str(Path(trainer["output_dir"]) / "weights"))
 
 

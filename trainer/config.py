@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
 from common.config import StrictModel
+from common.service import is_loopback
 from estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from trainer.settings import (
     CollapseSettings,
@@ -18,11 +20,21 @@ from trainer.settings import (
 )
 
 
+def uploads_weights(transfer: str, base_url: str) -> bool:
+    """Whether new weights travel to the policy server as the request body (a server on another node shares no
+    folder with the trainer) rather than as a path: `http`, or `auto` with a server off loopback."""
+    return transfer == "http" or (transfer == "auto" and not is_loopback(urlsplit(base_url).hostname or ""))
+
+
 class PolicyConfig(StrictModel):
     kind: Literal["in_process", "endpoint"] = "in_process"
     url: str | None = Field(default=None, description="endpoint base URL (llm_server or vLLM)")
     served_model: str = Field(default="policy", description="the `model` field sent to the endpoint")
     api_key_env: str | None = Field(default=None, description="environment variable holding the endpoint's key")
+    weights_transfer: Literal["auto", "path", "http"] = Field(default="auto", description=(
+        "endpoint: how new weights reach llm_server. path: a file in a folder both read (one machine); http: "
+        "the file as the body of POST /v1/weights/upload (another node); auto: http unless the url's host is a "
+        "loopback address"))
     max_batch: int = Field(default=32, ge=1, description="in-process: rows generated together")
     threads: int | None = Field(default=None, ge=1, description="in-process: torch threads of the engine")
     prefix_cache_mb: int = Field(default=1024, ge=0, description=(

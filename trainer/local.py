@@ -196,7 +196,8 @@ class LocalTrainer:
         if cfg.policy.kind == "endpoint":
             assert cfg.policy.url is not None
             self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
-                                         weights_dir=self.out / "weights", outage=outage.client_options("llm_server"))
+                                         weights_dir=self.out / "weights", outage=outage.client_options("llm_server"),
+                                         transfer=cfg.policy.weights_transfer)
             if self.step > 0:  # the server may hold older weights than the checkpoint
                 await self.policy.load_weights(lora.serving_view(self.model))
         else:

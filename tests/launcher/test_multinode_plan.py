@@ -62,11 +62,13 @@ def test_every_peer_url_uses_the_address_its_service_binds_never_127_0_0_1():
     assert plan.ray.address.startswith(f"{HOST_A}:") and plan.data["trainer"]["ray"]["address"] == plan.ray.address
     assert f"ray start --address={plan.ray.address}" in describe_plan(plan)
     assert plan.token is None  # loopback only: the token stays optional
+    # One machine: the server loads the trainer's weights file by its path.
+    assert plan.data["llm_server"]["weights_dir"] == plan.data["trainer"]["output_dir"] + "/weights"
 
 
 def test_a_wildcard_bind_advertises_the_node_address_and_the_run_gets_one_token():
     raw = quickstart_on_two_hosts(host="0.0.0.0", hosts={}, node_address=HOST_B,
-                                  advertise={"judge": "judge.internal"})
+                                  advertise={"judge": "judge.internal", "llm_server": "llm.internal"})
     plan = build_plan(raw, QUICKSTART, environ={})
     urls = urls_in(plan.data)
     assert urls["trainer.services.env_url"].startswith(f"http://{HOST_B}:")
@@ -80,6 +82,9 @@ def test_a_wildcard_bind_advertises_the_node_address_and_the_run_gets_one_token(
     # Roles on the bundled server and the trainer's policy send it.
     assert plan.data["judge"]["llm"]["api_key_env"] == "EVOLVER_API_TOKEN"
     assert plan.data["trainer"]["policy"]["api_key_env"] == "EVOLVER_API_TOKEN"
+    # The policy server is off loopback: weights travel as the upload's body, through no shared folder.
+    assert plan.data["trainer"]["policy"]["url"].startswith("http://llm.internal:")
+    assert not plan.data["llm_server"]["weights_dir"].startswith(plan.data["trainer"]["output_dir"])
     again = build_plan(quickstart_on_two_hosts(host="0.0.0.0", hosts={}, node_address=HOST_B), QUICKSTART,
                        environ={"EVOLVER_API_TOKEN": "from-the-user"})
     assert again.token.source == "environment" and again.child("judge").env["EVOLVER_API_TOKEN"] == "from-the-user"
