@@ -7,8 +7,10 @@ asked on 127.0.0.1 only.
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -60,3 +62,55 @@ def test_with_a_token_a_refused_call_gets_401_and_stores_nothing(tmp_path):
             assert made.status_code == 201
             live = client.get("/v1/instances", headers=good).json()["instances"]
             assert [i["instance_id"] for i in live] == [made.json()["instance_id"]]
+
+
+def self_signed(directory) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, made here (the `cryptography` package httpx already needs)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def test_tls_through_uvicorns_settings(tmp_path):
+    cert, key = self_signed(tmp_path)
+    conf = write_conf(tmp_path, environments={"flights": {"splits": {"train": 4, "validation": 2, "test": 2}}},
+                      tls_certfile=cert, tls_keyfile=key)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "EVOLVER_API_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "env_service", "--port", str(port), "--conf", str(conf),
+                             "--log-level", "WARNING"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        with httpx.Client(verify=ssl.create_default_context(cafile=cert), timeout=5, trust_env=False) as client:
+            for _ in range(240):
+                try:
+                    if client.get(f"https://127.0.0.1:{port}/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert proc.poll() is None, "env_service exited"
+                    time.sleep(0.25)
+            assert client.get(f"https://127.0.0.1:{port}/v1/environments").status_code == 200
+        with pytest.raises(httpx.TransportError):  # plain HTTP gets no answer
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5, trust_env=False)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -104,6 +104,7 @@ def test_env_workers_run_on_the_other_node_and_the_run_survives_its_loss(tmp_pat
         code = launcher.wait(timeout=240)
         text = log.read_text()
         assert code == 0, text[-4000:]
+        assert cluster.head_node.remaining_processes_alive(), "the launcher stops only what it started"
         summary = json.loads((run_dir / "trainer" / "summary.json").read_text())
         assert summary["steps"] == STEPS
         after = [r for r in records(run_dir) if r["step"] > max(r["step"] for r in before) + 1]
