@@ -108,12 +108,24 @@ class RayBackend(Backend):
         self._placement[instance_id] = slot
         self._loads[slot] += 1
         try:
-            return await self._call(instance_id, "create", env_name, task_id, params)
+            messages = await self._call(instance_id, "create", env_name, task_id, params)
         except BaseException:
             if self._placement.get(instance_id) == slot:
                 del self._placement[instance_id]
                 self._loads[slot] -= 1
             raise
+        if self._hosts[slot] is None:  # a replacement not yet asked where it runs: the record must say
+            await self._learn_whereabouts(slot)
+        return messages
+
+    async def _learn_whereabouts(self, slot: int) -> None:
+        actor = self._actors[slot]
+        try:
+            host = await asyncio.wait_for(actor.whereabouts.remote(), timeout=self.settings.health_check_s)
+        except (RayActorError, asyncio.TimeoutError):
+            return  # dead or busy: the next health check asks again
+        if self._actors[slot] is actor:
+            self._hosts[slot] = host
 
     async def step(self, instance_id: str, action: ChatMessage) -> StepResult:
         return await self._call(instance_id, "step", action)

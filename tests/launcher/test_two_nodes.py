@@ -53,6 +53,7 @@ trainer:
   plot: false
   rollout: {{env: signal, n: 2, max_turns: 2, max_new_tokens: 4, max_context: 256, retries: 3}}
   eval: {{before: false, after: false}}
+  ray: {{node_labels: {{evolver/role: head}}}}
 """)
     return path
 
@@ -73,13 +74,14 @@ def test_env_workers_run_on_the_other_node_and_the_run_survives_its_loss(tmp_pat
     temp_dir = tempfile.mkdtemp(prefix="evolver-2n-", dir="/tmp")  # short: Ray's socket paths
     cluster = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "node_ip_address": HEAD_HOST, "include_dashboard": False, "temp_dir": temp_dir,
+        "labels": {"evolver/role": "head"},
         # A killed node is declared dead after ~1 s instead of Ray's default 15 s.
         "_system_config": {"health_check_period_ms": 300, "health_check_failure_threshold": 3,
                            "health_check_timeout_ms": 300}})
     launcher = None
     try:
-        # No CPUs: only the env actors (which reserve none) go there, never the trainer.
-        env_node = cluster.add_node(num_cpus=0, node_ip_address=ENV_NODE_HOST, labels={"evolver/role": "env"})
+        # The trainer's actor asks for the head's label: it never lands on the node this test kills.
+        env_node = cluster.add_node(num_cpus=1, node_ip_address=ENV_NODE_HOST, labels={"evolver/role": "env"})
         head_id, env_node_id = cluster.head_node.node_id, env_node.node_id
         conf = run_yaml(tmp_path, cluster.address)
         log = tmp_path / "launcher.out"
