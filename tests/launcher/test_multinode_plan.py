@@ -3,6 +3,7 @@ bearer token per run. 127.0.0.2 and 127.0.0.3 stand for two hosts; nothing is st
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -35,7 +36,8 @@ def quickstart_on_two_hosts(**launcher: Any) -> dict[str, Any]:
         "hosts": {"llm_server": HOST_A, "env_service": HOST_A, "task_manager": HOST_B,
                   "experience_manager": HOST_B, "judge": HOST_B, "studio": HOST_B},
         **launcher})
-    raw["launcher"]["ray"] = {**raw["launcher"]["ray"], "node_address": HOST_A, "dashboard_port": "auto"}
+    raw["launcher"]["ray"] = {**raw["launcher"]["ray"], "node_address": HOST_A, "dashboard_port": "auto",
+                              "labels": {"evolver/role": "head"}, "resources": {"trainer_node": 1}}
     raw["trainer"]["policy"] = {"kind": "endpoint", "url": "llm_server"}  # the policy served by llm_server
     return raw
 
@@ -59,6 +61,8 @@ def test_every_peer_url_uses_the_address_its_service_binds_never_127_0_0_1():
     # The head listens where other nodes reach it; the trainer and the workers join it there.
     ray = plan.child("ray").argv
     assert ray[ray.index("--node-ip-address") + 1] == HOST_A
+    assert ray[ray.index("--labels") + 1] == "evolver/role=head"
+    assert json.loads(ray[ray.index("--resources") + 1]) == {"trainer_node": 1}
     assert plan.ray.address.startswith(f"{HOST_A}:") and plan.data["trainer"]["ray"]["address"] == plan.ray.address
     assert f"ray start --address={plan.ray.address}" in describe_plan(plan)
     assert plan.token is None  # loopback only: the token stays optional
