@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from common.config import compose
-from evolver_launcher.leftovers import MARKER, marked_processes, terminate
+from evolver_launcher.leftovers import MARKER, marked_processes, stop_ray_processes
 from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.slow
@@ -81,7 +81,7 @@ def test_the_recipe_joins_a_worker_node_and_plans_the_run_on_its_addresses(tmp_p
                                      f"{env['RAY_PORT']}"], env=env, capture_output=True, text=True, timeout=60).stdout
         assert len(re.findall(r"^\s*1 node_[0-9a-f]+", status, re.M)) == 2, status[:2000]
     finally:
-        terminate(marked_processes(marker), grace_s=10)
+        stop_ray_processes(marked_processes(marker), grace_s=3)  # in Ray's order, as `ray stop` does
     # The plan joins the cluster and hands every peer the head's address.
     assert f"ray: join {HEAD_IP}:{env['RAY_PORT']}" in out
     assert re.search(rf"env_service: port \d+, .*ready: GET http://{re.escape(HEAD_IP)}:\d+/healthz", out)
