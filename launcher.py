@@ -56,12 +56,17 @@ def describe_plan(plan) -> str:
     lines = [f"plan for experiment {plan.experiment!r} (run folder {plan.run_dir})",
              f"  resolved config: {plan.config_path}"]
     if plan.ray.mode == "start":
-        lines.append(f"  ray: start a local head, GCS {plan.ray.address}, dashboard {plan.ray.dashboard_url or 'off'}"
+        lines.append(f"  ray: start a head, GCS {plan.ray.address}, dashboard {plan.ray.dashboard_url or 'off'}"
                      f" (RAY_AUTH_MODE=disabled)")
+        lines.append(f"  ray: other nodes join with: {plan.ray.join_command()}")
     elif plan.ray.mode == "join":
         lines.append(f"  ray: join {plan.ray.address}")
     else:
         lines.append("  ray: off")
+    if plan.token is not None:
+        where = ("EVOLVER_API_TOKEN from the environment" if plan.token.source == "environment" else
+                 f"generated for this run (a service listens off loopback), saved to {plan.run_dir / TOKEN_FILE}")
+        lines.append(f"  bearer token: {where}; every child gets it as EVOLVER_API_TOKEN")
     lines.append(f"  restarts: up to {launcher.restart.max_restarts} per service, backoff from "
                  f"{launcher.restart.backoff_s}s; health timeout {launcher.health_timeout_s:.0f}s")
     lines.append("  processes, in start order:")
@@ -114,6 +119,22 @@ def _prepare_run_dir(plan) -> None:
         + yaml.safe_dump(plan.data, sort_keys=False))
 
 
+TOKEN_FILE = "api_token"
+
+
+def _share_token(plan) -> None:
+    """The run's token for this process's own calls (synthesis, the manifest) and, when generated, in a file
+    only this user can read: what a peer on another node or a browser on the studio's login needs."""
+    if plan.token is None:
+        return
+    os.environ["EVOLVER_API_TOKEN"] = plan.token.value
+    if plan.token.source == "generated":
+        path = plan.run_dir / TOKEN_FILE
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(plan.token.value + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         plan = load_plan(args)
@@ -145,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     cleanup = [plan.ray.address_file] if plan.ray.address_file else []
     registry = write_registry(plan.run_dir, launch_id, cleanup)
     _prepare_run_dir(plan)
+    _share_token(plan)
     manifest_path = plan.run_dir / "manifest.json"
     manifest = build_manifest(plan, sys.argv)
     write_manifest(manifest_path, manifest)

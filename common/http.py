@@ -96,11 +96,14 @@ class ServiceClient:
 
     async def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                       model: type[M] | None = None, idempotent: bool | None = None,
-                      timeout: float | None = None) -> Any:
+                      timeout: float | None = None, content: bytes | None = None,
+                      content_type: str = "application/octet-stream") -> Any:
+        """`content`: a raw body (sent as `content_type`) instead of `json`."""
         idempotent = method.upper() in ("GET", "HEAD", "PUT", "DELETE") if idempotent is None else idempotent
         attempts = 1 + (self.retries if idempotent else 0)
         url = f"{self.base_url}{path}"
-        kwargs: dict[str, Any] = {"json": json, "params": params}
+        kwargs: dict[str, Any] = ({"content": content, "params": params, "headers": {"content-type": content_type}}
+                                  if content is not None else {"json": json, "params": params})
         if timeout is not None:
             kwargs["timeout"] = timeout
         attempt = 0

@@ -2,8 +2,9 @@
 
 Each app gets `GET /healthz` (200 only when ready), `GET /metrics` (Prometheus text), structured
 errors `{"error": {"code", "message", "details"}}` (never a traceback), a request-size limit (413),
-optional bearer-token auth from EVOLVER_API_TOKEN (401; /healthz stays open) and a request id on
-every log line. The middleware is plain ASGI: it sits on the env-service hot path.
+bearer-token auth from EVOLVER_API_TOKEN (401; /healthz stays open) and a request id on every log line.
+The token is optional on a loopback address and required off it: `service_cli` refuses to start a service
+bound elsewhere without one. The middleware is plain ASGI: it sits on the env-service hot path.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import inspect
+import ipaddress
 import os
 import re
 import socket
@@ -52,6 +54,35 @@ class ServiceSettings(StrictModel):
     port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY, gt=0)
     log_level: str = "INFO"
+    tls_certfile: str | None = Field(default=None, description=(
+        "serve HTTPS with this PEM certificate (uvicorn's ssl_certfile); peers then use https:// URLs"))
+    tls_keyfile: str | None = Field(default=None, description="the certificate's private key (uvicorn's ssl_keyfile)")
+
+
+TOKEN_VARIABLE = "EVOLVER_API_TOKEN"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost). A wildcard
+    (0.0.0.0, ::, "") or any other name or address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def missing_token_problem(name: str, host: str, environ: dict[str, str] | None = None) -> str | None:
+    """Why service `name` must not listen on `host` as configured, or None: off loopback it needs a token."""
+    environ = os.environ if environ is None else environ
+    if is_loopback(host) or environ.get(TOKEN_VARIABLE):
+        return None
+    return (f"{name}: refusing to listen on {host or '0.0.0.0'} without a bearer token: anyone who can reach that "
+            f"address could use the service. Set {TOKEN_VARIABLE} (in the environment or .env), e.g. "
+            f"`export {TOKEN_VARIABLE}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')`, and give "
+            f"every peer the same value (the launcher generates one per run), or bind a loopback address "
+            f"(--host 127.0.0.1)")
 
 
 class ORJSONResponse(JSONResponse):
@@ -137,9 +168,10 @@ class _GuardMiddleware:
     """Request id, bearer auth, body-size limit and request metrics, as raw ASGI."""
 
     def __init__(self, app: ASGIApp, *, token: str | None, max_body: int, metrics: _Metrics,
-                 renderers: list[ErrorRenderer]) -> None:
+                 renderers: list[ErrorRenderer], body_limits: dict[str, int] | None = None) -> None:
         self.app, self.token, self.max_body, self.metrics = app, token, max_body, metrics
         self.renderers = renderers
+        self.body_limits = body_limits or {}
         self._expected = f"Bearer {token}".encode() if token else b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -175,12 +207,13 @@ class _GuardMiddleware:
                                            [(b"www-authenticate", b"Bearer")])
                         return
                 length = headers.get(b"content-length")
-                if length is not None and length.isdigit() and int(length) > self.max_body:
+                limit = self.body_limits.get(path, self.max_body)
+                if length is not None and length.isdigit() and int(length) > limit:
                     await self._reject(send_wrapped, path, 413, "payload_too_large",
-                                       f"request body of {int(length)} bytes exceeds the limit of {self.max_body} bytes")
+                                       f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
                     return
                 chunked = length is None and b"chunked" in headers.get(b"transfer-encoding", b"")
-                if chunked:
+                if chunked and path not in self.body_limits:
                     # No declared size: read up to the limit before the app sees anything, because
                     # FastAPI turns any error raised while it reads the body into a 400.
                     receive = await self._buffered(receive)
@@ -279,8 +312,12 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY,
     token: str | None = None,
     lifespan: Any = None,
+    body_limits: dict[str, int] | None = None,
 ) -> FastAPI:
     """Build a FastAPI app with the shared routes, errors and middleware.
+
+    `body_limits`: paths whose declared body may exceed `max_body_bytes` up to their own limit (a weights
+    upload); a chunked body without a declared size is read by the route itself there.
 
     `token` defaults to EVOLVER_API_TOKEN from the environment; `ready` decides /healthz: a string it
     returns is the reason the service is not ready, answered as 503 `{"status": "unavailable", "reason"}`.
@@ -333,7 +370,7 @@ def create_app(
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(_GuardMiddleware, token=token, max_body=max_body_bytes, metrics=metrics,
-                       renderers=app.state.error_renderers)
+                       renderers=app.state.error_renderers, body_limits=body_limits)
     return app
 
 
@@ -368,15 +405,18 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 def run_app(app: FastAPI, host: str, port: int, log_level: str = "info",
-            sock: socket.socket | None = None) -> None:
+            sock: socket.socket | None = None, *, tls_certfile: str | None = None,
+            tls_keyfile: str | None = None) -> None:
     """Serve with uvicorn; uvloop and httptools when installed (uvicorn[standard]).
 
-    `sock` is a socket from `reserve_port`; without one, uvicorn binds host:port itself.
+    `sock` is a socket from `reserve_port`; without one, uvicorn binds host:port itself. With
+    `tls_certfile` (and its key) uvicorn serves HTTPS.
     """
     import uvicorn
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
-                            timeout_keep_alive=30, log_config=None)
+                            timeout_keep_alive=30, log_config=None, ssl_certfile=tls_certfile,
+                            ssl_keyfile=tls_keyfile)
     uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
 
 
@@ -404,5 +444,10 @@ def service_cli(
         settings = apply_flags(settings, **flags)
     except ConfigError as exc:
         parser.exit(2, f"{name}: {exc}\n")
+    problem = missing_token_problem(name, settings.host)
+    if problem is not None:
+        parser.exit(2, problem + "\n")
+    if settings.tls_keyfile and not settings.tls_certfile:
+        parser.exit(2, f"{name}: tls_keyfile is set without tls_certfile; give both, or neither\n")
     setup_logging(name, settings.log_level)
     return settings, args

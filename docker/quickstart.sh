@@ -45,6 +45,13 @@ phase_end() { PHASE_S[$1]=$(( $(date +%s) - PHASE_T0 )); say "[$PHASE_N/5] $1 do
 command -v docker >/dev/null || die "no docker CLI (Debian: apt-get install docker.io; see docker/README.md)"
 docker info >/dev/null 2>&1 || die "no Docker engine answers (start dockerd, or set DOCKER_HOST)"
 find_compose "$ROOT"
+# The services listen on the compose network and require a bearer token: one for this deployment, kept in .env
+# (the trainer container and anything started later read it there).
+if [ -z "${EVOLVER_API_TOKEN:-}" ] && ! grep -qs '^EVOLVER_API_TOKEN=.' "$ROOT/.env"; then
+    (umask 077; touch "$ROOT/.env")
+    echo "EVOLVER_API_TOKEN=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')" >> "$ROOT/.env"
+    say "wrote a new EVOLVER_API_TOKEN to $ROOT/.env (every service requires it)"
+fi
 ENV_ARGS=()
 [ -f "$ROOT/.env" ] && ENV_ARGS=(--env-file "$ROOT/.env")
 COMPOSE=("${COMPOSE_BIN[@]}" -f "${EVOLVER_COMPOSE_FILE:-$ROOT/docker/docker-compose.yml}" "${ENV_ARGS[@]}")

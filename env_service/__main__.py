@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"env_service: {exc}", file=sys.stderr)
         sys.exit(2)
     logger.info("env_service: {} backend, environments: {}", settings.backend, ", ".join(settings.environments))
-    run_app(app, settings.host, settings.port, settings.log_level, sock=listener)
+    run_app(app, settings.host, settings.port, settings.log_level, sock=listener,
+            tls_certfile=settings.tls_certfile, tls_keyfile=settings.tls_keyfile)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,8 @@ def add_v1_routes(app: FastAPI, manager: InstanceManager) -> None:
     async def create_instance(body: CreateRequest) -> ORJSONResponse:
         record, messages = await manager.create(body.env, body.task_id, body.params, body.instance_id)
         return ORJSONResponse({"instance_id": record.instance_id, "env": record.env, "task_id": record.task_id,
-                               "messages": _messages(messages)}, status_code=201)
+                               "messages": _messages(messages), "host": manager.backend.where(record.instance_id)},
+                              status_code=201)
 
     @app.get("/v1/instances/{instance_id}", tags=["instances"], response_model=InstanceDescription)
     async def describe_instance(instance_id: str) -> ORJSONResponse:

@@ -42,6 +42,8 @@ class CreateResponse(WireModel):
     env: str
     task_id: str
     messages: list[ChatMessage] = Field(description="exactly [system, user]: the episode's opening")
+    host: dict[str, Any] | None = Field(default=None, description=(
+        "where the instance runs, when the backend has more than one place (ray: actor, pid, node_id, node_ip)"))
 
 
 class StepRequest(WireModel):

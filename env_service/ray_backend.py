@@ -1,8 +1,12 @@
-"""The `ray` backend: a fixed pool of actors, each hosting many instances.
+"""The `ray` backend: a fixed pool of actors, each hosting many instances, placed over the cluster's nodes.
 
-An instance lives on one actor for its whole life (affinity: its state is in that process).
-New instances go to the least-loaded actor. When an actor dies, only the instances it hosted
-fail (410 `instance_lost`, naming the cause) and a fresh actor takes its slot.
+An instance lives on one actor for its whole life (affinity: its state is in that process), so this
+backend routes every call for an instance to the actor that holds it; Ray's own pools (ActorPool, Serve
+replicas) send a call to whichever replica is free, which would lose the instance. Ray places the actors
+(`ray.placement`, `ray.node_labels`, `ray.resources`: Ray's scheduling strategies and resources).
+New instances go to the least-loaded actor. When an actor dies (its process, or its whole node), only the
+instances it hosted fail (410 `instance_lost`, naming the cause) and a fresh actor takes its slot, wherever
+Ray can place it now. `where(instance)` names the actor, its process and its node.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ class EnvHostActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def whereabouts(self) -> dict[str, Any]:
+        context = ray.get_runtime_context()
+        return {"pid": os.getpid(), "node_id": context.get_node_id(),
+                "node_ip": ray.util.get_node_ip_address()}
+
     def call(self, method: str, *args: Any) -> tuple[bool, Any]:
         # Errors travel as plain tuples: cheaper and more predictable than pickled exceptions.
         try:
@@ -58,7 +67,7 @@ class RayBackend(Backend):
         self._lost: OrderedDict[str, str] = OrderedDict()
         self._pending_lost: dict[str, str] = {}
         self._started_ray = False
-        self._pids: list[int | None] = []
+        self._hosts: list[dict[str, Any] | None] = []  # per slot: pid, node id and address, once known
         self.replacements = 0
 
     async def start(self) -> None:
@@ -72,12 +81,14 @@ class RayBackend(Backend):
             self._started_ray = True
         self._actors = [self._spawn() for _ in range(self.settings.actors)]
         self._loads = [0] * len(self._actors)
-        self._pids = list(await asyncio.gather(*(actor.pid.remote() for actor in self._actors)))
-        logger.info("ray backend: {} actors ready", len(self._actors))
+        self._hosts = list(await asyncio.gather(*(actor.whereabouts.remote() for actor in self._actors)))
+        nodes = sorted({h["node_id"][:8] for h in self._hosts if h})
+        logger.info("ray backend: {} actors ready on {} node(s): {}", len(self._actors), len(nodes), ", ".join(nodes))
 
     def _spawn(self) -> Any:
         return EnvHostActor.options(num_cpus=self.settings.num_cpus, max_concurrency=self.settings.max_concurrency,
-                                    max_restarts=0).remote(self.enabled, self.plugins)
+                                    max_restarts=0, resources=dict(self.settings.resources) or None,
+                                    **placement_options(self.settings)).remote(self.enabled, self.plugins)
 
     async def close(self) -> None:
         for actor in self._actors:
@@ -97,12 +108,24 @@ class RayBackend(Backend):
         self._placement[instance_id] = slot
         self._loads[slot] += 1
         try:
-            return await self._call(instance_id, "create", env_name, task_id, params)
+            messages = await self._call(instance_id, "create", env_name, task_id, params)
         except BaseException:
             if self._placement.get(instance_id) == slot:
                 del self._placement[instance_id]
                 self._loads[slot] -= 1
             raise
+        if self._hosts[slot] is None:  # a replacement not yet asked where it runs: the record must say
+            await self._learn_whereabouts(slot)
+        return messages
+
+    async def _learn_whereabouts(self, slot: int) -> None:
+        actor = self._actors[slot]
+        try:
+            host = await asyncio.wait_for(actor.whereabouts.remote(), timeout=self.settings.health_check_s)
+        except (RayActorError, asyncio.TimeoutError):
+            return  # dead or busy: the next health check asks again
+        if self._actors[slot] is actor:
+            self._hosts[slot] = host
 
     async def step(self, instance_id: str, action: ChatMessage) -> StepResult:
         return await self._call(instance_id, "step", action)
@@ -173,7 +196,7 @@ class RayBackend(Backend):
             self._remember_lost(iid, reason)
             self._pending_lost[iid] = reason
         self._actors[slot] = self._spawn()
-        self._pids[slot] = None  # learnt at the next health check
+        self._hosts[slot] = None  # learnt at the next health check
         self._loads[slot] = 0
         self.replacements += 1
         logger.warning("ray actor {} died ({}); {} instances lost; replaced", slot, reason, len(lost))
@@ -187,27 +210,43 @@ class RayBackend(Backend):
         """Ping every actor; replace the dead ones. Returns the instances lost since the last check."""
         actors = list(self._actors)
         results = await asyncio.gather(*(self._ping(actor) for actor in actors))
-        for slot, (actor, pid) in enumerate(zip(actors, results, strict=True)):
-            if pid is None:
+        for slot, (actor, host) in enumerate(zip(actors, results, strict=True)):
+            if host is None:
                 self._on_actor_death(slot, actor, "its Ray actor died")
-            elif pid > 0 and self._actors[slot] is actor:
-                self._pids[slot] = pid
+            elif host and self._actors[slot] is actor:
+                self._hosts[slot] = host
         lost, self._pending_lost = self._pending_lost, {}
         return lost
 
-    async def _ping(self, actor: Any) -> int | None:
-        """The actor's pid; None when it is dead; 0 when it is alive but too busy to answer."""
+    async def _ping(self, actor: Any) -> dict[str, Any] | None:
+        """Where the actor runs; None when it is dead; {} when it is alive but too busy to answer (or a
+        replacement Ray has not placed yet)."""
         try:
-            return await asyncio.wait_for(actor.pid.remote(), timeout=self.settings.health_check_s)
+            return await asyncio.wait_for(actor.whereabouts.remote(), timeout=self.settings.health_check_s)
         except RayActorError:
             return None
         except asyncio.TimeoutError:
-            return 0
+            return {}
 
     def where(self, instance_id: str) -> dict[str, Any] | None:
         slot = self._placement.get(instance_id)
-        return None if slot is None else {"actor": slot, "pid": self._pids[slot]}
+        if slot is None:
+            return None
+        return {"actor": slot, **(self._hosts[slot] or {"pid": None, "node_id": None, "node_ip": None})}
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.name, "actors": len(self._actors), "loads": list(self._loads),
-                "actor_pids": list(self._pids), "replacements": self.replacements}
+                "actor_pids": [h["pid"] if h else None for h in self._hosts],
+                "actor_nodes": [h["node_id"] if h else None for h in self._hosts],
+                "replacements": self.replacements}
+
+
+def placement_options(settings: RaySettings) -> dict[str, Any]:
+    """Ray's placement of an env actor. With `node_labels`: a node with those labels (Ray's label selector),
+    and when none can take it, say after that node's loss, any other node (the selector's fallback). Else
+    SPREAD over the nodes, or Ray's default."""
+    if settings.node_labels:
+        wanted = dict(settings.node_labels)
+        others = {key: f"!{value}" for key, value in wanted.items()}
+        return {"label_selector": wanted, "fallback_strategy": [{"label_selector": others}]}
+    return {"scheduling_strategy": "SPREAD" if settings.placement == "spread" else "DEFAULT"}

@@ -4,7 +4,7 @@
       environments:            # enabled environments and their config (a list of names also works)
         flights: {}
         gym: {envs: [FrozenLake-v1, Taxi-v4, CliffWalking-v1]}
-      backend: inline          # inline (threads in this process) or ray (a pool of actors)
+      backend: inline          # inline (threads in this process) or ray (a pool of actors, placed by `ray:`)
       max_instances: 2048      # over it, create answers 429 with Retry-After
       instance_ttl_s: 1800     # idle instances are released after this long
       call_timeout_s: 60       # per step/evaluate/state call
@@ -67,11 +67,27 @@ def validate_environment_configs(enabled: Mapping[str, Mapping[str, Any] | None]
 
 
 class RaySettings(StrictModel):
+    """Where the env workers (Ray actors, each hosting many instances) run in the cluster.
+
+        ray:
+          actors: 4
+          node_labels: {evolver/role: env}   # prefer nodes started with `ray start --labels evolver/role=env`
+          resources: {}                      # or require a custom resource, e.g. {env_node: 0.01}
+    """
+
     actors: int = Field(default=2, ge=1, le=256)  # the fixed pool; each hosts many instances
     address: str | None = None  # an existing cluster; None starts a local Ray
     max_concurrency: int = Field(default=32, ge=1)  # concurrent calls per actor (different instances)
     num_cpus: float = Field(default=0.0, ge=0)  # per actor; 0 lets a small machine host many
     health_check_s: float = Field(default=5.0, gt=0)
+    placement: Literal["spread", "pack"] = Field(default="spread", description=(
+        "spread: Ray's SPREAD strategy puts the actors on as many nodes as it can; pack: Ray's default "
+        "(fill a node first). Ignored when node_labels is set"))
+    node_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "prefer nodes with these labels (a soft constraint: when none is left, say after a node's loss, the "
+        "replacement actors run on the other nodes)"))
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom Ray resources each actor needs (a hard constraint: an actor waits until a node offers them)"))
 
 
 class EnvServiceSettings(ServiceSettings):

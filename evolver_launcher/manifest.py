@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -136,7 +137,9 @@ def build_manifest(plan: Plan, argv: list[str]) -> dict[str, Any]:
 def served_environments(env_url: str) -> Any:
     """What the running env service reports (names and task counts per split), or the error."""
     try:
-        response = httpx.get(f"{env_url}/v1/environments", timeout=30, trust_env=False)
+        token = os.environ.get("EVOLVER_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = httpx.get(f"{env_url}/v1/environments", timeout=30, trust_env=False, headers=headers)
         response.raise_for_status()
         return response.json().get("environments")
     except (httpx.HTTPError, ValueError) as exc:

@@ -7,7 +7,9 @@ bundled LLM server's URL for roles that ask for it) and returns the children in 
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -20,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from common.config import ConfigError, validate
+from common.service import TOKEN_VARIABLE, is_loopback
 from env_service.settings import EnvServiceSettings
 from evolver_launcher.preflight import check_environment_section, check_served
 from evolver_launcher.settings import (
@@ -69,10 +72,25 @@ class RayPlan:
     # A started head's own --temp-dir: its session files and address file never land in /tmp/ray,
     # where a later bare `ray.init()` would find them and try to join a dead cluster.
     temp_dir: str | None = None
+    node_address: str | None = None  # a started head's --node-ip-address: where other nodes join it
+
+    def join_command(self) -> str | None:
+        """What a worker node runs to join a head this launch starts (None when it starts none)."""
+        if self.mode != "start":
+            return None
+        return f"RAY_AUTH_MODE=disabled ray start --address={self.address} --num-cpus=<cores>"
 
     @property
     def address_file(self) -> Path | None:
         return Path(self.temp_dir) / "ray_current_cluster" if self.temp_dir else None
+
+
+@dataclass
+class RunToken:
+    """The bearer token every child gets as EVOLVER_API_TOKEN: the environment's, or one made for this run."""
+
+    value: str = field(repr=False)
+    source: str  # "environment" or "generated"
 
 
 @dataclass
@@ -85,6 +103,7 @@ class Plan:
     children: list[ChildSpec]
     ray: RayPlan
     studio_url: str | None = None  # the run's page in the studio, when launcher.studio.enabled
+    token: RunToken | None = None  # None: every service is on loopback and no token was given
 
     @property
     def launcher(self) -> LauncherSettings:
@@ -126,15 +145,18 @@ class PortBook:
         self.host, self.check = host, check
         self.taken: dict[int, str] = {}
 
-    def resolve(self, key_path: str, requested: int | str) -> int:
+    def resolve(self, key_path: str, requested: int | str, host: str | None = None) -> int:
+        """A port on `host` (default the book's): ports stay unique across hosts, so a plan whose services
+        share one address later still holds."""
+        host = host or self.host
         if requested == "auto":
-            port = pick_free_port(self.host, set(self.taken))
+            port = pick_free_port(host, set(self.taken))
         else:
             port = int(requested)
             if port in self.taken:
                 raise ConfigError(f"{key_path}: port {port} is already given to {self.taken[port]}")
-            if self.check and port and not port_is_free(self.host, port):
-                raise ConfigError(f"{key_path}: port {port} on {self.host} is in use by another process; "
+            if self.check and port and not port_is_free(host, port):
+                raise ConfigError(f"{key_path}: port {port} on {host} is in use by another process; "
                                   f"stop it, pick another port, or set {key_path}=auto")
         self.taken[port] = key_path
         return port
@@ -168,7 +190,7 @@ def _walk_llm_roles(node: Any, path: str, found: list[tuple[str, dict]]) -> None
 
 
 def _fill_bundled_roles(data: dict[str, Any], services: list[str], llm_url: str | None, model: str | None,
-                        trainer: bool) -> None:
+                        trainer: bool, with_token: bool = False) -> None:
     """Point roles written as `base_url: llm_server` at the bundled server (sections that will run only)."""
     roles: list[tuple[str, dict]] = []
     running = {*services, *(["trainer"] if trainer else [])}
@@ -181,12 +203,16 @@ def _fill_bundled_roles(data: dict[str, Any], services: list[str], llm_url: str 
                               f"does not start; add llm_server to launcher.services or give a real URL")
         role["base_url"] = f"{llm_url}/v1"
         role.setdefault("model", model)
+        if with_token:
+            role.setdefault("api_key_env", TOKEN_VARIABLE)
     policy = ((data.get("trainer") or {}).get("policy") or {}) if trainer else {}
     if policy.get("url") == BUNDLED_LLM:
         if "llm_server" not in services or llm_url is None:
             raise ConfigError("trainer.policy.url: `llm_server` needs llm_server in launcher.services")
         policy["url"] = llm_url
         policy.setdefault("served_model", model)
+        if with_token:
+            policy.setdefault("api_key_env", TOKEN_VARIABLE)
 
 
 def _set_default(section: dict[str, Any], key: str, value: Any) -> None:
@@ -217,24 +243,27 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
     experiment = _experiment_name(launcher, conf_path)
     run_dir = (Path(launcher.runs_dir) / experiment).resolve()
     services = [s for s in SERVICE_ORDER if s in launcher.services]
-    host = launcher.host
-    book = PortBook(host, check=check_ports)
+    book = PortBook(launcher.host, check=check_ports)
     urls: dict[str, str] = {}
+    advertised = Advertiser(launcher)
 
     for name in services:
         section = _section(data, name)
+        host = launcher.hosts.get(name, launcher.host)  # type: ignore[call-overload]
         model_field = RunConfig.model_fields[name].annotation
         default_port = _section_default_port(model_field)
         requested = launcher.ports.get(name, section.get("port", default_port))  # type: ignore[arg-type]
-        port = book.resolve(f"launcher.ports.{name}", requested)
+        port = book.resolve(f"launcher.ports.{name}", requested, _port_check_host(host))
         section["port"], section["host"] = port, host
-        urls[name] = f"http://{_connect_host(host)}:{port}"
+        scheme = "https" if section.get("tls_certfile") else "http"
+        urls[name] = f"{scheme}://{_url_host(advertised.address(name, host))}:{port}"
 
     ray = _plan_ray(launcher, book, environ)
+    token = _run_token(launcher, services, environ)
     _fill_service_state(data, services, urls, ray, run_dir)
     llm = data.get("llm_server") or {}
     served = llm.get("served_model_name") or llm.get("model") or "smollm2"
-    _fill_bundled_roles(data, services, urls.get("llm_server"), served, launcher.trainer)
+    _fill_bundled_roles(data, services, urls.get("llm_server"), served, launcher.trainer, token is not None)
     if "llm_server" in services:
         _set_default(data["llm_server"], "threads", thread_budget(launcher, "llm_server"))
     if launcher.trainer:
@@ -253,10 +282,15 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
     children = _children(config, resolved, services, urls, ray, run_dir, config_path, plugin_path(conf_path))
     studio_url = None
     if launcher.studio.enabled:
-        studio = _studio_child(launcher, book.resolve("launcher.studio.port", launcher.studio.port), run_dir)
+        studio_host = launcher.hosts.get("studio", launcher.host)
+        port = book.resolve("launcher.studio.port", launcher.studio.port, _port_check_host(studio_host))
+        studio = _studio_child(launcher, studio_host, port, run_dir)
         children.append(studio)  # after the trainer, which therefore does not wait for it
-        studio_url = f"http://{_connect_host(host)}:{studio.port}/runs/{experiment}"
-    return Plan(experiment, run_dir, config_path, config, resolved, children, ray, studio_url)
+        studio_url = f"http://{_url_host(advertised.address('studio', studio_host))}:{studio.port}/runs/{experiment}"
+    if token is not None:
+        for child in children:
+            child.env[TOKEN_VARIABLE] = token.value
+    return Plan(experiment, run_dir, config_path, config, resolved, children, ray, studio_url, token)
 
 
 def _check_environments(config: RunConfig, dormant: dict[str, Any], services: list[str], env_url: str | None) -> None:
@@ -287,11 +321,11 @@ def plugin_path(conf_path: str | os.PathLike | None) -> str:
     return os.pathsep.join(dict.fromkeys(folders))
 
 
-def _studio_child(launcher: LauncherSettings, port: int, run_dir: Path) -> ChildSpec:
-    argv = [sys.executable, "-m", "studio", "--runs", str(run_dir.parent), "--host", launcher.host,
+def _studio_child(launcher: LauncherSettings, host: str, port: int, run_dir: Path) -> ChildSpec:
+    argv = [sys.executable, "-m", "studio", "--runs", str(run_dir.parent), "--host", host,
             "--port", str(port), "--refresh-s", str(launcher.studio.refresh_s)]
     return ChildSpec(name="studio", argv=argv, log_path=run_dir / "logs" / "studio.log", env=_base_env(1),
-                     port=port, health_url=f"http://{_connect_host(launcher.host)}:{port}/healthz", threads=1)
+                     port=port, health_url=f"http://{_url_host(_local_host(host))}:{port}/healthz", threads=1)
 
 
 def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[str, str], ray: RayPlan,
@@ -331,7 +365,7 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
     if data.get("trainer") is None:
         raise ConfigError("trainer: launcher.trainer is true but the YAML has no `trainer` section "
                           "(add one, or set launcher.trainer=false to run the services only)")
-    from trainer.config import ServicesConfig
+    from trainer.config import ServicesConfig, uploads_weights
 
     trainer = _section(data, "trainer")
     _set_default(trainer, "output_dir", str(run_dir / "trainer"))
@@ -352,8 +386,10 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
         _set_default(ray_section, "address", ray.address)
     if launcher.resume:
         trainer["resume"] = True
-    if "llm_server" in services and policy.get("kind") == "endpoint":
-        # The trainer pushes weights from <output_dir>/weights; the server loads from nowhere else.
+    if ("llm_server" in services and policy.get("kind") == "endpoint"
+            and not uploads_weights(policy.get("weights_transfer", "auto"), str(policy.get("url")))):
+        # The trainer writes weights to <output_dir>/weights and names the file; the server loads from nowhere
+        # else. Off loopback they travel as the request body instead, and no folder is shared.
         _set_default(_section(data, "llm_server"), "weights_dir", str(Path(trainer["output_dir"]) / "weights"))
 
 
@@ -390,8 +426,66 @@ def _section_default_port(annotation: Any) -> int | None:
     return None
 
 
-def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+# ------------------------------------------------------------------ addresses and the token
+
+WILDCARDS = frozenset({"0.0.0.0", "", "::", "[::]"})
+
+
+class Advertiser:
+    """The address each service's peers use: `launcher.advertise`, else the address it binds, else (bound to a
+    wildcard) this node's address as other nodes reach it, never 127.0.0.1 when it listens elsewhere."""
+
+    def __init__(self, launcher: LauncherSettings) -> None:
+        self.launcher = launcher
+        self._node: str | None = None
+
+    def address(self, name: str, bind: str) -> str:
+        configured = self.launcher.advertise.get(name)  # type: ignore[call-overload]
+        if configured:
+            return configured
+        if bind not in WILDCARDS:
+            return bind
+        return self.node_address()
+
+    def node_address(self) -> str:
+        if self._node is None:
+            ray_node = self.launcher.ray.node_address
+            self._node = (self.launcher.node_address or (ray_node if not is_loopback(ray_node) else None)
+                          or _ray_node_ip())
+        return self._node
+
+
+def _ray_node_ip() -> str:
+    # Ray's own choice of this node's address (the one a raylet here would register), imported only here:
+    # `import ray` costs a second that a plan on loopback never pays.
+    from ray.util import get_node_ip_address
+
+    return get_node_ip_address()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _local_host(bind: str) -> str:
+    """Where this machine reaches a child it started (its health check)."""
+    return "127.0.0.1" if bind in WILDCARDS else bind
+
+
+def _port_check_host(bind: str) -> str:
+    return "0.0.0.0" if bind in WILDCARDS else bind
+
+
+def _run_token(launcher: LauncherSettings, services: list[str], environ: dict[str, str]) -> RunToken | None:
+    """The environment's token, or a new one when a child listens off loopback (which then requires one)."""
+    if environ.get(TOKEN_VARIABLE):
+        return RunToken(environ[TOKEN_VARIABLE], "environment")
+    binds = [launcher.hosts.get(name, launcher.host) for name in services]  # type: ignore[call-overload]
+    if launcher.studio.enabled:
+        binds.append(launcher.hosts.get("studio", launcher.host))
+    if any(not is_loopback(host) for host in binds):
+        return RunToken(secrets.token_urlsafe(32), "generated")
+    return None
 
 
 def _plan_ray(launcher: LauncherSettings, book: PortBook, environ: dict[str, str]) -> RayPlan:
@@ -400,7 +494,7 @@ def _plan_ray(launcher: LauncherSettings, book: PortBook, environ: dict[str, str
     address = launcher.ray.address or environ.get("RAY_ADDRESS")
     if address:
         return RayPlan("join", address=address)
-    ports = {"gcs": book.resolve("launcher.ray.port", launcher.ray.port)}
+    ports = {"gcs": book.resolve("launcher.ray.port", launcher.ray.port, launcher.ray.node_address)}
     dashboard_url = None
     if launcher.ray.dashboard:
         ports["dashboard"] = book.resolve("launcher.ray.dashboard_port", launcher.ray.dashboard_port)
@@ -409,8 +503,9 @@ def _plan_ray(launcher: LauncherSettings, book: PortBook, environ: dict[str, str
     ports["client_server"] = book.resolve("launcher.ray.client_server_port", launcher.ray.client_server_port)
     ports["dashboard_agent"] = book.resolve("launcher.ray.dashboard_agent_port", "auto")
     temp_dir = str(Path(tempfile.gettempdir()) / f"evolver-ray-{ports['gcs']}")  # short: Ray's socket paths
-    return RayPlan("start", address=f"127.0.0.1:{ports['gcs']}", dashboard_url=dashboard_url, ports=ports,
-                   temp_dir=temp_dir)
+    node = launcher.ray.node_address
+    return RayPlan("start", address=f"{_url_host(node)}:{ports['gcs']}", dashboard_url=dashboard_url, ports=ports,
+                   temp_dir=temp_dir, node_address=node)
 
 
 def _base_env(threads: int) -> dict[str, str]:
@@ -446,7 +541,8 @@ def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], 
             argv=[python, "-m", SERVICE_MODULES[name], "--host", section["host"], "--port", str(section["port"]),
                   "--conf", str(config_path)],
             log_path=logs / f"{name}.log", env=env, port=section["port"],
-            health_url=f"{urls[name]}/healthz", depends_on=depends, threads=threads))
+            health_url=f"{urls[name].split('://')[0]}://{_url_host(_local_host(section['host']))}:{section['port']}"
+                       f"/healthz", depends_on=depends, threads=threads))
     if launcher.trainer:
         threads = thread_budget(launcher, "trainer")
         env = _base_env(threads)
@@ -484,7 +580,7 @@ def _ray_child(config: RunConfig, ray: RayPlan, logs: Path) -> ChildSpec:
     ports = ray.ports
     num_cpus = launcher.ray.num_cpus or max(2, os.cpu_count() or 1)
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-            "--node-ip-address", "127.0.0.1", "--port", str(ports["gcs"]), "--num-cpus", str(num_cpus),
+            "--node-ip-address", str(ray.node_address), "--port", str(ports["gcs"]), "--num-cpus", str(num_cpus),
             "--object-store-memory", str(launcher.ray.object_store_memory_mb * 1024 * 1024),
             "--ray-client-server-port", str(ports["client_server"]),
             "--dashboard-agent-listen-port", str(ports["dashboard_agent"]),
@@ -492,9 +588,13 @@ def _ray_child(config: RunConfig, ray: RayPlan, logs: Path) -> ChildSpec:
             "--temp-dir", str(ray.temp_dir)]
     if ray.dashboard_url:
         argv += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"])]
+    if launcher.ray.resources:
+        argv += ["--resources", json.dumps(launcher.ray.resources)]
+    if launcher.ray.labels:
+        argv += ["--labels", ",".join(f"{k}={v}" for k, v in launcher.ray.labels.items())]
     # A crashed head takes the trainer's actors with it: no restart, the run stops with its log.
     return ChildSpec(name="ray", argv=argv, log_path=logs / "ray.log",
                      env={"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}, port=ports["gcs"],
                      health_url=f"{ray.dashboard_url}/api/version" if ray.dashboard_url else None,
-                     health_tcp=None if ray.dashboard_url else ("127.0.0.1", ports["gcs"]),
+                     health_tcp=None if ray.dashboard_url else (str(ray.node_address), ports["gcs"]),
                      restartable=False, ray_head=True)

@@ -61,6 +61,13 @@ class RayLaunch(StrictModel):
     dashboard_port: Port = 8265
     client_server_port: Port = "auto"
     num_cpus: int | None = Field(default=None, ge=1, description="CPUs the head offers (default: all cores)")
+    node_address: str = Field(default="127.0.0.1", description=(
+        "the address a started head listens on and other nodes join (`ray start --address=<it>:<port>`); "
+        "127.0.0.1 keeps the cluster to this machine"))
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom resources a started head offers, e.g. {trainer_node: 1}, for placing work by resource"))
+    labels: dict[str, str] = Field(default_factory=dict, description=(
+        "node labels of a started head, e.g. {evolver/role: head}, for placing work by label"))
     object_store_memory_mb: int = Field(default=512, ge=80, description="shared memory the object store reserves")
 
 
@@ -87,7 +94,15 @@ class LauncherSettings(StrictModel):
     resume: bool = Field(default=False, description="reuse runs/<experiment>; else an old one is moved aside")
     services: list[ServiceName] = Field(default_factory=list, description="services to start, in any order")
     trainer: bool = Field(default=True, description="run the trainer once every service is healthy")
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="address every service binds unless `hosts` names it")
+    hosts: dict[ServiceName | Literal["studio"], str] = Field(default_factory=dict, description=(
+        "per service: the address it binds (default `host`)"))
+    advertise: dict[ServiceName, str] = Field(default_factory=dict, description=(
+        "per service: the address its peers use to reach it (default: the bind address, or this node's "
+        "address when it binds a wildcard such as 0.0.0.0)"))
+    node_address: str | None = Field(default=None, description=(
+        "this node's address as other nodes reach it, advertised for services bound to a wildcard "
+        "(default: launcher.ray.node_address when it is not loopback, else Ray's own guess of this node's IP)"))
     ports: dict[ServiceName, Port] = Field(default_factory=dict, description="per service: a free port or auto")
     threads: dict[str, int] = Field(default_factory=dict,
                                     description="torch/OMP threads per child (service name, trainer, default)")

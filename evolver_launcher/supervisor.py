@@ -118,7 +118,9 @@ class Supervisor:
         self.stop_signal: int | None = None
         self._started_order: list[Child] = []
         self._announced_ready = False
-        self._http = httpx.Client(timeout=2.0, trust_env=False)  # never through a proxy: these are local
+        # Never through a proxy: these are local. Unverified: a child serving HTTPS (tls_certfile) may use a
+        # self-signed certificate, and the probe reads only the open /healthz of a process this launcher started.
+        self._http = httpx.Client(timeout=2.0, trust_env=False, verify=False)
         self.launch_id = launch_id
         self.cleanup_files = cleanup_files or []
 

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
         app = build_app(settings)
     except Exception as exc:  # configuration problems found while building, e.g. a missing API key
         sys.exit(f"experience_manager: {exc}")
-    run_app(app, settings.host, settings.port, settings.log_level)
+    run_app(app, settings.host, settings.port, settings.log_level,
+            tls_certfile=settings.tls_certfile, tls_keyfile=settings.tls_keyfile)
 
 
 if __name__ == "__main__":

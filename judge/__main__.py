@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         app = create_judge_app(settings)
     except (ValueError, LLMError) as exc:
         sys.exit(f"judge: {exc}")
-    run_app(app, settings.host, settings.port, settings.log_level)
+    run_app(app, settings.host, settings.port, settings.log_level,
+            tls_certfile=settings.tls_certfile, tls_keyfile=settings.tls_keyfile)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     grammars = _grammar_compiler(tokenizer, engine, settings)
     app = build_app(ServedModel(engine, tokenizer, name, settings, grammars))
     try:
-        run_app(app, settings.host, settings.port, settings.log_level)
+        run_app(app, settings.host, settings.port, settings.log_level,
+            tls_certfile=settings.tls_certfile, tls_keyfile=settings.tls_keyfile)
     finally:
         engine.close()
         if grammars is not None:

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
 
 from common.service import ServiceError, create_app, from_app_state
 from engine.generation import Completion, Engine, EngineClosed, GenerationResult, SamplingParams
@@ -17,6 +17,7 @@ from engine.grammar import CompiledGrammar, GrammarCompiler
 from llm_server.metrics import EngineCollector
 from llm_server.protocol import (
     ROLES,
+    WEIGHTS_UPLOAD,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -28,7 +29,7 @@ from llm_server.protocol import (
 from llm_server.settings import LLMServerSettings
 from llm_server.structured import capabilities, compile_grammar, requested_grammar
 from llm_server.tools import parse_tool_calls
-from llm_server.weights import allowed_path, read_state_dict
+from llm_server.weights import allowed_path, read_state_dict, read_state_dict_bytes
 
 
 class ServedModel:
@@ -45,7 +46,8 @@ class ServedModel:
 
 def build_app(served: ServedModel) -> FastAPI:
     app = create_app("llm_server", description="OpenAI-compatible transformers model server (CPU), with token ids",
-                      max_body_bytes=served.settings.max_body_bytes)
+                      max_body_bytes=served.settings.max_body_bytes,
+                      body_limits={WEIGHTS_UPLOAD: served.settings.max_weights_bytes})
     app.state.served = served
     app.state.metrics_registry.register(EngineCollector(served.engine))
     for router in (openai, vllm, trainer, service):
@@ -132,6 +134,27 @@ async def update_weights(request: WeightUpdateRequest, served: Served) -> Weight
         raise ServiceError(400, "weights_mismatch", f"{request.path}: {exc}") from None
     version = await asyncio.wrap_future(served.engine.update_weights(tensors, request.policy_version))
     return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path=request.path)
+
+
+@trainer.post(WEIGHTS_UPLOAD, response_model=WeightUpdateResponse, openapi_extra={"requestBody": {
+    "required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+async def upload_weights(request: Request, served: Served, policy_version: int | None = None) -> WeightUpdateResponse:
+    """The weights themselves as the body (a safetensors file): a trainer on another node shares no folder."""
+    if policy_version is not None and policy_version < 0:
+        raise ServiceError(422, "validation_error", "policy_version must be >= 0")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > served.settings.max_weights_bytes:
+            raise ServiceError(413, "payload_too_large", f"weights over the limit of "
+                               f"{served.settings.max_weights_bytes} bytes (llm_server.max_weights_bytes)")
+    tensors = await asyncio.to_thread(read_state_dict_bytes, bytes(body))
+    try:
+        await asyncio.to_thread(served.engine.check_state_dict, tensors)
+    except ValueError as exc:
+        raise ServiceError(400, "weights_mismatch", f"uploaded weights: {exc}") from None
+    version = await asyncio.wrap_future(served.engine.update_weights(tensors, policy_version))
+    return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path="upload")
 
 
 @trainer.get("/v1/weights")

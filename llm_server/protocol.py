@@ -113,6 +113,9 @@ class DetokenizeRequest(BaseModel):
 DEFAULT_WEIGHTS_DIR = Path(tempfile.gettempdir()) / "evolver-weights"
 
 
+WEIGHTS_UPLOAD = "/v1/weights/upload"  # POST a safetensors file as the body (?policy_version=N)
+
+
 class WeightUpdateRequest(StrictModel):
     path: str = Field(description="an HF/safetensors directory, or a .safetensors / .pt / .bin state-dict file, "
                                   "inside the server's weights_dir")

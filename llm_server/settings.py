@@ -33,6 +33,9 @@ class LLMServerSettings(ServiceSettings):
     weights_dir: str = Field(default=str(DEFAULT_WEIGHTS_DIR),
                              description="POST /v1/weights loads only from inside this directory (the launcher "
                                          "sets the trainer's weights folder)")
+    max_weights_bytes: int = Field(default=16 * 1024**3, gt=0, description=(
+        "largest weights file POST /v1/weights/upload takes: how a trainer on another node sends its weights "
+        "over HTTP instead of through a shared folder"))
     grammar_cache_size: int = Field(default=256, ge=1, description="compiled structured-output grammars kept (LRU)")
     grammar_timeout_s: float = Field(default=10.0, gt=0,
                                      description="a constraint that compiles longer than this gets a 400")

@@ -54,3 +54,14 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         except Exception as exc:
             raise ServiceError(400, "weights_invalid", f"cannot read {file}: {type(exc).__name__}: {exc}") from None
     return tensors
+
+
+def read_state_dict_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    """Tensors from the bytes of one safetensors file (a `POST /v1/weights/upload` body)."""
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except Exception as exc:
+        raise ServiceError(400, "weights_invalid", f"the body is not a safetensors file: {type(exc).__name__}: "
+                           f"{exc}") from None

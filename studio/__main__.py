@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> None:
         logger.warning("studio: {} does not exist yet; runs appear once it does", settings.runs)
     app = build_app(settings)
     logger.info("studio: http://{}:{}/ over {}", settings.host, settings.port, Path(settings.runs).resolve())
-    run_app(app, settings.host, settings.port, settings.log_level)
+    run_app(app, settings.host, settings.port, settings.log_level,
+            tls_certfile=settings.tls_certfile, tls_keyfile=settings.tls_keyfile)
 
 
 if __name__ == "__main__":

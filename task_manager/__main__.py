@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"task_manager: {exc}")
     logger.info("task_manager: env service {}, store {}, environments {}", settings.env_url,  # type: ignore[attr-defined]
                 settings.store_dir, ", ".join(settings.environments))  # type: ignore[attr-defined]
-    run_app(app, settings.host, settings.port, settings.log_level)
+    run_app(app, settings.host, settings.port, settings.log_level,
+            tls_certfile=settings.tls_certfile, tls_keyfile=settings.tls_keyfile)
 
 
 if __name__ == "__main__":

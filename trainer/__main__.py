@@ -124,12 +124,29 @@ def run_on_ray(config: TrainerConfig) -> dict:
                  log_to_driver=True)
     try:
         options = actor_options(config.ray.num_cpus, config.device, ray.cluster_resources().get("GPU", 0), ACTOR_NAME)
-        actor = ray.remote(TrainerActorImpl).options(**options).remote(config.model_dump())
+        actor = ray.remote(TrainerActorImpl).options(**options, **_placement(config)).remote(config.model_dump())
         logger.info("trainer running in Ray actor {} ({} CPU, {} GPU)", ACTOR_NAME, options["num_cpus"],
                     options["num_gpus"])
         return ray.get(actor.run.remote())
     finally:
         ray.shutdown()
+
+
+def _placement(config: TrainerConfig) -> dict:
+    """Where Ray puts the trainer actor (`trainer.ray` resources and node labels, all hard; its GPUs follow
+    `trainer.device`, `trainer.device.actor_options`) and the run's token, which its calls to the services carry."""
+    options: dict = {}
+    token = os.environ.get("EVOLVER_API_TOKEN")
+    if token:  # a worker process on a joined cluster does not inherit this process's environment
+        options["runtime_env"] = {"env_vars": {"EVOLVER_API_TOKEN": token}}
+    if config.ray.resources:
+        options["resources"] = dict(config.ray.resources)
+    if config.ray.node_labels:
+        from ray.util.scheduling_strategies import In, NodeLabelSchedulingStrategy
+
+        options["scheduling_strategy"] = NodeLabelSchedulingStrategy(
+            hard={k: In(v) for k, v in config.ray.node_labels.items()})
+    return options
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
 from common.config import StrictModel
+from common.service import is_loopback
 from engine.device import DEVICE_PATTERN
 from estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from trainer.settings import (
@@ -19,11 +21,21 @@ from trainer.settings import (
 )
 
 
+def uploads_weights(transfer: str, base_url: str) -> bool:
+    """Whether new weights travel to the policy server as the request body (a server on another node shares no
+    folder with the trainer) rather than as a path: `http`, or `auto` with a server off loopback."""
+    return transfer == "http" or (transfer == "auto" and not is_loopback(urlsplit(base_url).hostname or ""))
+
+
 class PolicyConfig(StrictModel):
     kind: Literal["in_process", "endpoint"] = "in_process"
     url: str | None = Field(default=None, description="endpoint base URL (llm_server or vLLM)")
     served_model: str = Field(default="policy", description="the `model` field sent to the endpoint")
     api_key_env: str | None = Field(default=None, description="environment variable holding the endpoint's key")
+    weights_transfer: Literal["auto", "path", "http"] = Field(default="auto", description=(
+        "endpoint: how new weights reach llm_server. path: a file in a folder both read (one machine); http: "
+        "the file as the body of POST /v1/weights/upload (another node); auto: http unless the url's host is a "
+        "loopback address"))
     max_batch: int = Field(default=32, ge=1, description="in-process: rows generated together")
     threads: int | None = Field(default=None, ge=1, description="in-process: torch threads of the engine")
     prefix_cache_mb: int = Field(default=1024, ge=0, description=(
@@ -140,6 +152,10 @@ class RayConfig(StrictModel):
     dashboard: bool = True
     dashboard_port: int = Field(default=8265, ge=0, le=65535)
     num_cpus: float = Field(default=1.0, ge=0, description="CPUs the trainer actor reserves")
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom Ray resources the trainer actor needs, e.g. {trainer_node: 1}: it runs on a node offering them"))
+    node_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "run the trainer actor only on a node with these labels, e.g. {evolver/role: gpu}"))
 
 
 class TrainerConfig(StrictModel):

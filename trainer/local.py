@@ -207,7 +207,8 @@ class LocalTrainer:
         if cfg.policy.kind == "endpoint":
             assert cfg.policy.url is not None
             self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
-                                         weights_dir=self.out / "weights", outage=outage.client_options("llm_server"))
+                                         weights_dir=self.out / "weights", outage=outage.client_options("llm_server"),
+                                         transfer=cfg.policy.weights_transfer)
             if self.step > 0:  # the server may hold older weights than the checkpoint
                 await self.policy.load_weights(lora.serving_view(self.model))
         else:
@@ -532,6 +533,8 @@ class LocalTrainer:
         stats = self.group_stats
         return {"outages": outage_table(self.peer_clients()),
                 "rollouts_retried": stats.retried_rollouts, "failed_attempts": stats.failed_attempts,
+                "rollouts_lost_with_env_worker": stats.lost_to_env_workers,
+                "rollouts_collected_again": stats.collected_again,
                 "dropped_groups": stats.dropped_groups, **self._step_counters(),
                 "degradations": degradations(self.mechanisms)}
 

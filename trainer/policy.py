@@ -21,7 +21,8 @@ from loguru import logger
 
 from common.http import ServiceCallError, ServiceClient
 from engine.generation import Engine, SamplingParams
-from llm_server.protocol import DEFAULT_WEIGHTS_DIR
+from llm_server.protocol import DEFAULT_WEIGHTS_DIR, WEIGHTS_UPLOAD
+from trainer.config import uploads_weights
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,11 @@ class EndpointPolicy:
     """
 
     def __init__(self, base_url: str, model: str, *, timeout: float = 300.0, api_key_env: str | None = None,
-                 weights_dir: str | os.PathLike | None = None, outage: dict[str, Any] | None = None) -> None:
+                 weights_dir: str | os.PathLike | None = None, outage: dict[str, Any] | None = None,
+                 transfer: str = "auto") -> None:
         token = os.environ.get(api_key_env) if api_key_env else None
         self.base_url, self.model = base_url.rstrip("/"), model
+        self.upload = uploads_weights(transfer, base_url)
         # `outage`: the trainer's outage policy for this peer (ServiceClient's peer/outage_budget_s/log_hint).
         self.client = ServiceClient(self.base_url, token=token, timeout=timeout, retries=2, **(outage or {}))
         self.policy_version = 0
@@ -182,10 +185,17 @@ class EndpointPolicy:
                 return
             logger.warning("{} serves policy version {} (restarted?), the trainer is at {}: reloading {}",
                            self.base_url, served_version, self.policy_version, self._pushed)
-            await self.client.post("/v1/weights", json={"path": str(self._pushed),
-                                                         "policy_version": self.policy_version},
-                                    idempotent=True, timeout=600)
+            await self._send_weights(self._pushed, self.policy_version)
             self.restored += 1
+
+    async def _send_weights(self, path: Path, version: int) -> dict[str, Any]:
+        """Have the server load the weights file at `path` as `version`: by its path, or uploaded."""
+        if self.upload:
+            data = await asyncio.to_thread(path.read_bytes)
+            return await self.client.request("POST", WEIGHTS_UPLOAD, content=data, params={"policy_version": version},
+                                             idempotent=True, timeout=600)
+        return await self.client.post("/v1/weights", json={"path": str(path), "policy_version": version},
+                                      idempotent=True, timeout=600)
 
     async def load_weights(self, model: torch.nn.Module) -> int:
         """Write the weights to a file and ask the server to load them (`POST /v1/weights`)."""
@@ -208,8 +218,7 @@ class EndpointPolicy:
         # The version is the trainer's, so loading the same file twice (a retry) lands on the same version.
         target = self.policy_version + 1
         try:
-            data = await self.client.post("/v1/weights", json={"path": str(path), "policy_version": target},
-                                           idempotent=True, timeout=600)
+            data = await self._send_weights(path, target)
         except ServiceCallError as exc:
             raise EndpointError(str(exc)) from exc
         self._pushed = path

@@ -38,6 +38,7 @@ class _Rollout(Protocol):
     demonstration: dict[str, Any] | None
     asks: int
     asks_over_budget: int
+    env_host: dict[str, Any] | None
 
 
 class _StepBatch(Protocol):
@@ -105,6 +106,8 @@ def rollout_record(step: int, rollout: _Rollout, advantages: list[float], token_
         "asks": rollout.asks, "asks_over_budget": rollout.asks_over_budget,
         "invalid_steps": rollout.invalid_steps, "generated_tokens": rollout.generated_tokens,
         "seconds": round(rollout.seconds, 3),
+        # where the environment instance ran (env_service's ray backend: actor, pid, node_id, node_ip)
+        "env_host": rollout.env_host,
     }
 
 

@@ -68,6 +68,7 @@ class Rollout:
     turn_generations: list[Generation] = field(default_factory=list)
     seed: int | None = None  # the episode's sampling seed: turn t samples with seed * 1000 + t
     instance_id: str | None = None  # the environment instance the episode ran on
+    env_host: dict[str, Any] | None = None  # where that instance ran (env_service's `host`: node id, ...)
 
 
 @dataclass
@@ -84,12 +85,20 @@ class GroupStats:
     demos_kind_known: int = 0  # demonstrations shown where the task's and the demonstration's kinds are known
     demos_same_kind: int = 0  # ... and the demonstration was of the task's own kind
     retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
+    lost_to_env_workers: int = 0  # attempts whose env instance died with its worker (a Ray actor, or its node)
+    collected_again: int = 0  # ... rollouts that then finished on another worker
     last_error: str = ""  # the latest rollout failure, named when a step ends up empty
     environment_errors: int = 0  # rollouts that ended in an environment error (the env failed, not the policy)
     asks: int = 0  # experience.mode: action -- answered asks
     asks_over_budget: int = 0  # ... asks refused because the episode's budget was spent
     asking_rollouts: int = 0  # ... rollouts that asked at least once
     step_retrievals: int = 0  # experience.mode: step -- pool searches
+
+
+def instance_lost(exc: BaseException) -> bool:
+    """Whether a rollout failed because its env instance died with the worker holding it (env_service's
+    410 `instance_lost`): the episode is collected again on a live worker."""
+    return getattr(exc, "code", None) == "instance_lost" or getattr(exc, "status", None) == 410
 
 
 def environment_error(info: dict[str, Any]) -> str | None:
@@ -341,6 +350,7 @@ async def run_episode(task: Task, env: EnvAccess, generate: GenerateFn, tokenize
                    policy_versions=played.versions, synthetic=task.synthetic, experience_text=shown.text,
                    experience_demonstration=shown.demonstration, demonstration=shown.source,
                    turn_generations=played.generations, seed=seed, instance_id=instance_id,
+                   env_host=getattr(created, "host", None),
                    **(episode_asks.counts() if episode_asks is not None else {}))
 
 
@@ -367,6 +377,7 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
 
     async def attempt(task: Task, group_id: str, group_exp: GroupExperience | None, rollout_seed: int) -> Rollout:
         last: BaseException | None = None
+        lost = False
         for tries in range(config.retries + 1):
             if tries:
                 stats.retried_rollouts += 1
@@ -379,9 +390,13 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                     last = exc
                     stats.failed_attempts += 1
                     stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                    if instance_lost(exc):
+                        stats.lost_to_env_workers += 1
+                        lost = True
                     logger.warning("rollout of {} failed (attempt {}/{}): {}", task.task_id, tries + 1,
                                    config.retries + 1, exc)
                     continue
+            stats.collected_again += lost
             stats.asks += rollout.asks
             stats.asks_over_budget += rollout.asks_over_budget
             stats.asking_rollouts += rollout.asks > 0

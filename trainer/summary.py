@@ -397,6 +397,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print(table)
         console.print(f"rollouts retried {resilience.get('rollouts_retried')}, steps collected again "
                       f"{resilience.get('empty_step_retries')}, resumes from a checkpoint {resilience.get('resumes')}")
+    if resilience.get("rollouts_lost_with_env_worker"):
+        console.print(f"rollouts lost with an env worker (a Ray actor or its node) "
+                      f"{resilience['rollouts_lost_with_env_worker']}, collected again on the others "
+                      f"{resilience.get('rollouts_collected_again')}")
     for line in resilience.get("degradations") or []:
         console.print(f"degraded: {line}")
     collapse = summary.get("collapse") or {}

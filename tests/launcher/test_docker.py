@@ -47,7 +47,14 @@ def compose_command(tmp_path: Path) -> list[str]:
 
 def run_compose(cmd: list[str], *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, "EVOLVER_API_TOKEN": "compose-test-token", **(env or {})})
+
+
+def test_compose_refuses_to_start_services_without_a_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    done = run_compose(compose_command(tmp_path), "-f", str(COMPOSE_FILE), "config", "-q",
+                       env={"EVOLVER_API_TOKEN": ""})
+    assert done.returncode != 0 and "require a bearer token; put EVOLVER_API_TOKEN in .env" in done.stderr
 
 
 def test_compose_file_is_valid_and_has_every_service(tmp_path, monkeypatch):

@@ -99,6 +99,39 @@ async def test_weight_paths_outside_weights_dir_are_refused_alike(tiny_server: S
         assert await llm.policy_version() == version
 
 
+async def test_weights_travel_as_the_body_when_the_trainer_shares_no_folder(tiny_server: ServiceProcess,
+                                                                           tmp_path: Path) -> None:
+    """A trainer on another node (`weights_transfer: http`) uploads the file; the server reads no path of it."""
+    from trainer.policy import EndpointPolicy, uploads_weights
+
+    model, tokenizer = load_model("tiny")
+    before = _greedy(tiny_server)
+    with torch.no_grad():
+        ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        winner = model(**ids).logits[0, -1].argmax()
+        model.lm_head.weight[tokenizer.convert_tokens_to_ids("right")] = 2 * model.lm_head.weight[winner]
+    policy = EndpointPolicy(tiny_server.url, "tiny", weights_dir=tmp_path / "trainer-node", transfer="http")
+    try:
+        policy.policy_version = before["policy_version"]
+        version = await policy.load_weights(model)
+        assert version == before["policy_version"] + 1
+        after = _greedy(tiny_server)
+        assert after["policy_version"] == version and after["choices"][0]["message"]["content"].startswith("right")
+        refused = httpx.post(f"{tiny_server.url}/v1/weights/upload", content=b"not safetensors", timeout=30,
+                             headers={"content-type": "application/octet-stream"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "weights_invalid"
+        assert _greedy(tiny_server)["policy_version"] == version
+    finally:
+        await policy.aclose()
+        original, _ = load_model("tiny")  # back to the weights the other tests expect
+        restore = EndpointPolicy(tiny_server.url, "tiny", weights_dir=tmp_path / "trainer-node", transfer="http")
+        restore.policy_version = version
+        await restore.load_weights(original)
+        await restore.aclose()
+    assert not uploads_weights("auto", "http://127.0.0.2:8001") and not uploads_weights("path", "http://10.0.0.5:1")
+    assert uploads_weights("auto", "http://10.0.0.5:8001") and uploads_weights("http", "http://127.0.0.1:8001")
+
+
 def test_openai_client_and_chat_features(tiny_server: ServiceProcess) -> None:
     client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
     response = client.chat.completions.create(
