@@ -2,7 +2,7 @@
 
 - `POST /v1/episodes` `{"episode_id"?, "experience"?, "metadata"?}`: open one (201, its record).
 - `POST /v1/episodes/{id}/chat/completions`: OpenAI chat, streaming or not, tools included; an unchanged
-  SDK client needs only `base_url=<server>/v1/episodes/{id}`. `POST /v1/chat/completions` with the
+  SDK client needs only `base_url=<server>/v1/episodes/{id}` (any `model` name: the policy answers). `POST /v1/chat/completions` with the
   `X-Evolver-Episode: {id}` header is the same call.
 - `POST /v1/episodes/{id}/end`: end it (idempotent) and get its record; `GET /v1/episodes/{id}`: the record.
 - Unknown episode: 404; a call after the episode ended: 409; a malformed body: 422 naming the field.
@@ -85,6 +85,9 @@ async def recorded_chat(served: ServedModel, episodes: EpisodeRegistry, episode_
                         request: ChatCompletionRequest) -> Any:
     """A chat call of an episode: sampled from the episode's context and recorded."""
     episode = episodes.for_call(episode_id)
+    # An episode's model is the policy, whatever name the agent was written for (an unchanged agent that asks
+    # for "gpt-4o-mini" needs only its base URL changed).
+    request = request.model_copy(update={"model": served.name})
     check_common(served, request)
     if request.n != 1:
         raise ServiceError(400, "invalid_request", f"n: an episode records one completion per call; got n={request.n}, "

@@ -5,9 +5,9 @@ command line that reads the task as JSON on stdin, finds the base URL in `OPENAI
 `EVOLVER_BASE_URL`), and prints its answer (or `{"reward": x}` / `{"answer": ...}`) as its last stdout line.
 Its OpenAI client points at the episode's URL; every call it makes is recorded by the gateway.
 
-The outcome of an episode, in order: the environment's evaluate (an env-backed task: the runner created its
-instance and put `{"url", "instance_id", "messages"}` in the task under `env`); the number the agent returned;
-the grader's score of what it returned. An agent that raises, exits non-zero or runs past `timeout_s` fails its
+The outcome of an episode, in order: the environment's evaluate (an env-backed task without a grader: the runner
+created its instance and put `{"url", "instance_id", "name", "messages"}` in the task under `env`); the number the
+agent returned; the grader's score of what it returned. An agent that raises, exits non-zero or runs past `timeout_s` fails its
 episode: the error goes into the summary and the group is not trained (its partial calls never train).
 """
 
@@ -226,7 +226,7 @@ class AgentRunner:
         return built.rollout
 
     async def _outcome(self, task: dict[str, Any], returned: Any, instance_id: str | None) -> float:
-        if instance_id is not None and self.env is not None:
+        if instance_id is not None and self.env is not None and self.grader is None:
             return float((await self.env.evaluate(instance_id)).score)
         own = reward_of(returned)
         if own is not None:

@@ -152,7 +152,8 @@ class AgentConfig(StrictModel):
         "its reward or when `env` grades"))
     env: str | None = Field(default=None, description=(
         "an env_service environment whose instance is created per episode (its address goes into the task under "
-        "`env`) and whose evaluate grades the episode; the task id field names the environment's task"))
+        "`env`) and whose evaluate grades the episode unless `grader` is set; the task id field names the "
+        "environment's task"))
     timeout_s: float = Field(default=300.0, gt=0, description="an episode running longer fails")
     concurrency: int = Field(default=16, ge=1, description="episodes in flight at once")
 

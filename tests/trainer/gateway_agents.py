@@ -52,3 +52,8 @@ async def crashing_agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
 def share_of_left(task: dict[str, Any], answer: list[str]) -> float:
     """Partial credit: the share of moves that went left."""
     return sum(move == "left" for move in answer) / max(len(answer), 1)
+
+
+def words_credit(task: dict[str, Any], answer: str) -> float:
+    """Partial credit for a reply's length, a tenth per word up to ten: a random model's replies differ."""
+    return min(len(str(answer or "").split()), 10) / 10
