@@ -150,11 +150,16 @@ class AgentRunner:
         self._limit = asyncio.Semaphore(config.concurrency)
 
     def query(self, task: dict[str, Any]) -> str:
+        """The task's query text (experience is retrieved by it): its `query_field`, else an env-backed task's
+        opening user message."""
         value = task.get(self.config.query_field)
-        if not isinstance(value, str):
-            raise ValueError(f"task {self.task_id(task)!r} has no text under agent.query_field "
-                             f"{self.config.query_field!r}; its fields are {sorted(task)}")
-        return value
+        if isinstance(value, str):
+            return value
+        opening = [m.get("content") for m in (task.get("env") or {}).get("messages", []) if m.get("role") == "user"]
+        if opening and isinstance(opening[-1], str):
+            return opening[-1]
+        raise ValueError(f"task {self.task_id(task)!r} has no text under agent.query_field "
+                         f"{self.config.query_field!r}; its fields are {sorted(task)}")
 
     def task_id(self, task: dict[str, Any]) -> str:
         return str(task.get(self.config.task_id_field, ""))
@@ -181,12 +186,9 @@ class AgentRunner:
         task_id = self.task_id(task)
         started = time.monotonic()
         async with self._limit:
-            experience = await shared.get(self.query(task)) if shared is not None else None
-            opened = await self.gateway.open_episode(experience.text if experience else None,
-                                                     {"task_id": task_id, "group_id": group_id})
-            episode_id = opened.episode_id
-            instance_id: str | None = None
             self.stats.episodes += 1
+            episode_id: str | None = None
+            instance_id: str | None = None
             try:
                 payload = dict(task)
                 if self.config.env is not None and self.env is not None:
@@ -194,11 +196,16 @@ class AgentRunner:
                     instance_id = created.instance_id
                     payload["env"] = {"url": self.env_url, "instance_id": instance_id, "name": self.config.env,
                                       "messages": [m.model_dump(exclude_none=True) for m in created.messages]}
+                experience = await shared.get(self.query(payload)) if shared is not None else None
+                opened = await self.gateway.open_episode(experience.text if experience else None,
+                                                         {"task_id": task_id, "group_id": group_id})
+                episode_id = opened.episode_id
                 returned = await asyncio.wait_for(self.agent(payload, self.gateway.episode_url(episode_id)),
                                                   self.config.timeout_s)
                 outcome = await self._outcome(task, returned, instance_id)
             except Exception as exc:
-                await self.gateway.end_episode(episode_id)
+                if episode_id is not None:  # its calls so far are closed and never trained
+                    await self.gateway.end_episode(episode_id)
                 error = (f"timed out after {self.config.timeout_s} s" if isinstance(exc, asyncio.TimeoutError)
                          else f"{type(exc).__name__}: {exc}")
                 self.stats.failed(task_id, error)
