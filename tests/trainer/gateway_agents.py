@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import openai
@@ -57,3 +58,21 @@ def share_of_left(task: dict[str, Any], answer: list[str]) -> float:
 def words_credit(task: dict[str, Any], answer: str) -> float:
     """Partial credit for a reply's length, a tenth per word up to ten: a random model's replies differ."""
     return min(len(str(answer or "").split()), 10) / 10
+
+
+async def hanging_agent(task: dict[str, Any], base_url: str) -> None:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    await asyncio.Event().wait()  # never set: only the runner's timeout ends this episode
+
+
+# A command-line agent: the task on stdin, the base URL in OPENAI_BASE_URL, its reward on the last stdout line.
+COMMAND_AGENT = """
+import json, sys, openai
+task = json.load(sys.stdin)
+client = openai.OpenAI(max_retries=0)
+reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": task["query"]}],
+                                       max_tokens=3)
+print("some log line")
+print(json.dumps({"reward": 0.25 if task["task_id"] == "a" else 0.75}))
+"""

@@ -5,6 +5,7 @@ real training steps with a partial-credit grader."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import httpx
@@ -14,7 +15,7 @@ from llm_server.protocol import EpisodeRecord
 from tests.helpers import ServiceProcess
 from tests.trainer import gateway_agents
 from trainer.agent_trainer import AgentTrainer
-from trainer.agents import AgentRunner
+from trainer.agents import AgentRunner, command_agent
 from trainer.config import TrainerConfig
 from trainer.settings import AgentConfig
 
@@ -77,3 +78,17 @@ async def test_two_steps_train_and_a_crashing_agent_fails_its_episode(tiny_serve
     assert summary["agent"]["merged"] == 16
     shards = list((tmp_path / "run" / "rollouts").glob("shard-*.jsonl"))
     assert shards and sum(1 for s in shards for _ in s.open()) == 16  # crashed episodes were not recorded
+
+
+async def test_a_command_agent_and_a_hanging_one(tiny_server: ServiceProcess) -> None:
+    config = AgentConfig(command=[sys.executable, "-c", gateway_agents.COMMAND_AGENT], tasks="unused.jsonl",
+                         timeout_s=60)
+    tasks = [{"task_id": "a", "query": "go left"}, {"task_id": "b", "query": "go right"}]
+    async with LLMServerClient(tiny_server.url) as gateway:
+        runner = AgentRunner(config, gateway, command_agent(config.command))
+        groups = await runner.collect(tasks, 1)
+        assert [[r.trajectory.outcome for r in g] for g in groups] == [[0.25], [0.75]]
+        assert runner.stats.single_call == 2 and runner.stats.failed_episodes == 0
+        hanging = AgentRunner(config.model_copy(update={"timeout_s": 0.5}), gateway, gateway_agents.hanging_agent)
+        assert await hanging.collect(tasks[:1], 1) == []
+    assert hanging.stats.errors == ["a: timed out after 0.5 s"] and hanging.stats.dropped_groups == 1
