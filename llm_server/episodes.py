@@ -151,12 +151,14 @@ class GatewayCounters:
 
 
 class EpisodeRegistry:
-    """Open episodes, the last `keep_ended` ended ones (so a late call is a 409, not a 404), and the swap rule."""
+    """Open episodes, the records of the last `keep_records` ended ones, the ids of the last `keep_ids` (so a late
+    call is a 409, not a 404), and the swap rule. Records hold every call's ids: they are read once, at the end."""
 
-    def __init__(self, drain_timeout_s: float, keep_ended: int = 4096) -> None:
-        self.drain_timeout_s, self.keep_ended = drain_timeout_s, keep_ended
+    def __init__(self, drain_timeout_s: float, keep_records: int = 256, keep_ids: int = 65536) -> None:
+        self.drain_timeout_s, self.keep_records, self.keep_ids = drain_timeout_s, keep_records, keep_ids
         self.open: dict[str, Episode] = {}
         self.ended: OrderedDict[str, Episode] = OrderedDict()
+        self.forgotten: OrderedDict[str, str] = OrderedDict()  # ended episodes whose record is dropped -> reason
         self.counters = GatewayCounters()
         self._changed = asyncio.Condition()
         self._swapping = False
@@ -166,7 +168,7 @@ class EpisodeRegistry:
         async with self._changed:
             await self._changed.wait_for(lambda: not self._swapping)  # it starts on the new weights
             episode_id = request.episode_id or f"ep-{uuid.uuid4().hex[:16]}"
-            if episode_id in self.open or episode_id in self.ended:
+            if episode_id in self.open or episode_id in self.ended or episode_id in self.forgotten:
                 raise ServiceError(409, "episode_exists", f"episode {episode_id!r} already exists; open it under "
                                                           "a new episode_id or leave episode_id out")
             episode = Episode(episode_id, request.experience, dict(request.metadata))
@@ -176,16 +178,25 @@ class EpisodeRegistry:
 
     def find(self, episode_id: str) -> Episode:
         episode = self.open.get(episode_id) or self.ended.get(episode_id)
+        if episode is None and episode_id in self.forgotten:
+            raise ServiceError(410, "episode_record_dropped", f"episode {episode_id!r} ended "
+                                                              f"({self.forgotten[episode_id]}) and its record is no "
+                                                              f"longer kept (the last {self.keep_records} are): read "
+                                                              "it when ending the episode",
+                               {"ended_reason": self.forgotten[episode_id]})
         if episode is None:
             raise ServiceError(404, "episode_not_found", f"no episode {episode_id!r} on this gateway: open one "
                                                          "with POST /v1/episodes first")
         return episode
 
     def for_call(self, episode_id: str) -> Episode:
-        episode = self.find(episode_id)
-        if episode.ended_reason is not None:
-            raise ServiceError(409, "episode_ended", f"episode {episode_id!r} has ended ({episode.ended_reason}); "
-                                                     "its calls are closed", {"ended_reason": episode.ended_reason})
+        reason = self.forgotten.get(episode_id)
+        episode = self.find(episode_id) if reason is None else None
+        reason = reason or (episode.ended_reason if episode is not None else None)
+        if reason is not None:
+            raise ServiceError(409, "episode_ended", f"episode {episode_id!r} has ended ({reason}); its calls are "
+                                                     "closed", {"ended_reason": reason})
+        assert episode is not None
         return episode
 
     def record_call(self, episode: Episode, call: GatewayCall) -> None:
@@ -210,8 +221,11 @@ class EpisodeRegistry:
         episode.ended_reason = reason
         self.open.pop(episode.episode_id, None)
         self.ended[episode.episode_id] = episode
-        while len(self.ended) > self.keep_ended:
-            self.ended.popitem(last=False)
+        while len(self.ended) > self.keep_records:
+            old_id, old = self.ended.popitem(last=False)
+            self.forgotten[old_id] = old.ended_reason or "ended"
+        while len(self.forgotten) > self.keep_ids:
+            self.forgotten.popitem(last=False)
         self.counters.ended += 1
         self.counters.cut_by_weight_update += reason == "weight_update"
 

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
+from common.service import ServiceError
 from engine.models import load_model
-from llm_server.protocol import EpisodeRecord
+from llm_server.episodes import EpisodeRegistry
+from llm_server.protocol import EpisodeOpen, EpisodeRecord
 from tests.helpers import ServiceProcess
 
 TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {
@@ -172,3 +175,21 @@ async def test_a_weight_update_waits_for_open_episodes(tiny_server: ServiceProce
         record = EpisodeRecord.model_validate((await http.post(f"/v1/episodes/{old}/end")).json())
         assert {c.policy_version for c in record.calls} == {start}
         await http.post(f"/v1/episodes/{new_id}/end")
+
+
+async def test_old_records_are_dropped_and_their_ids_still_refuse_calls() -> None:
+    registry = EpisodeRegistry(drain_timeout_s=1, keep_records=1)
+    first = await registry.open_episode(EpisodeOpen())
+    second = await registry.open_episode(EpisodeOpen(episode_id="mine"))
+    await registry.end(first.episode_id)
+    await registry.end("mine")
+    assert registry.find("mine") is second
+    with pytest.raises(ServiceError) as dropped:
+        registry.find(first.episode_id)
+    assert dropped.value.status == 410
+    with pytest.raises(ServiceError) as late:
+        registry.for_call(first.episode_id)
+    assert late.value.status == 409
+    with pytest.raises(ServiceError) as again:
+        await registry.open_episode(EpisodeOpen(episode_id=first.episode_id))
+    assert again.value.status == 409
