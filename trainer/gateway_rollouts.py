@@ -46,7 +46,8 @@ def rollout_from_record(record: EpisodeRecord, *, task_id: str, outcome: float, 
         logprobs += call.logprobs
         previous = call
     trajectory = Trajectory(
-        task_id=task_id, group_id=group_id, env_type=env_type, steps=_steps(record.calls), outcome=outcome,
+        task_id=task_id, group_id=group_id, env_type=env_type, messages=_opening(record.calls[0].messages),
+        steps=_steps(record.calls), outcome=outcome,
         prompt_ids=list(segments[0].prompt_ids), response_ids=[t for s in segments for t in s.response_ids],
         loss_mask=[m for s in segments for m in s.loss_mask], step_ids=[i for s in segments for i in s.step_ids],
         logprobs=logprobs, experience_flag=record.with_experience, experience_ids=list(experience_ids or []),
@@ -57,6 +58,18 @@ def rollout_from_record(record: EpisodeRecord, *, task_id: str, outcome: float, 
     rollout = Rollout(trajectory, segments, generated_tokens=sum(len(c.token_ids) for c in record.calls),
                       seconds=seconds, policy_versions=[c.policy_version for c in record.calls])
     return GatewayRollout(rollout, shape)
+
+
+def _opening(messages: list[dict[str, Any]]) -> list[ChatMessage]:
+    """The agent's own opening (system and user turns before its first reply), which the judge and the experience
+    manager read the task from; never the gateway's injected experience."""
+    opening = []
+    for message in messages:
+        role = "system" if message.get("role") == "developer" else message.get("role")
+        if role not in ("system", "user"):
+            break
+        opening.append(ChatMessage(role=role, content=_content(message)))
+    return opening
 
 
 def _steps(calls: list[GatewayCall]) -> list[Step]:

@@ -41,6 +41,7 @@ async def test_merged_and_rewritten_episodes_train_exactly_the_sampled_ids(tiny_
                 if m] == [lp for c in record.calls for lp in c.logprobs]
         assert len(rollout.trajectory.steps) == 3 == len(set(rollout.trajectory.step_ids) - {-1})
         assert rollout.trajectory.outcome in (0.0, 0.5, 1.0)
+        assert [m.role for m in rollout.trajectory.messages] == ["system", "user"]  # the judge's task query
         # Merged: one segment whose prompt is the first call's; rewritten: one segment per call, each on its prompt.
         expected = 1 if rollout in [r for g in groups[:2] for r in g] else 3
         assert len(rollout.segments) == expected
