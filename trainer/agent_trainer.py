@@ -91,6 +91,8 @@ class AgentTrainer:
         self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
                                      weights_dir=self.out / "weights", outage=outage.client_options("llm_server"))
         self.gateway = LLMServerClient(cfg.policy.url, timeout=services.timeout_s)
+        # Versions go on from the server's: every call's recorded version then compares with the trained one.
+        self.policy.policy_version = await self.gateway.policy_version()
         self.mechanisms = Mechanisms(estimator=cfg.advantage.estimator, experience_ratio=cfg.rollout.experience_ratio,
                                      experience_url=services.experience_url, judge_url=services.judge_url,
                                      experience=cfg.experience, tasks=cfg.tasks, timeout=services.timeout_s,
