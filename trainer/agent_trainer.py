@@ -33,8 +33,9 @@ from trainer.peers import EnvPeer, OutagePolicy
 from trainer.policy import EndpointPolicy
 from trainer.records import RolloutRecords
 from trainer.resilience import EmptyStepError
+from trainer.rollout import GroupStats
 from trainer.step_batch import StepBatch
-from trainer.summary import write_summary
+from trainer.summary import mechanisms_summary, write_summary
 from trainer.update import PolicyUpdater
 
 
@@ -142,11 +143,17 @@ class AgentTrainer:
         self.step += 1
         return metrics
 
-    def summary(self) -> dict[str, Any]:
-        """The run's summary: the gateway episodes (how many merged, failed and why) beside the mechanisms'
-        counters, in the shape of in-loop runs' `mechanisms` section."""
+    async def summary(self) -> dict[str, Any]:
+        """The run's summary: the gateway episodes (how many merged, failed and why) beside the `mechanisms`
+        section in-loop runs write."""
+        stats = self.runner.stats
+        groups = GroupStats(groups=stats.groups, dropped_groups=stats.dropped_groups,
+                            rollouts=stats.episodes - stats.failed_episodes, retrievals=stats.retrievals,
+                            last_error=stats.errors[-1] if stats.errors else "")
+        mechanisms = await mechanisms_summary(self.mechanisms.tasks, self.mechanisms.experience, self.mechanisms.judge,
+                                              self.config.experience.inject, groups, self.config.experience.mode)
         return {"status": "finished", "steps": self.step, "output_dir": str(self.out), "run_id": self.run_id,
-                "agent": self.runner.stats.summary(), "mechanisms": self.mechanisms.counters(),
+                "agent": stats.summary(), "mechanisms": mechanisms,
                 "training": self.metrics.records()[-1] if self.metrics.records() else {}}
 
     async def run(self) -> dict[str, Any]:
@@ -159,7 +166,7 @@ class AgentTrainer:
                 history.append({"step": self.step, **metrics})
                 logger.info("agent step {}/{}: reward {:.3f}", self.step, self.config.steps,
                             metrics["rollout/reward_mean"])
-            summary = self.summary()
+            summary = await self.summary()
             write_summary(self.out, summary)
             return {**summary, "history": history}
         finally:

@@ -116,9 +116,11 @@ def answer_of(returned: Any) -> Any:
 class RunnerStats:
     """What the summary reports of gateway episodes."""
 
+    groups: int = 0
     episodes: int = 0
     failed_episodes: int = 0
     dropped_groups: int = 0
+    retrievals: int = 0  # experience retrievals (one per group given experience)
     single_call: int = 0
     merged: int = 0  # several calls, one multi-turn trajectory
     transitions: int = 0  # several calls, trained as separate transitions sharing the outcome
@@ -174,6 +176,8 @@ class AgentRunner:
         flags = experience_flags(k, self.experience_ratio if shared is not None else 0.0)
         results = await asyncio.gather(*(self._episode(task, group_id, shared if flags[i] else None)
                                          for i in range(k)), return_exceptions=True)
+        self.stats.groups += 1
+        self.stats.retrievals += shared.retrievals if shared is not None else 0
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             self.stats.dropped_groups += 1
