@@ -35,7 +35,13 @@ from trainer.records import RolloutRecords
 from trainer.resilience import EmptyStepError
 from trainer.rollout import GroupStats
 from trainer.step_batch import StepBatch
-from trainer.summary import mechanisms_summary, write_summary
+from trainer.summary import (
+    loop_checks,
+    mechanisms_summary,
+    mixed_outcome_groups,
+    training_signal,
+    write_summary,
+)
 from trainer.update import PolicyUpdater
 
 
@@ -134,7 +140,7 @@ class AgentTrainer:
         rewards = [float(r.trajectory.outcome or 0.0) for r in rollouts]
         metrics.update({
             "rollout/reward_mean": float(np.mean(rewards)), "rollout/reward_std": float(np.std(rewards)),
-            "rollout/groups": float(len(groups)), "rollout/calls_mean": float(np.mean(
+            "rollout/groups": float(len(groups)), "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)), "rollout/calls_mean": float(np.mean(
                 [len(r.trajectory.steps) for r in rollouts])),
             "rollout/failed_episodes": float(self.runner.stats.failed_episodes - failed_before),
             "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),
@@ -152,9 +158,11 @@ class AgentTrainer:
                             last_error=stats.errors[-1] if stats.errors else "")
         mechanisms = await mechanisms_summary(self.mechanisms.tasks, self.mechanisms.experience, self.mechanisms.judge,
                                               self.config.experience.inject, groups, self.config.experience.mode)
-        return {"status": "finished", "steps": self.step, "output_dir": str(self.out), "run_id": self.run_id,
-                "agent": stats.summary(), "mechanisms": mechanisms,
-                "training": self.metrics.records()[-1] if self.metrics.records() else {}}
+        summary = {"status": "finished", "steps": self.step, "output_dir": str(self.out), "run_id": self.run_id,
+                   "dropped_groups": stats.dropped_groups, "rollouts": groups.rollouts, "agent": stats.summary(),
+                   "training": training_signal(self.metrics.records()), "mechanisms": mechanisms}
+        summary["checks"] = loop_checks(summary)
+        return summary
 
     async def run(self) -> dict[str, Any]:
         await self.setup()

@@ -76,7 +76,7 @@ async def test_two_steps_train_and_a_crashing_agent_fails_its_episode(tiny_serve
     async with LLMServerClient(tiny_server.url) as llm:
         assert await llm.policy_version() == version + 2
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["agent"]["merged"] == 16
+    assert summary["agent"]["merged"] == 16 and summary["training"]["every_step_nonzero_grad"]
     shards = list((tmp_path / "run" / "rollouts").glob("shard-*.jsonl"))
     assert shards and sum(1 for s in shards for _ in s.open()) == 16  # crashed episodes were not recorded
 
