@@ -12,7 +12,7 @@ import httpx
 
 from llm_server.client import LLMServerClient
 from llm_server.protocol import EpisodeRecord
-from tests.helpers import ServiceProcess
+from tests.helpers import ServiceProcess, run_service
 from tests.trainer import gateway_agents
 from trainer.agent_trainer import AgentTrainer
 from trainer.agents import AgentRunner, command_agent
@@ -93,3 +93,30 @@ async def test_a_command_agent_and_a_hanging_one(tiny_server: ServiceProcess) ->
         hanging = AgentRunner(config.model_copy(update={"timeout_s": 0.5}), gateway, gateway_agents.hanging_agent)
         assert await hanging.collect(tasks[:1], 1) == []
     assert hanging.stats.errors == ["a: timed out after 0.5 s"] and hanging.stats.dropped_groups == 1
+
+
+async def test_the_judge_labels_each_call_as_a_step(tiny_server: ServiceProcess, tmp_path: Path) -> None:
+    """ADCA-GRPO on gateway episodes: the judge service (its LLM the tiny server, JSON by the grammar) labels
+    every call of every episode."""
+    conf = tmp_path / "judge.yaml"
+    conf.write_text(json.dumps({"judge": {
+        "llm": {"base_url": f"{tiny_server.url}/v1", "model": "tiny", "max_retries": 0, "timeout": 60},
+        "max_output_tokens": 250, "max_steps": 4, "retries": 0, "audit_log": str(tmp_path / "audit.jsonl")}}))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"task_id": "a", "query": "go left"}) + "\n")
+    with run_service("judge", ["--conf", str(conf), "--log-level", "WARNING"], timeout=60) as judge:
+        config = TrainerConfig.model_validate({
+            "model": "tiny", "steps": 1, "tasks_per_step": 1, "output_dir": str(tmp_path / "run"),
+            "tensorboard": False, "plot": False, "progress": False, "ray": {"enabled": False},
+            "rollout": {"env": "agent", "n": 2}, "advantage": {"estimator": "adca_grpo"},
+            "policy": {"kind": "endpoint", "url": tiny_server.url, "served_model": "tiny"},
+            "services": {"judge_url": judge.url},
+            "agent": {"callable": "tests.trainer.gateway_agents:agent", "tasks": str(tasks),
+                      "grader": "tests.trainer.gateway_agents:share_of_left"}})
+        result = await AgentTrainer(config).run()
+    assert result["mechanisms"]["self_attributing"]["service"] is not None
+    (shard,) = (tmp_path / "run" / "rollouts").glob("shard-*.jsonl")
+    records = [json.loads(line) for line in shard.open()]
+    assert len(records) == 2
+    for record in records:
+        assert [label["step"] for label in record["labels"]] == [0, 1, 2] == [s["index"] for s in record["steps"]]
