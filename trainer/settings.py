@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from common.config import StrictModel
 
@@ -157,6 +157,8 @@ class AgentConfig(StrictModel):
     timeout_s: float = Field(default=300.0, gt=0, description="an episode running longer fails")
     concurrency: int = Field(default=16, ge=1, description="episodes in flight at once")
 
-    def model_post_init(self, context: Any) -> None:
+    @model_validator(mode="after")
+    def _one_agent(self) -> AgentConfig:
         if (self.callable is None) == (self.command is None):
             raise ValueError("give exactly one of agent.callable or agent.command")
+        return self
