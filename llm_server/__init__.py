@@ -20,6 +20,10 @@ Routes (all JSON; errors are `{"error": {"code", "message", "details"}}`):
 - `POST /tokenize` / `POST /detokenize`: vLLM's shapes, same template as chat.
 - `POST /v1/weights {"path", "policy_version"?}`: load an HF directory or state-dict file once the
   running rows finish; `GET /v1/weights`: the current `policy_version`.
+- The gateway: `POST /v1/episodes`, `POST /v1/episodes/{id}/chat/completions` (or the `X-Evolver-Episode`
+  header on `/v1/chat/completions`), `POST /v1/episodes/{id}/end`, `GET /v1/episodes/{id}`: an agent's calls
+  recorded per episode, token for token (`llm_server.gateway`, `llm_server.episodes`). Chat streams
+  (`stream: true`, server-sent events).
 - `GET /v1/stats` (and `/metrics`): requests, rows, prefill_batches, decode_steps, forward_batches,
   prompt_tokens, generated_tokens, max_rows_in_batch, weight_updates, active_rows, queued_requests,
   and `structured_outputs` (constrained rows/tokens, mixed decode steps, mask time, grammar cache).

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.http import ServiceClient
-from llm_server.protocol import TokenCompletion, WeightUpdateResponse
+from llm_server.protocol import EpisodeRecord, TokenCompletion, WeightUpdateResponse
 
 
 class LLMServerClient(ServiceClient):
@@ -47,6 +47,24 @@ class LLMServerClient(ServiceClient):
         if policy_version is not None:
             body["policy_version"] = policy_version
         return await self.post("/v1/weights", json=body, model=WeightUpdateResponse, idempotent=True)
+
+    async def open_episode(self, experience: str | None = None, metadata: dict[str, Any] | None = None,
+                           episode_id: str | None = None) -> EpisodeRecord:
+        """A gateway episode: its agent calls `<url>/v1/episodes/{episode_id}/chat/completions`."""
+        body: dict[str, Any] = {"metadata": metadata or {}}
+        if experience:
+            body["experience"] = experience
+        if episode_id:
+            body["episode_id"] = episode_id
+        return await self.post("/v1/episodes", json=body, model=EpisodeRecord, idempotent=episode_id is not None)
+
+    async def end_episode(self, episode_id: str) -> EpisodeRecord:
+        """End the episode (again is harmless) and read every call it recorded."""
+        return await self.post(f"/v1/episodes/{episode_id}/end", model=EpisodeRecord, idempotent=True)
+
+    def episode_url(self, episode_id: str) -> str:
+        """The base URL an OpenAI client of this episode uses."""
+        return f"{self.base_url}/v1/episodes/{episode_id}"
 
     async def policy_version(self) -> int:
         return int((await self.get("/v1/weights"))["policy_version"])

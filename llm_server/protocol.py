@@ -5,7 +5,8 @@ Extensions (vLLM-style, so the trainer can train on exact tokens):
   choice has `token_ids` and `token_logprobs` (log_softmax of the raw logits at each sampled token);
 - `/v1/completions` accepts `prompt_token_ids` (or a list of ints as `prompt`): token in, token out.
 Unknown fields are ignored, as OpenAI-compatible servers do; parameters that would change the
-result but are not implemented (streaming, penalties, logit bias, echo) are refused with a 400.
+result but are not implemented (penalties, logit bias, echo, streaming on `/v1/completions`) are refused
+with a 400. Chat streams (`stream=true`) as server-sent events.
 Structured outputs (`response_format`, vLLM's `structured_outputs` and `guided_*`, forced
 `tool_choice`) are read and checked by `llm_server.structured`.
 """
@@ -56,8 +57,6 @@ class _SamplingFields(BaseModel):
     def unsupported(self) -> list[str]:
         """Names of parameters that were set to something this server does not implement."""
         problems = []
-        if self.stream:
-            problems.append("stream=true (streaming is not supported; send stream=false)")
         if self.presence_penalty:
             problems.append("presence_penalty (only 0 is supported)")
         if self.frequency_penalty:
@@ -77,6 +76,7 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM extensions: render the template without the assistant header, or continue the last turn.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    stream_options: dict[str, Any] | None = None  # {"include_usage": true}: a last chunk with the usage
 
 
 class CompletionRequest(_SamplingFields):
@@ -86,6 +86,12 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
+
+    def unsupported(self) -> list[str]:
+        problems = super().unsupported()
+        if self.stream:
+            problems.append("stream=true on /v1/completions (chat streams; here send stream=false)")
+        return problems
 
 
 class TokenizeRequest(BaseModel):
@@ -152,3 +158,47 @@ class TokenCompletion(BaseModel):
     choices: list[TokenChoice]
     policy_version: int
     usage: dict[str, int] = Field(default_factory=dict)
+
+
+# ---- the gateway: an agent's calls recorded per episode (`llm_server.gateway`) -------------------------
+EPISODE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+EPISODE_HEADER = "X-Evolver-Episode"  # the alternative to the episode in the URL
+
+
+class EpisodeOpen(StrictModel):
+    episode_id: str | None = Field(default=None, pattern=EPISODE_ID_PATTERN,
+                                   description="the id to record under (default: a new one)")
+    experience: str | None = Field(default=None, min_length=1, max_length=20000, description=(
+        "text put into the system message of every call for generation only: the recorded training "
+        "contexts leave it out"))
+    metadata: dict[str, Any] = Field(default_factory=dict, description="kept with the record (task id, group)")
+
+
+class GatewayCall(BaseModel):
+    """One chat call of an episode, as sampled: what the trainer trains on, token for token."""
+
+    index: int
+    prompt_ids: list[int] = Field(description="the ids the model continued (experience included)")
+    train_prompt_ids: list[int] = Field(description="the same context without the experience")
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+    finish_reason: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list, description="the messages the agent sent")
+    extends: int | None = Field(default=None, description=(
+        "the earlier call whose prompt and sampled ids this call's context continues, token for token"))
+    glue_ids: list[int] = Field(default_factory=list, description=(
+        "with `extends`: the ids between that call's sampled ids and this call's (the turn's closing, the tool "
+        "results and user turns, the next assistant header): context, never trained"))
+
+
+class EpisodeRecord(BaseModel):
+    episode_id: str
+    status: Literal["open", "ended"]
+    ended_reason: str | None = None  # "ended" (by the caller) or "weight_update" (cut by the drain timeout)
+    with_experience: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    calls: list[GatewayCall] = Field(default_factory=list)

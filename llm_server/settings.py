@@ -39,3 +39,6 @@ class LLMServerSettings(ServiceSettings):
     grammar_cache_size: int = Field(default=256, ge=1, description="compiled structured-output grammars kept (LRU)")
     grammar_timeout_s: float = Field(default=10.0, gt=0,
                                      description="a constraint that compiles longer than this gets a 400")
+    gateway_drain_timeout_s: float = Field(default=300.0, gt=0, description=(
+        "a weight update waits this long for the gateway's open episodes to end, then cuts them (their later "
+        "calls get 409, the runner fails them): an episode never spans two policy versions"))

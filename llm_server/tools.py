@@ -6,14 +6,20 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+def random_call_id(position: int) -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def parse_tool_calls(text: str, call_id: Callable[[int], str] = random_call_id) -> tuple[str, list[dict]]:
     """Hermes-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks -> OpenAI tool_calls.
 
-    Blocks that are not valid JSON with a string `name` stay in the content.
+    Blocks that are not valid JSON with a string `name` stay in the content. `call_id(position)` names each
+    call (the gateway gives ids it recognises when the agent sends the call back).
     """
     calls: list[dict] = []
     kept: list[str] = []
@@ -28,7 +34,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
         arguments = payload.get("arguments", {})
         kept.append(text[last:match.start()])
         last = match.end()
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+        calls.append({"id": call_id(len(calls)), "type": "function",
                       "function": {"name": payload["name"],
                                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
     kept.append(text[last:])

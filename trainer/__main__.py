@@ -2,7 +2,8 @@
 
 Reads the `trainer` section of the run YAML (overrides as `trainer.steps=20`). With `ray.enabled`
 the loop runs in a Ray actor (`TrainerActor`, on the dashboard at 127.0.0.1:8265 by default);
-otherwise in this process.
+otherwise in this process. With `trainer.agent` (a user's own agent, through the gateway) it runs in this
+process, which imports the agent.
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.resilience import EmptyStepError
 
     try:
-        if not config.ray.enabled:
+        if config.agent is not None:  # the user's agent runs in this process, beside the loop that trains it
+            from trainer.agent_trainer import AgentTrainer
+
+            result = asyncio.run(AgentTrainer(config).run())
+        elif not config.ray.enabled:
             from trainer.local import LocalTrainer
 
             result = asyncio.run(LocalTrainer(config).run())

@@ -12,6 +12,7 @@ from common.service import is_loopback
 from engine.device import DEVICE_PATTERN
 from estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from trainer.settings import (
+    AgentConfig,
     CollapseSettings,
     LoraSettings,
     OptimConfig,
@@ -54,7 +55,8 @@ class PolicyConfig(StrictModel):
 
 
 class ServicesConfig(StrictModel):
-    env_url: str = Field(description="the environment service base URL")
+    env_url: str | None = Field(default=None, description=(
+        "the environment service base URL (not needed by an agent run whose agent brings its own tools)"))
     experience_url: str | None = Field(default=None, description="experience manager (self-navigating)")
     task_url: str | None = Field(default=None, description="task manager (self-questioning): training batches")
     judge_url: str | None = Field(default=None, description="judge service (self-attributing): step labels")
@@ -196,9 +198,23 @@ class TrainerConfig(StrictModel):
     collapse: CollapseSettings = Field(default_factory=CollapseSettings, description=(
         "collapse detectors on the rollouts without injected experience: a collapsed run stops with exit 4"))
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    agent: AgentConfig | None = Field(default=None, description=(
+        "train an agent the user already has: it calls the policy through the gateway (policy.url, kind "
+        "endpoint) and `trainer.agents` runs it rollout.n times per task (see 'Train your own agent')"))
 
     @model_validator(mode="after")
     def _peers_for_mechanisms(self) -> TrainerConfig:
+        if self.agent is None and not self.services.env_url:
+            raise ValueError("services.env_url is required (the environment service), except for an agent run")
+        if self.agent is not None:
+            if self.policy.kind != "endpoint":
+                raise ValueError("trainer.agent calls the policy through the gateway: set policy.kind: endpoint and "
+                                 "policy.url to the llm_server that serves it")
+            if self.agent.env is not None and not self.services.env_url:
+                raise ValueError(f"agent.env={self.agent.env} creates an instance per episode: set services.env_url")
+            if self.warm_start.enabled or self.overlap or self.experience.mode != "group_start":
+                raise ValueError("trainer.agent runs without warm_start, overlap and experience.mode action/step "
+                                 "(they drive evolver's own agent loop): turn them off")
         if self.advantage.needs_step_labels and not self.services.judge_url:
             raise ValueError(f"advantage.estimator={self.advantage.estimator} needs step labels: set "
                              "services.judge_url (the judge service), or use an estimator without them (grpo, gigpo)")

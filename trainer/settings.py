@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from common.config import StrictModel
 
@@ -133,3 +133,32 @@ class WarmStartConfig(StrictModel):
         "a checkpoint an earlier warm-started run saved before its first RL step (its `step_000000.pt`): its "
         "weights and warm-start report are loaded instead of fine-tuning again, so several runs share one warm "
         "start (the ablation's W rows); the weights' digest is checked against the report's"))
+
+
+class AgentConfig(StrictModel):
+    """`trainer.agent`: train an agent the user already has, through the gateway (`trainer.agents`)."""
+
+    callable: str | None = Field(default=None, description=(
+        "'module:function' of `async def agent(task: dict, base_url: str) -> reward or answer`"))
+    command: list[str] | None = Field(default=None, min_length=1, description=(
+        "instead of `callable`: a command that reads the task as JSON on stdin, finds the base URL in "
+        "OPENAI_BASE_URL and prints its answer (or {\"reward\": x}) as its last stdout line"))
+    tasks: str = Field(description="JSONL file of tasks, one JSON object a line, passed to the agent as they are")
+    query_field: str = Field(default="query", min_length=1, description=(
+        "the task field that holds the query text (experience is retrieved by it)"))
+    task_id_field: str = Field(default="task_id", min_length=1, description="the task field that names the task")
+    grader: str | None = Field(default=None, description=(
+        "'module:function' of `grade(task, answer) -> float` (sync or async); not needed when the agent returns "
+        "its reward or when `env` grades"))
+    env: str | None = Field(default=None, description=(
+        "an env_service environment whose instance is created per episode (its address goes into the task under "
+        "`env`) and whose evaluate grades the episode unless `grader` is set; the task id field names the "
+        "environment's task"))
+    timeout_s: float = Field(default=300.0, gt=0, description="an episode running longer fails")
+    concurrency: int = Field(default=16, ge=1, description="episodes in flight at once")
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> AgentConfig:
+        if (self.callable is None) == (self.command is None):
+            raise ValueError("give exactly one of agent.callable or agent.command")
+        return self

@@ -177,7 +177,6 @@ def test_tokenize_matches_chat_prompt_and_stop_token_ids(tiny_server: ServicePro
     ({"model": "tiny", "messages": PROMPT, "n": 4, "max_tokens": 100}, 400, "request_too_large",
      "n * max_tokens = 400 exceeds this server's limit of 256"),
     ({"model": "tiny", "messages": PROMPT, "n": 9}, 400, "n_too_large", "max batch of 8"),
-    ({"model": "tiny", "messages": PROMPT, "stream": True}, 400, "unsupported_parameter", "streaming"),
     ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_message",
      "messages[0].role"),
     ({"model": "tiny", "messages": []}, 422, "validation_error", "messages"),
@@ -196,6 +195,7 @@ def test_bad_chat_requests(tiny_server: ServiceProcess, body: dict, status: int,
     ({"model": "tiny", "prompt": ["a", "b"]}, "invalid_prompt", "one prompt per request"),
     ({"model": "tiny", "prompt": "hi", "prompt_token_ids": [1]}, "invalid_prompt", "not both"),
     ({"model": "tiny", "prompt": "hi", "echo": True}, "unsupported_parameter", "echo"),
+    ({"model": "tiny", "prompt": "hi", "stream": True}, "unsupported_parameter", "stream=true on /v1/completions"),
 ])
 def test_bad_completion_requests(tiny_server: ServiceProcess, body: dict, code: str, fragment: str) -> None:
     response = _post(tiny_server, "/v1/completions", body)

@@ -67,7 +67,9 @@ def tool_docs() -> list[dict[str, Any]]:
         required = [arg for arg, (_, needed, _) in params.items() if needed]
         docs.append({"type": "function", "function": {
             "name": name, "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": required}}})
+            # `call` refuses unknown arguments: the schema says so (a constrained decoder then writes none).
+            "parameters": {"type": "object", "properties": properties, "required": required,
+                           "additionalProperties": False}}})
     return docs
 
 

@@ -1,0 +1,78 @@
+"""Agents for the gateway tests: plain `openai` SDK loops on a one-tool task, as a user would write them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+
+TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {
+    "type": "object", "properties": {"to": {"enum": ["left", "right"]}}, "required": ["to"],
+    "additionalProperties": False}}}]
+
+
+async def _loop(task: dict[str, Any], base_url: str, *, rewrite: bool) -> dict[str, Any]:
+    """Two forced tool calls (a random model calls no tool by itself), then a reply; the answer is where it moved.
+    `rewrite`: before each call the history is folded into one user message, as summarising agents do."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You move."},
+                                      {"role": "user", "content": task["query"]}]
+    moves: list[str] = []
+    for _ in range(2):
+        reply = (await client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                                      tool_choice="required", max_tokens=40)).choices[0].message
+        call = reply.tool_calls[0]
+        moves.append("left" if "left" in call.function.arguments else "right")
+        if rewrite:
+            messages = [messages[0], {"role": "user", "content": f"{task['query']} (moved {', '.join(moves)})"}]
+        else:
+            messages += [reply.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": f"you are {moves[-1]}"}]
+    await client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=4)
+    await client.close()
+    return {"answer": moves}
+
+
+async def agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
+    return await _loop(task, base_url, rewrite=False)
+
+
+async def rewriting_agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
+    return await _loop(task, base_url, rewrite=True)
+
+
+async def crashing_agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
+    if task.get("crash"):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        raise RuntimeError("the agent's own bug")
+    return await _loop(task, base_url, rewrite=False)
+
+
+def share_of_left(task: dict[str, Any], answer: list[str]) -> float:
+    """Partial credit: the share of moves that went left."""
+    return sum(move == "left" for move in answer) / max(len(answer), 1)
+
+
+def words_credit(task: dict[str, Any], answer: str) -> float:
+    """Partial credit for a reply's length, a tenth per word up to ten: a random model's replies differ."""
+    return min(len(str(answer or "").split()), 10) / 10
+
+
+async def hanging_agent(task: dict[str, Any], base_url: str) -> None:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    await asyncio.Event().wait()  # never set: only the runner's timeout ends this episode
+
+
+# A command-line agent: the task on stdin, the base URL in OPENAI_BASE_URL, its reward on the last stdout line.
+COMMAND_AGENT = """
+import json, sys, openai
+task = json.load(sys.stdin)
+client = openai.OpenAI(max_retries=0)
+reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": task["query"]}],
+                                       max_tokens=3)
+print("some log line")
+print(json.dumps({"reward": 0.25 if task["task_id"] == "a" else 0.75}))
+"""

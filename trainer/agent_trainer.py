@@ -1,0 +1,190 @@
+"""Training an agent the user already has (`trainer.agent`): each step runs it through the gateway, then trains
+the policy on what the gateway recorded, with the same step batch, estimators and update as in-loop runs.
+
+One step: the next `tasks_per_step` tasks of the JSONL file -> `rollout.n` episodes each (`trainer.agents`),
+complete groups only -> judge labels of each call when the estimator needs them -> `StepBatch` -> advantages ->
+`PolicyUpdater.update` -> the new weights to the gateway's server (`POST /v1/weights`, which waits for open
+episodes: an episode samples from one policy version) -> experience summaries and usage feedback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from loguru import logger
+
+from engine.models import load_model
+from llm_server.client import LLMServerClient
+from trainer import lora
+from trainer.agents import AgentRunner, import_callable, make_agent
+from trainer.config import TrainerConfig
+from trainer.local import TaskCursor, resolve_device
+from trainer.mechanisms import Mechanisms
+from trainer.metrics import MetricsLog
+from trainer.peers import EnvPeer, OutagePolicy
+from trainer.policy import EndpointPolicy
+from trainer.records import RolloutRecords
+from trainer.resilience import EmptyStepError
+from trainer.rollout import GroupStats
+from trainer.step_batch import StepBatch
+from trainer.summary import (
+    loop_checks,
+    mechanisms_summary,
+    mixed_outcome_groups,
+    training_signal,
+    write_summary,
+)
+from trainer.update import PolicyUpdater
+
+
+def read_tasks(path: str, task_id_field: str) -> list[dict[str, Any]]:
+    """The JSONL tasks; a task without an id gets its line number as one."""
+    tasks = []
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"agent.tasks: {path} is not a file")
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"agent.tasks: {path} line {number} is not JSON: {exc}") from None
+        if not isinstance(task, dict):
+            raise ValueError(f"agent.tasks: {path} line {number} is not a JSON object")
+        task.setdefault(task_id_field, f"line-{number}")
+        tasks.append(task)
+    if not tasks:
+        raise ValueError(f"agent.tasks: {path} holds no task")
+    return tasks
+
+
+class AgentTrainer:
+    def __init__(self, config: TrainerConfig) -> None:
+        if config.agent is None or config.policy.url is None:
+            raise ValueError("AgentTrainer needs trainer.agent and policy.url")
+        self.config, self.agent_config = config, config.agent
+        self.out = Path(config.output_dir)
+        self.step = 0
+
+    async def setup(self) -> None:
+        cfg, agent = self.config, self.agent_config
+        assert agent is not None and cfg.policy.url is not None
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.tasks = read_tasks(agent.tasks, agent.task_id_field)
+        self.by_id = {str(t[agent.task_id_field]): t for t in self.tasks}
+        self.cursor = TaskCursor(list(self.by_id), cfg.seed)
+        self.model, self.tokenizer = load_model(cfg.model)
+        if cfg.lora is not None:
+            self.model = lora.wrap(self.model, cfg.lora)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.updater = PolicyUpdater(self.model, cfg.optim, cfg.loss, pad_id=pad_id, total_updates=cfg.steps,
+                                     device=resolve_device(cfg.device), seed=cfg.seed)
+        services = cfg.services
+        outage = OutagePolicy(services.outage_budget_s, services.judge_fallback_after_s, services.logs_dir)
+        self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
+                                     weights_dir=self.out / "weights", outage=outage.client_options("llm_server"))
+        self.gateway = LLMServerClient(cfg.policy.url, timeout=services.timeout_s)
+        # Versions go on from the server's: every call's recorded version then compares with the trained one.
+        self.policy.policy_version = await self.gateway.policy_version()
+        self.mechanisms = Mechanisms(estimator=cfg.advantage.estimator, experience_ratio=cfg.rollout.experience_ratio,
+                                     experience_url=services.experience_url, judge_url=services.judge_url,
+                                     experience=cfg.experience, tasks=cfg.tasks, timeout=services.timeout_s,
+                                     outage=outage)
+        await self.mechanisms.start()
+        self.env = (EnvPeer(services.env_url, timeout=services.timeout_s, outage=outage)
+                    if agent.env is not None and services.env_url else None)
+        grader = import_callable(agent.grader, "agent.grader") if agent.grader else None
+        self.runner = AgentRunner(agent, self.gateway, make_agent(agent), grader=grader, env=self.env,
+                                  env_url=services.env_url, experience=self.mechanisms.experience,
+                                  experience_ratio=cfg.rollout.experience_ratio)
+        self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
+        self.records = RolloutRecords(self.out / "rollouts", self.tokenizer)
+        self.run_id = uuid.uuid4().hex[:12]
+        (self.out / "run_id").write_text(self.run_id)
+        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    async def train_step(self) -> dict[str, float]:
+        cfg = self.config
+        t0 = time.monotonic()
+        tasks = [self.by_id[t] for t in self.cursor.next_batch(cfg.tasks_per_step)]
+        failed_before = self.runner.stats.failed_episodes
+        groups = await self.runner.collect(tasks, cfg.rollout.n)
+        if not groups:
+            errors = "; ".join(self.runner.stats.errors[-3:]) or "none recorded"
+            raise EmptyStepError(f"step {self.step + 1}: every task group had a failed episode; last errors: {errors}")
+        t1 = time.monotonic()
+        rollouts = [r for g in groups for r in g]
+        judgments = await self.mechanisms.label([r.trajectory for r in rollouts])
+        batch = StepBatch(groups, judgments or {}, exact_logprobs=False)
+        metrics = batch.estimate(cfg.advantage.estimator, cfg.advantage.estimator_config(), self.step)
+        trained_version = self.policy.policy_version
+        self.records.write(self.step + 1, batch, trained_version=trained_version)
+        metrics.update(await asyncio.to_thread(self.updater.update, batch.samples(), policy_version=trained_version))
+        version = await self.policy.load_weights(lora.serving_view(self.model))
+        await self.mechanisms.after_step([[r.trajectory for r in g] for g in groups], cfg.rollout.env,
+                                         request_id=f"{self.run_id}-step{self.step}")
+        rewards = [float(r.trajectory.outcome or 0.0) for r in rollouts]
+        metrics.update({
+            "rollout/reward_mean": float(np.mean(rewards)), "rollout/reward_std": float(np.std(rewards)),
+            "rollout/groups": float(len(groups)), "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)), "rollout/calls_mean": float(np.mean(
+                [len(r.trajectory.steps) for r in rollouts])),
+            "rollout/failed_episodes": float(self.runner.stats.failed_episodes - failed_before),
+            "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),
+            "time/rollout_s": t1 - t0, "time/step_s": time.monotonic() - t0, "policy/version": float(version),
+            **self.mechanisms.metrics()})
+        self.step += 1
+        return metrics
+
+    async def summary(self) -> dict[str, Any]:
+        """The run's summary: the gateway episodes (how many merged, failed and why) beside the `mechanisms`
+        section in-loop runs write."""
+        stats = self.runner.stats
+        groups = GroupStats(groups=stats.groups, dropped_groups=stats.dropped_groups,
+                            rollouts=stats.episodes - stats.failed_episodes, retrievals=stats.retrievals,
+                            last_error=stats.errors[-1] if stats.errors else "")
+        mechanisms = await mechanisms_summary(self.mechanisms.tasks, self.mechanisms.experience, self.mechanisms.judge,
+                                              self.config.experience.inject, groups, self.config.experience.mode)
+        summary = {"status": "finished", "steps": self.step, "output_dir": str(self.out), "run_id": self.run_id,
+                   "dropped_groups": stats.dropped_groups, "rollouts": groups.rollouts, "agent": stats.summary(),
+                   "training": training_signal(self.metrics.records()), "mechanisms": mechanisms}
+        summary["checks"] = loop_checks(summary)
+        return summary
+
+    async def run(self) -> dict[str, Any]:
+        await self.setup()
+        history = []
+        try:
+            while self.step < self.config.steps:
+                metrics = await self.train_step()
+                self.metrics.log(self.step, metrics)
+                history.append({"step": self.step, **metrics})
+                logger.info("agent step {}/{}: reward {:.3f}", self.step, self.config.steps,
+                            metrics["rollout/reward_mean"])
+            summary = await self.summary()
+            write_summary(self.out, summary)
+            return {**summary, "history": history}
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await self.policy.aclose()
+        await self.gateway.aclose()
+        if self.env is not None:
+            await self.env.aclose()
+        await self.mechanisms.aclose()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
