@@ -21,12 +21,13 @@ import numpy as np
 import torch
 from loguru import logger
 
+from engine.device import resolve_device
 from engine.models import load_model
 from llm_server.client import LLMServerClient
 from trainer import lora
 from trainer.agents import AgentRunner, import_callable, make_agent
 from trainer.config import TrainerConfig
-from trainer.local import TaskCursor, resolve_device
+from trainer.local import TaskCursor
 from trainer.mechanisms import Mechanisms
 from trainer.metrics import MetricsLog
 from trainer.peers import EnvPeer, OutagePolicy
@@ -92,7 +93,7 @@ class AgentTrainer:
             self.model = lora.wrap(self.model, cfg.lora)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.updater = PolicyUpdater(self.model, cfg.optim, cfg.loss, pad_id=pad_id, total_updates=cfg.steps,
-                                     device=resolve_device(cfg.device), seed=cfg.seed)
+                                     device=resolve_device(cfg.device, "trainer.device"), seed=cfg.seed)
         services = cfg.services
         outage = OutagePolicy(services.outage_budget_s, services.judge_fallback_after_s, services.logs_dir)
         self.policy = EndpointPolicy(cfg.policy.url, cfg.policy.served_model, api_key_env=cfg.policy.api_key_env,
