@@ -204,7 +204,8 @@ def _attach_synthesis(plan) -> None:
                                  plan.data["task_manager"]["environments"], settings.episodes, settings.timeout_s,
                                  say=lambda message: print(f"[launcher] {message}", flush=True),
                                  seed_experience=settings.seed_experience, experience_url=_experience_url(plan),
-                                 workspace=workspace, run_name=plan.experiment)
+                                 workspace=workspace, run_name=plan.experiment,
+                                 allow_no_tasks=settings.allow_no_tasks)
 
 
 def _experience_url(plan) -> str | None:
