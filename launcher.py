@@ -122,8 +122,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         print(describe_plan(plan))
+        problems = _plugin_problems(plan)
+        for problem in problems:
+            print(f"launcher: {problem}", file=sys.stderr)
         print("dry run: nothing was started")
-        return 0
+        return 2 if problems else 0
     problems = _preflight(plan)
     if problems:
         for problem in problems:
@@ -180,6 +183,15 @@ def run(args: argparse.Namespace) -> int:
     registry.unlink(missing_ok=True)
     lock.close()
     return code
+
+
+def _plugin_problems(plan) -> list[str]:
+    """Plugins whose module, class or settings would stop the env service (a dry run checks these too)."""
+    if "env_service" not in plan.launcher.services:
+        return []
+    from evolver_launcher.preflight import check_plugins
+
+    return check_plugins(plan.config.env_service, plan.child("env_service").env, REPO_ROOT)
 
 
 def _preflight(plan) -> list[str]:

@@ -318,8 +318,9 @@ def _found_nothing(request: JobRequest, progress: dict[str, Any]) -> str | None:
     if done and errors >= done:
         return f"every exploration failed ({done} episodes): {failures.summary()}"
     if request.kind == "synthesize" and done and not progress.get("verified"):
-        return (f"{done} explorations gave no verified task ({progress.get('proposed', 0)} proposed): "
-                f"{failures.summary()}")
+        rejected = ", ".join(f"{why}: {n}" for why, n in sorted((progress.get("rejected") or {}).items()))
+        return (f"{done} explorations gave no verified task ({progress.get('proposed', 0)} proposed"
+                + (f"; verification rejected {rejected}" if rejected else "") + f"): {failures.summary()}")
     return None
 
 

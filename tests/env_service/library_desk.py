@@ -139,7 +139,7 @@ class LibraryDeskInstance(EnvInstance):
         return self.observe("\n".join(texts), valid=valid, done=done)
 
     def observe(self, text: str, *, valid: bool, done: bool) -> StepResult:
-        return StepResult(observation=ChatMessage(role="tool", content=text), done=done, info={"valid": valid},
+        return StepResult(observation=ChatMessage(role="user", content=text), done=done, info={"valid": valid},
                           reward=self.library.score(self.last_reply) if done else 0.0)
 
     def evaluate(self, params: dict[str, Any] | None = None) -> EvalResult:
@@ -151,10 +151,11 @@ class LibraryDeskInstance(EnvInstance):
 
 class LibraryDesk(Environment):
     name = "library_desk"
+    settings_model = LibraryDeskSettings  # a misspelled key in its section fails at start
     instance_class: type[LibraryDeskInstance] = LibraryDeskInstance
 
     def task_ids(self, split: str) -> list[str]:
-        count = int(self.config.get("tasks_per_split", 8))
+        count = self.settings.tasks_per_split
         return [f"{split}-{i:04d}" for i in range(count)]
 
     def create(self, task_id: str, params: dict[str, Any] | None = None) -> EnvInstance:
@@ -192,7 +193,7 @@ class SetInfoInstance(LibraryDeskInstance):
 class DictContentInstance(LibraryDeskInstance):
     def observe(self, text: str, *, valid: bool, done: bool) -> StepResult:
         reward = self.library.score(self.last_reply) if done else 0.0
-        return StepResult(observation=ChatMessage(role="tool", content={"result": text, "turn": self.turns}),
+        return StepResult(observation=ChatMessage(role="user", content={"result": text, "turn": self.turns}),
                           done=done, reward=reward, info={"valid": valid})
 
 

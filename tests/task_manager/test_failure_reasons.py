@@ -1,16 +1,20 @@
 """Self-questioning says why it found nothing: each exploration's failure reason is counted (job progress,
 /v1/stats), a job that found nothing ends failed with the reasons and the first error, the launcher's gate
-stops on it unless `allow_no_tasks`, and a kind the profile cannot give is refused at the job's start.
-Real env service (the library desk plugins of tests/env_service/library_desk.py) and task managers over HTTP."""
+stops on it unless `allow_no_tasks`, and a kind the profile cannot give is refused at the job's start. And
+what it finds for a new user's plugin: the scaffold's read-only tool gives verified question tasks.
+Real env service (the library desk plugins of tests/env_service/library_desk.py, the scaffold's plugin) and
+task managers over HTTP."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 
 import pytest
 import yaml
 
+from env_service.new import project_files
 from evolver_launcher.synthesis import SynthesisFailed, SynthesisGate
 from task_manager.client import TaskClient
 from task_manager.protocol import Failures
@@ -21,11 +25,18 @@ DESK = "tests.env_service.library_desk"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    conf = tmp_path_factory.mktemp("env") / "env.yaml"
+    folder = tmp_path_factory.mktemp("env")
+    for path, text in project_files("shelves", "plugin").items():
+        if path.endswith(".py") and not path.startswith("test_"):
+            (folder / path).write_text(text)
+    conf = folder / "env.yaml"
     conf.write_text(yaml.safe_dump({"env_service": {
-        "plugins": {"library_desk": f"{DESK}:LibraryDesk", "dict_content": f"{DESK}:DictContent"},
-        "environments": {"library_desk": {}, "dict_content": {}, "signal": {}}}}))
-    with run_service("env_service", ["--conf", str(conf)], env={"PYTHONPATH": str(REPO)}) as service:
+        "plugins": {"library_desk": f"{DESK}:LibraryDesk", "dict_content": f"{DESK}:DictContent",
+                    "shelves": "shelves_env:ShelvesEnvironment"},
+        "environments": {"library_desk": {}, "dict_content": {}, "signal": {},
+                         "shelves": {"tasks_per_split": 16, "fallback_moves": True}}}}))  # as its run.yaml
+    with run_service("env_service", ["--conf", str(conf)],
+                     env={"PYTHONPATH": os.pathsep.join([str(folder), str(REPO)])}) as service:
         yield service
 
 
@@ -82,3 +93,19 @@ async def test_asking_for_lookups_of_a_profile_without_lookups_is_refused_at_the
     assert info.status == "failed" and info.progress["episodes_done"] == 0
     assert "the profile of 'signal' has no `lookups` section" in info.error
     assert "entities[].opts[].lookups" in info.error
+
+
+async def test_the_scaffolds_read_only_tool_gives_verified_question_tasks(env, tmp_path):
+    """The scaffold writes a `lookups` section for its read-only tool (`look`); its run.yaml asks for
+    kinds [goal, lookup]: self-questioning then writes questions answered in text, verified by replay."""
+    with task_manager(env, tmp_path, ["shelves"], ["goal", "lookup"]) as tm:
+        async with TaskClient(tm.url) as client:
+            job = await client.submit_job("shelves", episodes=2)
+            info = await finished(client, job.job_id)
+            assert info.status == "done", info
+            questions = {kind: row for kind, row in info.progress["by_kind"].items()
+                         if kind.startswith("shelf_lookup:")}
+            assert questions and sum(row["verified"] for row in questions.values()) >= 1, info.progress
+            page = await client.list_tasks(env="shelves", synthetic=True)
+    asked = [t.query or "" for t in page.tasks if t.metadata.get("kind") == "lookup"]
+    assert asked and all(q.startswith("Which shelf is the ") and q.endswith(" on?") for q in asked), page
