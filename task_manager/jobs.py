@@ -305,7 +305,7 @@ def _check_kinds(env: str, kinds: list[str], profile: EnvProfile) -> None:
         raise ValueError(
             f"task_manager.synthesis.kinds asks for lookup tasks, but the profile of {env!r} has no `lookups` "
             "section in any operation (entities[].opts[].lookups: which record field answers which question; "
-            "docs/services/task_manager.md#lookup-profiles): add one to the environment's profile(), or drop "
+            "docs/profile-reference.md): add one to the environment's profile(), or drop "
             "lookup from kinds")
 
 
