@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .kit import ConformanceKit, fix_for
+from .kit import ConformanceKit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(kit.run())
     if args.json:
         print(json.dumps({"url": report.url, "env": report.env, "ok": report.ok, "failed": report.failed,
-                          "checks": {n: {"ok": c.ok, "detail": c.detail, **({} if c.ok else {"fix": fix_for(n)})}
+                          "checks": {n: {"ok": c.ok, "detail": c.detail, **({} if c.ok else {"fix": c.fix()})}
                                      for n, c in report.checks.items()}}))
     else:
         print(report.render())

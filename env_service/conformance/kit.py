@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ FIXES = {
     "unknown_task": "create() must raise KeyError(task_id) for a task id it does not know (answered 404)",
     "malformed": "a request body that is not JSON must answer a 4xx error in the API's error shape",
     "fork": "fork() must return an independent copy (copy.deepcopy of the world), or do not declare 'fork'",
-    "episodes": "see the check named after 'stopped by'",
+    "episodes": "a random-agent episode must run to its end: create, steps, evaluate and release all answer",
     "concurrency": "instances must not share mutable state: create() must build a fresh world each time",
     "leak": "release must drop the instance (close() must not fail, nothing may keep it listed)",
     "timeouts": "every call must answer within --timeout: a step that waits on something must time out itself",
@@ -90,6 +91,11 @@ class CheckResult:
     name: str
     ok: bool = True
     detail: str = ""
+
+    def fix(self) -> str:
+        """What to change; a check another one stopped points there (its own fix would mislead)."""
+        stopped = re.match(r"stopped by ([\w.]+):", self.detail)
+        return f"fix {stopped.group(1)} (above) first" if stopped else fix_for(self.name)
 
 
 @dataclass
@@ -110,8 +116,8 @@ class Report:
         lines = [f"env_service conformance: {self.url} env={self.env}"]
         for check in self.checks.values():
             lines.append(f"{'PASS' if check.ok else 'FAIL'} {check.name}" + (f": {check.detail}" if check.detail else ""))
-            if not check.ok and fix_for(check.name):
-                lines.append(f"     fix: {fix_for(check.name)}")
+            if not check.ok and (fix := check.fix()):
+                lines.append(f"     fix: {fix}")
         passed = sum(c.ok for c in self.checks.values())
         verdict = "CONFORMS" if self.ok else f"DOES NOT CONFORM (failed: {', '.join(self.failed)})"
         lines.append(f"{passed}/{len(self.checks)} checks passed: {verdict}")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from env_service.conformance import run_conformance
+from env_service.conformance.kit import fix_for
 from env_service.new import project_files
 from tests.helpers import REPO, ServiceProcess, run_service
 
@@ -55,4 +56,8 @@ async def test_each_broken_variant_fails_by_name_with_what_to_fix(server, env, f
     assert said in report.checks[failed].detail, report.render()
     rendered = report.render()
     assert f"FAIL {failed}" in rendered and "     fix: " in rendered
+    assert report.checks[failed].fix() == fix_for(failed) != ""
+    for check in report.checks.values():  # a check another stopped points there, not to its own fix
+        if check.detail.startswith("stopped by "):
+            assert check.fix().endswith("(above) first"), check
     assert "DOES NOT CONFORM" in rendered.splitlines()[-1]
