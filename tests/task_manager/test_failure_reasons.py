@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from env_service.new import project_files
-from evolver_launcher.synthesis import SynthesisFailed, SynthesisGate
+from evolver_launcher.synthesis import SynthesisFailed, SynthesisGate, _no_task_line
 from task_manager.client import TaskClient
 from task_manager.protocol import Failures
 from tests.helpers import REPO, ServiceProcess, run_service
@@ -109,3 +109,18 @@ async def test_the_scaffolds_read_only_tool_gives_verified_question_tasks(env, t
             page = await client.list_tasks(env="shelves", synthetic=True)
     asked = [t.query or "" for t in page.tasks if t.metadata.get("kind") == "lookup"]
     assert asked and all(q.startswith("Which shelf is the ") and q.endswith(" on?") for q in asked), page
+
+
+def test_failures_count_by_reason_keep_the_first_error_and_read_as_one_line():
+    failures = Failures()
+    failures.add("no_state_change")
+    failures.add("environment_error", "IndexError: list index out of range (at desk.py:3 in step)")
+    other = Failures(by_reason={"environment_error": 2}, first_error="KeyError: 'x'")
+    failures.merge(other)
+    assert failures.by_reason == {"no_state_change": 1, "environment_error": 3} and failures.total() == 4
+    assert failures.summary() == ("environment_error: 3, no_state_change: 1; first error: IndexError: list index "
+                                  "out of range (at desk.py:3 in step)")
+    assert Failures().summary() == "" and Failures.model_validate(failures.model_dump()) == failures
+    # The launcher's line after a job that found something, as `progress` carries it.
+    assert _no_task_line({"failures": failures.model_dump()}).startswith("; episodes with no task: environment_error: 3")
+    assert _no_task_line({}) == ""
