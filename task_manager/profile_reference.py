@@ -47,7 +47,9 @@ the form's `call` then a reply stating the `answer` field's value. Verification 
 instance: the call must return the same answer and change no state, and the environment must end the
 episode on that plain-text reply. The task manager grades a reply by the numbers and ids (letters then
 digits, `B1`, `UA123-0603`) it states, so an answer field should hold one of those. Asking for `lookup`
-with a profile that has no `lookups` fails the job at its start, naming this section.
+with a profile that has no `lookups` fails the job at its start, naming this section. Hindsight goals
+need calls that change the state; the random explorer fills their arguments from what earlier calls
+returned, by the JSON key of the same name (a read's `book_id` fills a write's `book_id`).
 
 The scaffold's profile, one read-only tool with a lookup:
 
