@@ -1,6 +1,7 @@
 """The conformance run: every check against one environment of one env server.
 
-Checks (each PASS or FAIL with the reason, a FAIL also with what to fix; `<api>` is `v1` and/or `ae`, whichever the server offers):
+Checks (each PASS or FAIL with the reason, a FAIL also with what to fix; `<api>` is `v1` and/or `ae`,
+whichever the server offers):
 - `healthz`: GET /healthz answers 200.
 - `apis`: the server offers our /v1 API or the AgentEvolver routes (both are checked when offered).
 - `<api>.profile` / `v1.environments`: task ids per split are lists of strings, some task exists.
