@@ -143,8 +143,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         print(describe_plan(plan))
+        problems = _plugin_problems(plan)
+        for problem in problems:
+            print(f"launcher: {problem}", file=sys.stderr)
         print("dry run: nothing was started")
-        return 0
+        return 2 if problems else 0
     problems = _preflight(plan)
     if problems:
         for problem in problems:
@@ -204,6 +207,15 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def _plugin_problems(plan) -> list[str]:
+    """Plugins whose module, class or settings would stop the env service (a dry run checks these too)."""
+    if "env_service" not in plan.launcher.services:
+        return []
+    from evolver_launcher.preflight import check_plugins
+
+    return check_plugins(plan.config.env_service, plan.child("env_service").env, REPO_ROOT)
+
+
 def _preflight(plan) -> list[str]:
     """Plugins that do not import and remotes that do not answer, found before any process starts."""
     if "env_service" not in plan.launcher.services:
@@ -226,7 +238,8 @@ def _attach_synthesis(plan) -> None:
                                  plan.data["task_manager"]["environments"], settings.episodes, settings.timeout_s,
                                  say=lambda message: print(f"[launcher] {message}", flush=True),
                                  seed_experience=settings.seed_experience, experience_url=_experience_url(plan),
-                                 workspace=workspace, run_name=plan.experiment)
+                                 workspace=workspace, run_name=plan.experiment,
+                                 allow_no_tasks=settings.allow_no_tasks)
 
 
 def _experience_url(plan) -> str | None:

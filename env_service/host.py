@@ -6,6 +6,9 @@ runs them. Failures are `HostError`s carrying the HTTP status and code the API s
 
 from __future__ import annotations
 
+import sysconfig
+import traceback
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -64,7 +67,7 @@ class InstanceHost:
             # The contract says a bad action gets an explanatory observation; an environment that
             # raises instead gives a failed, final step (its state is unknown now), not a 500.
             _log_environment_error("step", exc)
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = f"{type(exc).__name__}: {exc}{raised_at(exc)}"
             return StepResult(observation=ChatMessage(role="user", content=f"The action failed: {reason}"),
                               done=True, info={"error": {"code": "environment_error", "message": reason}})
 
@@ -142,6 +145,18 @@ def _rejected(where: str, task_id: str | None, call: str, exc: Exception) -> Hos
     return HostError(400 if call in ("create", "reset") else 409, "environment_error",
                      f"{call} of {what} failed in the environment: {type(exc).__name__}: {exc}",
                      {"call": call, "exception": type(exc).__name__})
+
+
+_LIBRARIES = tuple(str(Path(sysconfig.get_paths()[key]).resolve()) for key in ("purelib", "platlib", "stdlib"))
+
+
+def raised_at(exc: BaseException) -> str:
+    """` (at library_env.py:42 in step)`: the innermost frame of the environment's own code (not a library's)
+    that the exception went through; the file's name only, the full traceback is in the service's log."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_LIBRARIES)]
+    frame = (own or frames or [None])[-1]
+    return f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame else ""
 
 
 def _log_environment_error(call: str, exc: Exception) -> None:

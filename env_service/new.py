@@ -53,7 +53,10 @@ def project_files(name: str, kind: str) -> dict[str, str]:
     files[f"test_{name}.py"] = template("test_header.py.txt") + template(f"test_{kind}.py.txt")
     files["README.md"] = template(f"readme_{kind}.md.txt")
     files["pytest.ini"] = template("pytest.ini.txt")
-    values = {"TASK_MANAGER": task_manager, "TRAINER": trainer, "ROLLOUT_ENV": served, "SERVED_ENV": served,
+    # The world's read-only tool has a `lookups` profile section: questions about what it read (not gym's).
+    lookups = kind in ("plugin", "remote")
+    values = {"TASK_MANAGER": task_manager, "TRAINER": trainer, "KINDS": "[goal, lookup]" if lookups else "[goal]",
+              "LOOKUP_NOTE": "; lookup: questions about what a read-only tool returned" if lookups else "", "ROLLOUT_ENV": served, "SERVED_ENV": served,
               "GYM_ID": f"{class_name(name)}-v0", "name": name, "Class": class_name(name)}
     rendered = {}
     for path, text in files.items():

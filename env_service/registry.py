@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from common.config import ConfigError
+from common.config import ConfigError, validate
 from env_service.environments.base import Environment
 from env_service.settings import BUILTIN_ENVIRONMENTS
 
@@ -36,9 +36,27 @@ def resolve_class(name: str, plugins: Mapping[str, str] | None = None) -> type[E
     except ImportError as exc:
         raise ConfigError(f"env_service.environments.{name}: cannot import {module_name}: {exc}") from exc
     cls = getattr(module, class_name, None)
+    if cls is None:
+        found = sorted(n for n, v in vars(module).items()
+                       if isinstance(v, type) and issubclass(v, Environment) and v is not Environment)
+        raise ConfigError(f"env_service.plugins.{name}: module {module_name} has no {class_name!r} "
+                          f"({module.__file__}); its Environment classes: {', '.join(found) or 'none'}")
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
-        raise ConfigError(f"env_service.environments.{name}: {spec} is not an Environment subclass")
+        raise ConfigError(f"env_service.plugins.{name}: {spec} is a {type(cls).__name__}, not an Environment "
+                          "subclass (env_service.environments.base.Environment)")
     return cls
+
+
+def check_settings(name: str, cls: type[Environment], config: Mapping[str, Any] | None) -> None:
+    """An environment's section against the settings model it declares (`Environment.settings_model`)."""
+    if cls.settings_model is not None:
+        validate(cls.settings_model, dict(config or {}), root=f"env_service.environments.{name}")
+
+
+def check_plugin(name: str, plugins: Mapping[str, str], config: Mapping[str, Any] | None) -> None:
+    """What the service will do at start with plugin environment `name`: import its class, check its section.
+    Raises ConfigError naming what to fix (the launcher runs this in the service's own Python path)."""
+    check_settings(name, resolve_class(name, plugins), config)
 
 
 def import_plugins(plugins: Mapping[str, str] | None) -> None:
@@ -61,6 +79,7 @@ def load_environments(enabled: Mapping[str, Mapping[str, Any] | None],
     environments: dict[str, Environment] = {}
     for name, config in enabled.items():
         cls = resolve_class(name, plugins)
+        check_settings(name, cls, config)
         try:
             environments[name] = cls(dict(config or {}))
         except ConfigError:

@@ -10,20 +10,10 @@ the line that declares it in the settings class.
 
 from __future__ import annotations
 
-import ast
-import inspect
-import json
-import re
-import textwrap
-import types
-import typing
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 from common import generated_page
+from common.model_docs import models_in, sections
 from evolver_launcher.settings import RunConfig
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration-reference.md"
@@ -40,105 +30,10 @@ Each environment under `env_service.environments.<name>` validates its own optio
 """
 
 
-def _field_comments(model: type[BaseModel]) -> dict[str, str]:
-    """Field name -> the trailing comment on its declaration line in the class body (the MRO's too)."""
-    comments: dict[str, str] = {}
-    for cls in reversed(model.__mro__):
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
-            continue
-        try:
-            source = textwrap.dedent(inspect.getsource(cls))
-        except (OSError, TypeError):
-            continue
-        lines = source.splitlines()
-        for node in ast.parse(source).body[0].body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                line = lines[node.end_lineno - 1]
-                match = re.search(r"#\s*(.+)$", line)
-                if match and "noqa" not in match.group(1):
-                    comments[node.target.id] = match.group(1).strip()
-    return comments
-
-
-def _type_name(annotation: Any) -> str:
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is typing.Literal:
-        return " | ".join(json.dumps(arg) for arg in args)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(arg) for arg in args)
-    if origin in (list, tuple, set):
-        return f"list[{', '.join(_type_name(arg) for arg in args if arg is not Ellipsis)}]"
-    if origin is dict:
-        return f"dict[{', '.join(_type_name(arg) for arg in args)}]"
-    if origin is typing.Annotated:
-        return _type_name(args[0])
-    if annotation is type(None):
-        return "null"
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace("typing.", "")
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """Settings models an annotation holds, directly or inside a union, list or dict."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    found: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        found.extend(_models_in(arg))
-    return found
-
-
-def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        value = field.default_factory()
-        if isinstance(value, BaseModel):
-            return "(section)"
-    elif field.default is PydanticUndefined:
-        return "required"
-    else:
-        value = field.default
-    if isinstance(value, BaseModel):
-        return "(section)"
-    return f"`{json.dumps(value, default=str)}`"
-
-
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
-
-
-def sections(model: type[BaseModel], path: str) -> list[str]:
-    """Markdown for `model` at key `path` and, after it, every model nested in it."""
-    comments = _field_comments(model)
-    doc = inspect.getdoc(model) if model.__doc__ else ""
-    out = [f"## `{path}`", ""]
-    if doc and not doc.startswith(("Usage docs", "A base class")):
-        out += [_cell(doc.split("\n\n")[0]), ""]
-    out += ["| key | type | default | description |", "|---|---|---|---|"]
-    nested: list[tuple[str, type[BaseModel]]] = []
-    for name, field in model.model_fields.items():
-        description = field.description or comments.get(name, "")
-        out.append(f"| `{name}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} | "
-                   f"{_cell(description)} |")
-        for inner in _models_in(field.annotation):
-            origin = typing.get_origin(field.annotation)
-            key = f"{path}.{name}" + (".<name>" if origin is dict else "[]" if origin is list else "")
-            nested.append((key, inner))
-    out.append("")
-    seen: set[str] = set()
-    for key, inner in nested:
-        if key in seen:
-            continue
-        seen.add(key)
-        out += sections(inner, key)
-    return out
-
-
 def render() -> str:
     lines = [HEADER]
     for name, field in RunConfig.model_fields.items():
-        for model in _models_in(field.annotation):
+        for model in models_in(field.annotation):
             lines += sections(model, name)
     return "\n".join(lines).rstrip() + "\n"
 

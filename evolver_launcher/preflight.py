@@ -2,12 +2,14 @@
 
 In `build_plan` (so `--dry-run` too): every enabled environment's settings (unknown keys included,
 `remote.urll` say) and that the environments the trainer and the task manager ask for are ones the
-env service of this run serves. Before the launcher starts a process: every plugin module imports
-in the env service's own environment, and every `remote` server answers.
+env service of this run serves. Before the launcher starts a process, and in `--dry-run`: every plugin
+module imports in the env service's own environment, its class exists and is an `Environment`, and its
+section passes the settings model the class declares. Before a launch only: every `remote` server answers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,27 +47,56 @@ def check_served(section: EnvServiceSettings, trainer_env: str | None, task_mana
                               f"{', '.join(served)}); enable it under env_service.environments or pick one of those")
 
 
+def check_plugins(section: EnvServiceSettings, child_env: dict[str, str], cwd: Path) -> list[str]:
+    """Plugins that would stop the env service at start: a module that does not import, a class it does not
+    have, a section its settings model refuses."""
+    return [p for name, spec in section.plugins.items()
+            if (p := _plugin_problem(name, spec, section.environments.get(name), name in section.environments,
+                                     child_env, cwd))]
+
+
 def check_reachable(section: EnvServiceSettings, child_env: dict[str, str], cwd: Path) -> list[str]:
-    """What would stop the env service from serving: plugins that do not import, remotes that do not answer."""
-    problems = [p for name, spec in section.plugins.items()
-                if (p := _plugin_import_problem(name, spec, child_env, cwd))]
+    """What would stop the env service from serving: plugins (`check_plugins`), remotes that do not answer."""
+    problems = check_plugins(section, child_env, cwd)
     remote = section.environments.get("remote")
     if "remote" in section.environments and (problem := _remote_problem(dict(remote or {}))):
         problems.append(problem)
     return problems
 
 
-def _plugin_import_problem(name: str, spec: str, child_env: dict[str, str], cwd: Path) -> str | None:
-    """Imported in a fresh interpreter with the env service's own PYTHONPATH and folder, as it will be."""
+# Run in the env service's own interpreter setup: import the module (an ImportError ends it with a traceback),
+# then, for a plugin served as an environment, resolve its class and check its section as the service will.
+_PLUGIN_CHECK = """
+import importlib, json, sys
+name, spec, config, served = json.loads(sys.argv[1])
+importlib.import_module(spec.partition(":")[0])
+if served:
+    from common.config import ConfigError
+    from env_service.registry import check_plugin
+    try:
+        check_plugin(name, {name: spec}, config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(3)
+"""
+_REFUSED = 3  # the module imports; the class or the section is wrong (the message says which)
+
+
+def _plugin_problem(name: str, spec: str, config: dict[str, Any] | None, served: bool, child_env: dict[str, str],
+                    cwd: Path) -> str | None:
+    """Checked in a fresh interpreter with the env service's own PYTHONPATH and folder, as it will be."""
     module = spec.partition(":")[0]
     env = {**os.environ, **child_env}
+    argument = json.dumps([name, spec, config or {}, served and ":" in spec])
     try:
-        done = subprocess.run([sys.executable, "-c", f"import importlib; importlib.import_module({module!r})"],
+        done = subprocess.run([sys.executable, "-c", _PLUGIN_CHECK, argument],
                               cwd=cwd, env=env, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"env_service.plugins.{name}: importing {module} took over {IMPORT_TIMEOUT_S:.0f}s"
     if done.returncode == 0:
         return None
+    if done.returncode == _REFUSED:
+        return done.stderr.strip()
     last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
     where = env.get("PYTHONPATH", "")
     return (f"env_service.plugins.{name}: cannot import {module}: {last}; put the module in the config "

@@ -78,6 +78,10 @@ class SynthesisLaunch(StrictModel):
     seed_experience: bool = Field(
         default=False, description="after the jobs, seed the experience pool (the trainer's workspace) from the "
                                    "verified synthetic tasks' references, replayed; never from held-out tasks")
+    allow_no_tasks: bool = Field(
+        default=False, description="train on the environment's own tasks when a synthesis job finds no task (every "
+                                   "exploration failed, or none gave a verified task); false: the run stops "
+                                   "before training, quoting the job's reasons and first error")
 
 
 class StudioLaunch(StrictModel):

@@ -43,7 +43,8 @@ GAVE_UP_EXIT = 3  # the trainer waited out its outage budget for a peer (or its 
 COLLAPSED_EXIT = 4  # the trainer stopped a collapsed run (trainer.collapse): the launcher exits with it too
 NO_RESTART_EXITS = {CONFIG_ERROR_EXIT: " (a configuration error)", GAVE_UP_EXIT: " (it gave up on a peer or on empty steps)",
                     COLLAPSED_EXIT: " (the run collapsed: its summary.json names the signal)"}
-PASSED_ON_EXITS = {COLLAPSED_EXIT}  # a foreground child's exit code the launcher exits with (others: 1)
+# A foreground child's exit code the launcher exits with (others: 1): the trainer's own verdicts.
+PASSED_ON_EXITS = {GAVE_UP_EXIT, COLLAPSED_EXIT}
 
 
 def _die_with_parent() -> None:

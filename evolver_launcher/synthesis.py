@@ -2,7 +2,9 @@
 
 AgentEvolver generates its synthetic tasks before the first training step; so does a run here when
 `launcher.synthesis.episodes > 0`. The jobs run in a background thread while the supervisor keeps
-watching every child; the trainer starts once they are done (a failed job stops the run).
+watching every child; the trainer starts once they are done. A failed job stops the run, quoting why (a
+job fails when every exploration failed, or when it verified no task: the task manager counts the reasons);
+`launcher.synthesis.allow_no_tasks: true` trains on the environment's own tasks instead.
 
 With `launcher.synthesis.seed_experience`, self-questioning then feeds self-navigating: the task manager
 replays the verified synthetic tasks' references and has the experience manager summarize them into the
@@ -27,6 +29,7 @@ from typing import Any
 from common.config import ConfigError, compose, validate
 from evolver_launcher.settings import LauncherSettings
 from task_manager.client import TaskClient
+from task_manager.protocol import Failures
 
 
 class SynthesisFailed(RuntimeError):
@@ -39,10 +42,11 @@ class SynthesisGate:
     def __init__(self, url: str, environments: list[str], episodes: int, timeout_s: float,
                  say: Callable[[str], None], *, seed_experience: bool = False, experience_url: str | None = None,
                  workspace: str = "default",
-                 run_name: str = "run") -> None:
+                 run_name: str = "run", allow_no_tasks: bool = False) -> None:
         self.url, self.environments, self.episodes, self.timeout_s = url, environments, episodes, timeout_s
         self.say = say
         self.seed_experience, self.workspace, self.run_name = seed_experience, workspace, run_name
+        self.allow_no_tasks = allow_no_tasks
         self.experience_url = experience_url  # only to see whether a resumed run's pool is already seeded
         self.results: dict[str, dict] = {}
         self._thread: threading.Thread | None = None
@@ -85,13 +89,20 @@ class SynthesisGate:
                 self.say(f"self-questioning: exploring {env} for {self.episodes} episodes before training")
                 job = await client.submit_job(env, episodes=self.episodes)
                 info = await client.wait_job(job.job_id, timeout=self.timeout_s, poll=1.0)
+                if info.status == "failed" and self.allow_no_tasks:
+                    self.results[env] = info.progress
+                    self.say(f"self-questioning on {env} found no task: {info.error}; training on its own tasks "
+                             "only (launcher.synthesis.allow_no_tasks)")
+                    continue
                 if info.status != "done":
-                    raise SynthesisFailed(f"synthesis job {job.job_id} on {env} ended {info.status}: {info.error}")
+                    raise SynthesisFailed(f"synthesis job {job.job_id} on {env} ended {info.status}: {info.error} "
+                                          "(the task manager's log has each episode; launcher.synthesis."
+                                          "allow_no_tasks: true trains without synthetic tasks)")
                 progress = info.progress
                 self.results[env] = progress
                 self.say(f"self-questioning on {env}: {progress.get('episodes_done')} episodes, "
                          f"{progress.get('proposed')} tasks proposed, {progress.get('verified')} verified, "
-                         f"{progress.get('kept')} kept ({time.monotonic() - started:.0f}s)")
+                         f"{progress.get('kept')} kept ({time.monotonic() - started:.0f}s)" + _no_task_line(progress))
             if self.seed_experience:
                 pool = await self._pool_size() if resumed and self.experience_url else 0
                 for env in self.environments:
@@ -131,6 +142,12 @@ class SynthesisGate:
                  f"{report.replay_failed} failed to replay; {time.monotonic() - started:.0f}s)")
 
 
+def _no_task_line(progress: dict[str, Any]) -> str:
+    """`; episodes with no task: no_state_change: 1` from a job's progress ('' when every episode gave one)."""
+    failures = Failures.model_validate(progress.get("failures") or {})
+    return f"; episodes with no task: {failures.summary()}" if failures.total() else ""
+
+
 # ------------------------------------------------------------------ standalone (docker compose)
 
 
@@ -165,7 +182,7 @@ def gate_from_config(raw: dict[str, Any], say: Callable[[str], None], run_name: 
     workspace = ((raw.get("trainer") or {}).get("experience") or {}).get("workspace", "default")
     return SynthesisGate(task_url, environments, settings.episodes, settings.timeout_s, say=say,
                          seed_experience=settings.seed_experience, experience_url=experience_url,
-                         workspace=workspace, run_name=run_name)
+                         workspace=workspace, run_name=run_name, allow_no_tasks=settings.allow_no_tasks)
 
 
 def main(argv: list[str] | None = None) -> int:

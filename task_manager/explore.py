@@ -329,6 +329,9 @@ async def explore_episode(access: EnvAccess, explorer: Explorer, profile: EnvPro
                                                  state=snapshot, state_changed=changed))
             pool.harvest(outcome.observation, index)
             previous = current
+            error = outcome.info.get("error")
+            if isinstance(error, dict) and error.get("code") == "environment_error":
+                exploration.environment_error = exploration.environment_error or str(error.get("message"))
             if outcome.done:
                 break
     return exploration

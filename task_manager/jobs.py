@@ -27,7 +27,7 @@ from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, exp
 from task_manager.kinds import proposal_kind
 from task_manager.lookups import LookupSynthesizer
 from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
-from task_manager.protocol import JobRequest
+from task_manager.protocol import Failures, JobRequest
 from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
 from task_manager.verify import verify
 
@@ -47,7 +47,8 @@ FAULT_ENV = "EVOLVER_TM_FAULT"  # "kill_before_commit:<episode>" or "kill_after_
 def new_progress(episodes: int) -> dict[str, Any]:
     return {"episodes_total": episodes, "episodes_done": 0, "episode_errors": 0, "steps": 0, "states_reached": 0,
             "proposed": 0, "parsed": 0, "verified": 0, "kept": 0, "rejected": {}, "dropped": {},
-            "by_kind": {}}  # task kind -> proposed, verified, kept
+            "by_kind": {},  # task kind -> proposed, verified, kept
+            "failures": Failures().model_dump()}  # episodes that gave no verified task, by reason
 
 
 @dataclass
@@ -59,6 +60,26 @@ class EpisodeResult:
     rejected: Counter = field(default_factory=Counter)
     proposed_kinds: Counter = field(default_factory=Counter)  # proposals by task kind
     error: str | None = None
+    failures: Failures = field(default_factory=Failures)
+
+    def explain(self, kinds: list[str]) -> None:
+        """Why this episode gave no verified task, when it gave none (`failures`)."""
+        if self.verified:
+            return
+        exploration = self.exploration
+        if self.error is not None:
+            self.failures.add("episode_error", self.error)
+        elif exploration is not None and exploration.environment_error is not None:
+            self.failures.add("environment_error", exploration.environment_error)
+        elif self.stats.proposed == 0:
+            if "goal" in kinds and exploration is not None and exploration.states_reached == 0:
+                self.failures.add("no_state_change")
+            if "lookup" in kinds:
+                self.failures.add("no_lookup_records")
+            if not self.failures.by_reason:
+                self.failures.add("nothing_proposed")
+        else:
+            self.failures.add("none_verified")
 
 
 def _fault(stage: str, episode: int) -> None:
@@ -130,6 +151,8 @@ class JobRunner:
         config = context.explore_config(request)
         profile = await context.profile(request.env)
         explorer_kind, synthesizer_kind = context.roles(request)
+        if request.kind == "synthesize":
+            _check_kinds(request.env, context.settings.synthesis.kinds, profile)
         index = await context.dedup_index(request.env) if request.kind == "synthesize" else None
         if request.kind == "synthesize" and context.settings.synthesis.lookup_kinds == "train":
             # What the environment's train tasks ask, by lookup kind and form (the job writes only those).
@@ -153,6 +176,11 @@ class JobRunner:
                 cursor = result.episode + 1
             if failures_in_a_row >= 3:
                 raise RuntimeError(f"{failures_in_a_row} episodes in a row failed; last: {results[-1].error}")
+        found_nothing = _found_nothing(request, progress)
+        if found_nothing:
+            logger.error("job {} on {}: {}", job_id, request.env, found_nothing)
+            store.set_job(job_id, status="failed", error=found_nothing)
+            return
         store.set_job(job_id, status="done")
         logger.info("job {} done: {} episodes, proposed {}, verified {}, kept {}", job_id, progress["episodes_done"],
                     progress["proposed"], progress["verified"], progress["kept"])
@@ -207,6 +235,15 @@ class JobRunner:
         except Exception as exc:  # one bad episode must not end the job; it is counted and logged
             logger.warning("job {} episode {} failed: {}: {}", job_id, episode, type(exc).__name__, exc)
             result.error = f"{type(exc).__name__}: {exc}"
+        if request.kind == "synthesize":
+            result.explain(context.settings.synthesis.kinds)
+        elif result.error is not None:
+            result.failures.add("episode_error", result.error)
+        elif result.exploration is not None and result.exploration.environment_error is not None:
+            result.failures.add("environment_error", result.exploration.environment_error)
+        if result.exploration is not None and result.exploration.environment_error is not None:
+            logger.warning("job {} episode {}: the environment failed: {}", job_id, episode,
+                           result.exploration.environment_error)
         return result
 
     async def _commit(self, job_id: str, request: JobRequest, result: EpisodeResult, progress: dict[str, Any],
@@ -262,8 +299,36 @@ class JobRunner:
                         ", ".join(t.task_id for t in kept))
 
 
+def _check_kinds(env: str, kinds: list[str], profile: EnvProfile) -> None:
+    """Refuse a kind of task the environment's profile cannot give, naming the section it lacks."""
+    if "lookup" in kinds and not any(op.lookups for op in profile.operations().values()):
+        raise ValueError(
+            f"task_manager.synthesis.kinds asks for lookup tasks, but the profile of {env!r} has no `lookups` "
+            "section in any operation (entities[].opts[].lookups: which record field answers which question; "
+            "docs/profile-reference.md): add one to the environment's profile(), or drop "
+            "lookup from kinds")
+
+
+def _found_nothing(request: JobRequest, progress: dict[str, Any]) -> str | None:
+    """Why a finished job counts as failed: every exploration failed, or a synthesis job verified nothing.
+    None for a job that found something (or explored only)."""
+    failures = Failures.model_validate(progress.get("failures") or {})
+    done = int(progress.get("episodes_done", 0))
+    errors = failures.by_reason.get("environment_error", 0) + failures.by_reason.get("episode_error", 0)
+    if done and errors >= done:
+        return f"every exploration failed ({done} episodes): {failures.summary()}"
+    if request.kind == "synthesize" and done and not progress.get("verified"):
+        rejected = ", ".join(f"{why}: {n}" for why, n in sorted((progress.get("rejected") or {}).items()))
+        return (f"{done} explorations gave no verified task ({progress.get('proposed', 0)} proposed"
+                + (f"; verification rejected {rejected}" if rejected else "") + f"): {failures.summary()}")
+    return None
+
+
 def _update(progress: dict[str, Any], result: EpisodeResult, kept: list[Task], dropped: Counter) -> None:
     progress["episodes_done"] += 1
+    failures = Failures.model_validate(progress.get("failures") or {})  # a job started before has none
+    failures.merge(result.failures)
+    progress["failures"] = failures.model_dump()
     if result.error:
         progress["episode_errors"] += 1
     if result.exploration is not None:

@@ -52,6 +52,9 @@ class Exploration(BaseModel):
     initial_messages: list[dict[str, Any]] = Field(default_factory=list)
     initial_state: Any = None
     steps: list[ExploreStep] = Field(default_factory=list)
+    # The first environment error a step met (the environment raised, or answered what JSON cannot carry):
+    # env_service ended the episode there.
+    environment_error: str | None = None
 
     @property
     def states_reached(self) -> int:

@@ -40,11 +40,13 @@ class LookupForm(_Lenient):
     that returned it, optionally through a filter: `{date|day}` ("June 3, 2025") or a glossary of the
     profile (`{origin|place}` -> "San Francisco (SFO)")."""
 
-    query: str
+    query: str = Field(description="the question, with `{field}` slots (`{field|filter}` to reword a value)")
     call: dict[str, str]  # the reference call's arguments (slots as in `query`); the tool is the operation
     # Fields whose values must single the record out among the records of its observation (an `each` lookup
     # describes the record by them, e.g. airline and departure time, rather than by its id).
-    unique: list[str] = Field(default_factory=list)
+    unique: list[str] = Field(default_factory=list, description=(
+        "fields whose values must single the record out among those its call returned (an `each` lookup "
+        "that describes the record by them rather than by its id)"))
 
 
 class Lookup(_Lenient):
@@ -56,43 +58,60 @@ class Lookup(_Lenient):
 
     kind: str = Field(min_length=1)  # named like the environment's own tasks of that sort (fare_lookup)
     answer: str = Field(min_length=1)  # the record field whose value answers
-    select: Literal["each", "min", "max"] = "each"
-    of: str | None = None
-    where: list[str] = Field(default_factory=list)
-    forms: dict[Literal["ids", "names"], LookupForm] = Field(min_length=1)
+    select: Literal["each", "min", "max"] = Field(default="each", description=(
+        "each: a question about every record a call returned; min/max: about the one record with the "
+        "smallest/largest `of` (a tie: no question)"))
+    of: str | None = Field(default=None, description="the field min/max compares (default: `answer`)")
+    where: list[str] = Field(default_factory=list, description="fields that must be positive for a record to count")
+    forms: dict[Literal["ids", "names"], LookupForm] = Field(min_length=1, description=(
+        "the question in the `ids` form (the call's own argument values) and/or the `names` form (written as "
+        "the environment's own tasks are); task_manager.synthesis.query_forms picks which"))
 
 
 class Operation(_Lenient):
+    """A tool of the environment (its name is the tool's name)."""
+
     name: str
     description: str = ""
-    template: str | None = None
+    template: str | None = Field(default=None, description=(
+        "how a hindsight goal reached by this call is worded, `{argument}` slots (book flight {flight_id})"))
     # The same request without ids: slots `{argument.field}` name a field of the record the argument's value
     # identifies (`{passenger_id.name}`), and may hop on (`{order_id.flight_id.origin}`).
-    natural_template: str | None = None
-    lookups: list[Lookup] = Field(default_factory=list)
+    natural_template: str | None = Field(default=None, description=(
+        "the same request without ids: `{argument.field}` names a field of the record the argument identifies"))
+    lookups: list[Lookup] = Field(default_factory=list, description=(
+        "for a read-only tool: the questions a field of the records it returns answers (kinds: [goal, lookup])"))
 
 
 class Entity(_Lenient):
+    """Something the environment holds (a flight, a book), its attributes and the operations on it."""
+
     name: str
     description: str = ""
-    attrs: dict[str, str] = Field(default_factory=dict)
-    opts: list[Operation] = Field(default_factory=list)
+    attrs: dict[str, str] = Field(default_factory=dict, description="attribute name -> what it holds")
+    opts: list[Operation] = Field(default_factory=list, description="the operations (tools) on it")
 
 
 class TaskPreference(_Lenient):
+    """What an LLM synthesizer is asked for: how many entities and operations a task involves."""
+
     num_entities: int = Field(default=1, ge=1)
     num_opts: int = Field(default=2, ge=1)
-    relation_difficulty: int = Field(default=2, ge=1, le=3)
+    relation_difficulty: int = Field(default=2, ge=1, le=3, description=(
+        "1 simple, independent steps; 2 moderately related; 3 tightly dependent"))
 
 
 class EnvProfile(_Lenient):
-    name: str
-    background: str = ""
+    """An environment's profile. Unknown keys are kept (profiles come from other projects too)."""
+
+    name: str = Field(description="the environment's name")
+    background: str = Field(default="", description="one paragraph: what the environment is")
     entities: list[Entity] = Field(default_factory=list)
     task_preference: TaskPreference = Field(default_factory=TaskPreference)
-    rubrics: list[Any] = Field(default_factory=list)
+    rubrics: list[Any] = Field(default_factory=list, description="AgentEvolver's; kept, not used")
     # name -> value -> how a query writes it (`{origin|place}`: "SFO" -> "San Francisco (SFO)").
-    glossary: dict[str, dict[str, str]] = Field(default_factory=dict)
+    glossary: dict[str, dict[str, str]] = Field(default_factory=dict, description=(
+        "filter name -> value -> how a query writes it: `{origin|place}` writes SFO as San Francisco (SFO)"))
 
     def operations(self) -> dict[str, Operation]:
         return {op.name: op for entity in self.entities for op in entity.opts}

@@ -18,6 +18,36 @@ from common.schemas import Task, Trajectory, WireModel
 JobKind = Literal["synthesize", "explore"]
 
 
+class Failures(WireModel):
+    """Why attempts came to nothing: how many by reason, and the first error's text.
+
+    One format for every piece of work that may find nothing: a self-questioning job's explorations (the
+    job's progress, `GET /v1/stats`, the launcher's line), and any other producer of tasks. A reason is a
+    short snake_case name (`environment_error`, `no_state_change`); one attempt may count under several."""
+
+    by_reason: dict[str, int] = Field(default_factory=dict)
+    first_error: str | None = None  # the first error text met, as the failing component wrote it
+
+    def add(self, reason: str, error: str | None = None) -> None:
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if error and self.first_error is None:
+            self.first_error = error[:1000]
+
+    def merge(self, other: Failures) -> None:
+        for reason, count in other.by_reason.items():
+            self.by_reason[reason] = self.by_reason.get(reason, 0) + count
+        if self.first_error is None:
+            self.first_error = other.first_error
+
+    def total(self) -> int:
+        return sum(self.by_reason.values())
+
+    def summary(self) -> str:
+        """`environment_error: 4, no_state_change: 1; first error: IndexError: ...` ('' when nothing failed)."""
+        counts = ", ".join(f"{reason}: {count}" for reason, count in sorted(self.by_reason.items()))
+        return counts + (f"; first error: {self.first_error}" if self.first_error else "")
+
+
 class JobRequest(WireModel):
     kind: JobKind = "synthesize"  # synthesize: explore, propose, verify, dedup, store; explore: store explorations
     env: str = Field(min_length=1)

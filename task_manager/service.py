@@ -30,6 +30,7 @@ from task_manager.models import StoredTask
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
 from task_manager.protocol import (
     BatchRequest,
+    Failures,
     FeedbackRequest,
     GradeRequest,
     JobRequest,
@@ -490,13 +491,16 @@ class TaskManager:
                          "by_synthesizer": by_synth}
         funnel = {k: 0 for k in ("episodes_done", "proposed", "parsed", "verified", "kept")}
         jobs: dict[str, int] = {}
+        failures = Failures()
         for job in self.store.jobs():
             jobs[job["status"]] = jobs.get(job["status"], 0) + 1
             for key in funnel:
                 funnel[key] += int(job["progress"].get(key, 0))
+            failures.merge(Failures.model_validate(job["progress"].get("failures") or {}))
         tracked = [r for r, n in rates.values() if n]
         return {
             "environments": envs, "jobs": jobs, "funnel": funnel, "funnel_by_kind": self.funnel_by_kind(),
+            "failures": failures.model_dump(),  # explorations that gave no verified task, by reason
             "explorations": self.store.exploration_count(),
             "seeding": self.seeding,
             "pass_rates": {"tracked": len(tracked),

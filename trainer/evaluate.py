@@ -42,6 +42,7 @@ from trainer.rollout import (
     EpisodeResult,
     EvalSummary,
     RolloutConfig,
+    environment_error,
     evaluate_policy,
     evaluation_progress,
     is_invalid_action,
@@ -131,7 +132,7 @@ async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: Rollou
                     (ChatMessage.model_validate(m) if not isinstance(m, ChatMessage) else m for m in created.messages)]
         steps = invalid = 0
         action = ""
-        called = False
+        called = failed = False
         for turn in range(config.max_turns):
             reply = await llm.chat(messages, max_tokens=config.max_new_tokens, temperature=temperature,
                                    seed=seed * 1000 + turn)
@@ -139,6 +140,7 @@ async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: Rollou
             result = await env.step(created.instance_id, action)
             steps += 1
             invalid += int(is_invalid_action(result.info))
+            failed = environment_error(result.info) is not None
             called = called or made_tool_call([Step(index=turn, action=ChatMessage(role="assistant", content=action),
                                                     observation=result.observation, info=result.info)])
             messages += [{"role": "assistant", "content": action},
@@ -146,7 +148,7 @@ async def _chat_episode(task: Task, env: EnvPeer, llm: LLMClient, config: Rollou
             if result.done:
                 break
         outcome = float((await env.evaluate(created.instance_id, config.evaluate_params)).score)
-        return EpisodeResult(task.task_id, outcome, steps, invalid, action, called)
+        return EpisodeResult(task.task_id, outcome, steps, invalid, action, called, environment_error=failed)
     finally:
         await env.release(created.instance_id)
 
@@ -167,7 +169,8 @@ def result_json(summary: EvalSummary, meta: dict[str, Any]) -> dict[str, Any]:
     metrics = {m: interval([v[m] for v in values.values()], (0.0, 1.0)) for m in
                (f"avg@{summary.k}", f"best@{summary.k}", "invalid_action_rate")}
     return {**meta, f"avg@{summary.k}": summary.avg_at_k, f"best@{summary.k}": summary.best_at_k,
-            "invalid_action_rate": summary.invalid_action_rate, "tasks": summary.tasks, "k": summary.k,
+            "invalid_action_rate": summary.invalid_action_rate,
+            "environment_error_rate": summary.environment_error_rate, "tasks": summary.tasks, "k": summary.k,
             "ci95": metrics, "per_task": summary.per_task, "answers": summary.per_task_answer,
             "prompts": summary.per_task_prompt, "experience_rollouts": summary.experience_rollouts,
             "per_task_steps": summary.per_task_steps, "replies": summary.per_task_replies,

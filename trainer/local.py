@@ -49,6 +49,7 @@ from trainer.resilience import (
     clients_by_peer,
     counters_dict,
     degradations,
+    environment_traceback_hint,
     load_outages,
     outage_table,
 )
@@ -511,7 +512,8 @@ class LocalTrainer:
                                cfg.empty_step_retries)
         if failure:
             raise EmptyStepError(f"step {step + 1}: every rollout ended in an environment error in "
-                                 f"{cfg.empty_step_retries + 1} attempts; the environment said: {failure}")
+                                 f"{cfg.empty_step_retries + 1} attempts; the environment said: {failure}"
+                                 + environment_traceback_hint(self.config.services.logs_dir))
         raise EmptyStepError(f"step {step + 1}: all {len(tasks)} task groups were dropped in "
                              f"{cfg.empty_step_retries + 1} attempts; last rollout error: "
                              f"{self.group_stats.last_error or 'none recorded'}")

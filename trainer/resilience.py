@@ -7,7 +7,9 @@ trainer still reports the outages before its crash.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from common.http import OutageCounters, ServiceClient
@@ -18,6 +20,29 @@ from trainer.policy import EndpointPolicy, Policy
 
 class EmptyStepError(RuntimeError):
     """Every group of a step was dropped, again and again: training on nothing is not a step."""
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_LOG_TAIL_BYTES = 256 * 1024
+
+
+def environment_traceback_hint(logs_dir: str | None) -> str:
+    """Where an environment error's traceback is: the env service's log under the launcher's `logs_dir`, with
+    the last frame that log holds (file, line, function), or '' when the trainer was not told where logs go."""
+    if not logs_dir:
+        return ""
+    path = Path(logs_dir) / "env_service.log"
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, path.stat().st_size - _LOG_TAIL_BYTES))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:  # the env service runs on another machine, or wrote no log
+        return f"; its traceback is in the env service's log ({path})"
+    frames = _FRAME.findall(tail)
+    if not frames:
+        return f"; its traceback is in {path}"
+    file, line, function = frames[-1]
+    return f"; its traceback is in {path}, last frame: {file}, line {line}, in {function}"
 
 
 @dataclass

@@ -465,6 +465,8 @@ class EvalSummary:
     # Evaluated with asks (experience.mode action/step): whether each sample asked, in sample order.
     with_asks: bool = False
     per_task_asked: dict[str, list[bool]] = field(default_factory=dict)
+    # Episodes that ended in an environment error (the environment failed, not the policy), of all episodes.
+    environment_error_rate: float = 0.0
 
     def ask_split(self) -> dict[str, float]:
         """With asks: the share of samples that asked, and the success rate of those that did and did not."""
@@ -488,7 +490,8 @@ class EvalSummary:
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {f"{prefix}/avg@{self.k}": self.avg_at_k, f"{prefix}/best@{self.k}": self.best_at_k,
-               f"{prefix}/invalid_action_rate": self.invalid_action_rate, f"{prefix}/tasks": float(self.tasks)}
+               f"{prefix}/invalid_action_rate": self.invalid_action_rate,
+               f"{prefix}/environment_error_rate": self.environment_error_rate, f"{prefix}/tasks": float(self.tasks)}
         share = self.successes_with_tool_call()
         if share is not None:
             out[f"{prefix}/successes_with_tool_call"] = share
@@ -525,7 +528,8 @@ def episode_result(rollout: Rollout) -> EpisodeResult:
     env_steps = environment_steps(t.steps)
     return EpisodeResult(t.task_id, float(t.outcome or 0.0), len(env_steps), rollout.invalid_steps,
                          env_steps[-1].action.text() if env_steps else "", made_tool_call(t.steps),
-                         prompt_digest(t.prompt_ids), t.experience_flag, rollout.asks)
+                         prompt_digest(t.prompt_ids), t.experience_flag, rollout.asks,
+                         rollout.environment_error is not None)
 
 
 @dataclass
@@ -541,6 +545,7 @@ class EpisodeResult:
     prompt: str | None = None  # prompt_digest of its first prompt, where the policy was given token ids
     with_experience: bool = False
     asks: int = 0  # answered asks of the experience pool (not among `steps`)
+    environment_error: bool = False  # the episode ended in an environment error
 
 
 def summarize_episodes(episodes: Sequence[EpisodeResult], k: int, success_threshold: float = 1.0) -> EvalSummary:
@@ -577,7 +582,8 @@ def summarize_episodes(episodes: Sequence[EpisodeResult], k: int, success_thresh
     invalid_rate = sum(task_invalid.values()) / max(sum(task_steps.values()), 1)
     per_task_invalid = {t: task_invalid[t] / max(task_steps[t], 1) for t in per_task}
     return EvalSummary(avg, best, invalid_rate, len(success), k, per_task, per_task_invalid, answers, prompts,
-                       with_experience, lengths, replies, called, success_threshold, per_task_asked=asked)
+                       with_experience, lengths, replies, called, success_threshold, per_task_asked=asked,
+                       environment_error_rate=sum(e.environment_error for e in episodes) / len(episodes))
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(kit.run())
     if args.json:
         print(json.dumps({"url": report.url, "env": report.env, "ok": report.ok, "failed": report.failed,
-                          "checks": {n: {"ok": c.ok, "detail": c.detail} for n, c in report.checks.items()}}))
+                          "checks": {n: {"ok": c.ok, "detail": c.detail, **({} if c.ok else {"fix": c.fix()})}
+                                     for n, c in report.checks.items()}}))
     else:
         print(report.render())
     return 0 if report.ok else 1

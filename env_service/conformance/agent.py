@@ -41,6 +41,21 @@ class RandomAgent:
         self.functions = [tool.get("function", tool) for tool in tools
                           if isinstance(tool, dict) and isinstance(tool.get("function", tool).get("name"), str)]
 
+    def plain_text(self) -> dict[str, Any]:
+        """A reply that calls no tool: what an untrained policy writes most of the time."""
+        return {"role": "assistant", "content": self.rng.choice(WORDS[4:])}
+
+    def malformed_call(self) -> dict[str, Any]:
+        """A tool call cut off mid-way (unbalanced JSON): the environment must explain, never raise."""
+        name = self.rng.choice(self.functions)["name"] if self.functions else "look"
+        return {"role": "assistant", "content": f'<tool_call>{{"name": "{name}", "arguments": {{</tool_call>'}
+
+    def opening(self, index: int) -> list[dict[str, Any]]:
+        """The actions every episode starts with, a plain-text reply and a malformed call, in turns first
+        (an environment whose episodes end after one step still meets both over two episodes)."""
+        pair = [self.plain_text(), self.malformed_call()]
+        return pair if index % 2 == 0 else pair[::-1]
+
     def action(self) -> dict[str, Any]:
         """One assistant message (a JSON-able dict)."""
         roll = self.rng.random()

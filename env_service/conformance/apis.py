@@ -84,6 +84,16 @@ class Step:
     observation: dict[str, Any]
     reward: float
     done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def environment_error(self) -> str | None:
+        """The environment's own failure this step reported (`info.error.code == "environment_error"`): the
+        server caught an exception, or an answer JSON cannot carry, and ended the episode. Training meets
+        the same step as a failed rollout, so it is no pass here, however well-formed the answer."""
+        error = self.info.get("error")
+        if isinstance(error, dict) and error.get("code") == "environment_error":
+            return str(error.get("message") or "no message")
+        return None
 
 
 class Api(ABC):
@@ -208,7 +218,7 @@ class AgentEvolverApi(Api):
             raise Violation("ae.step_shape", f"step is_terminated must be a boolean, got {data.get('is_terminated')!r}")
         if not isinstance(data.get("info", {}), dict):
             raise Violation("ae.step_shape", "step info must be an object")
-        return Step(data["state"][0], reward, data["is_terminated"])
+        return Step(data["state"][0], reward, data["is_terminated"], data.get("info") or {})
 
     async def evaluate_raw(self, instance_id: str) -> Answer:
         return await self._post("/evaluate", "evaluate", instance_id=instance_id, params={})
@@ -292,7 +302,9 @@ class V1Api(Api):
         reward = check_number(body.get("reward"), "v1.step_shape", "step reward")
         if not isinstance(body.get("done"), bool):
             raise Violation("v1.step_shape", f"step done must be a boolean, got {body.get('done')!r}")
-        return Step(body["observation"], reward, body["done"])
+        if not isinstance(body.get("info", {}), dict):
+            raise Violation("v1.step_shape", "step info must be an object")
+        return Step(body["observation"], reward, body["done"], body.get("info") or {})
 
     async def evaluate_raw(self, instance_id: str) -> Answer:
         return await self.transport.call("POST", f"/v1/instances/{instance_id}/evaluate", "evaluate", json={})
@@ -331,9 +343,14 @@ class V1Api(Api):
         return declared if isinstance(declared, dict) else {}
 
     async def state(self, instance_id: str, check: str) -> Any:
+        """The instance's state snapshot: an object, or null for an environment without one."""
         body = self._expect(await self.transport.call("GET", f"/v1/instances/{instance_id}/state", "state"),
-                            check, "state")
-        return body.get("state") if isinstance(body, dict) else body
+                            check, f"GET /v1/instances/{instance_id}/state")
+        if not isinstance(body, dict) or "state" not in body:
+            raise Violation(check, f"state must answer {{instance_id, state, state_hash}}, got {str(body)[:200]}")
+        if body["state"] is not None and not isinstance(body["state"], dict):
+            raise Violation(check, f"state must be an object or null, got {type(body['state']).__name__}")
+        return body["state"]
 
     async def fork(self, instance_id: str) -> str:
         body = self._expect(await self.transport.call("POST", f"/v1/instances/{instance_id}/fork", "fork", json={}),

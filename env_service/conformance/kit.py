@@ -1,11 +1,18 @@
 """The conformance run: every check against one environment of one env server.
 
-Checks (each PASS or FAIL with the reason; `<api>` is `v1` and/or `ae`, whichever the server offers):
+Checks (each PASS or FAIL with the reason, a FAIL also with what to fix; `<api>` is `v1` and/or `ae`,
+whichever the server offers):
 - `healthz`: GET /healthz answers 200.
 - `apis`: the server offers our /v1 API or the AgentEvolver routes (both are checked when offered).
 - `<api>.profile` / `v1.environments`: task ids per split are lists of strings, some task exists.
 - `<api>.create_shape`, `<api>.step_shape`: answers have the protocol's shapes (exactly [system, user]
   on create, exactly one message per step, a number reward, a boolean done).
+- `environment_errors`: no step ends in an environment error (`info.error.code == "environment_error"`:
+  the environment raised, or answered what JSON cannot carry). Every episode plays a plain-text reply and
+  a malformed tool call first, the two actions an untrained policy writes most; the environment must answer
+  both with an explanatory observation.
+- `v1.state`: GET /v1/instances/{id}/state answers 200 with a JSON object or null, after every step (the
+  task manager verifies synthetic tasks by it).
 - `<api>.evaluate_range`: every score is a number in [0, 1].
 - `<api>.synthetic_query`: a create with `params.query` shows that query in its user message (how a
   synthetic task's question reaches the environment; one that ignores it trains on the seed task's own
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -37,9 +45,46 @@ from typing import Any
 import httpx
 
 from .agent import RandomAgent
-from .apis import AgentEvolverApi, Answer, Api, Transport, V1Api, Violation
+from .apis import AgentEvolverApi, Answer, Api, Step, Transport, V1Api, Violation
 
 SPLITS = ("train", "validation", "test")
+
+# What to change when a check fails, by check name without its API prefix; written for the author of an
+# environment (a plugin's class or a server of their own).
+FIXES = {
+    "healthz": "serve GET /healthz answering 200 once the environment can serve (check --url)",
+    "apis": "serve evolver's /v1 API (env_service does for a plugin) or AgentEvolver's routes; check --url",
+    "transport": "the server dropped the connection: read its log (a crash or a worker killed mid-call)",
+    "environments": "task_ids(split) must return a list of string ids, with tasks in at least one split",
+    "profile": "task_ids(split) must return a list of string ids, with tasks in at least one split",
+    "create_shape": "reset() must return exactly [ChatMessage(role='system'), ChatMessage(role='user')] "
+                    "with string content",
+    "step_shape": "step() must return StepResult(observation=<one ChatMessage with string content>, "
+                  "reward=<number>, done=<bool>, info=<dict of JSON values>)",
+    "environment_errors": "step() must answer every action, a plain-text reply or a malformed call "
+                          "included, with an explanatory observation (and info={'valid': False}), never an "
+                          "exception; observation content must be a string and info JSON (no sets, no "
+                          "objects). The traceback is in the env service's log (runs/<exp>/logs/env_service.log "
+                          "in a launch)",
+    "state": "state() must return a dict of JSON values (lists, not sets; no objects) or None",
+    "evaluate_range": "evaluate() must return EvalResult(score=<a number in [0, 1]>) and never raise",
+    "synthetic_query": "when create() gets params['query'], reset() must show that text as the user message",
+    "release": "DELETE /v1/instances/{id} must release a live instance once (a second release says it was "
+               "not live), and a released id must answer not-found",
+    "unknown_instance": "a call on an unknown instance id must answer the API's not-found error, not 2xx/5xx",
+    "unknown_env": "a create for an environment the server does not serve must answer a 4xx error",
+    "unknown_task": "create() must raise KeyError(task_id) for a task id it does not know (answered 404)",
+    "malformed": "a request body that is not JSON must answer a 4xx error in the API's error shape",
+    "fork": "fork() must return an independent copy (copy.deepcopy of the world), or do not declare 'fork'",
+    "episodes": "a random-agent episode must run to its end: create, steps, evaluate and release all answer",
+    "concurrency": "instances must not share mutable state: create() must build a fresh world each time",
+    "leak": "release must drop the instance (close() must not fail, nothing may keep it listed)",
+    "timeouts": "every call must answer within --timeout: a step that waits on something must time out itself",
+}
+
+
+def fix_for(check: str) -> str:
+    return FIXES.get(check.split(".", 1)[-1], "")
 
 
 @dataclass
@@ -47,6 +92,11 @@ class CheckResult:
     name: str
     ok: bool = True
     detail: str = ""
+
+    def fix(self) -> str:
+        """What to change; a check another one stopped points there (its own fix would mislead)."""
+        stopped = re.match(r"stopped by ([\w.]+):", self.detail)
+        return f"fix {stopped.group(1)} (above) first" if stopped else fix_for(self.name)
 
 
 @dataclass
@@ -67,6 +117,8 @@ class Report:
         lines = [f"env_service conformance: {self.url} env={self.env}"]
         for check in self.checks.values():
             lines.append(f"{'PASS' if check.ok else 'FAIL'} {check.name}" + (f": {check.detail}" if check.detail else ""))
+            if not check.ok and (fix := check.fix()):
+                lines.append(f"     fix: {fix}")
         passed = sum(c.ok for c in self.checks.values())
         verdict = "CONFORMS" if self.ok else f"DOES NOT CONFORM (failed: {', '.join(self.failed)})"
         lines.append(f"{passed}/{len(self.checks)} checks passed: {verdict}")
@@ -84,6 +136,7 @@ class ConformanceKit:
         self.created: list[str] = []
         self.released: set[str] = set()
         self.task_pool: list[str] = []
+        self.steps = 0
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -139,6 +192,7 @@ class ConformanceKit:
         if not apis:
             return
         listed_before = await self._live(transport)
+        self.report.checks.setdefault("environment_errors", CheckResult("environment_errors"))
         for api in apis:
             await self._check_api(api)
         if not self.task_pool:
@@ -146,9 +200,11 @@ class ConformanceKit:
         async with self.check("episodes"):
             for i in range(self.episodes):
                 await self._episode(apis[i % len(apis)], i)
-            self._pass("episodes", f"{self.episodes} random-agent episodes")
+            self._pass("episodes", f"{self.episodes} random-agent episodes, each opening with a plain-text "
+                                   "reply and a malformed tool call")
         async with self.check("concurrency"):
             await self._concurrent(apis[0])
+        self._pass("environment_errors", f"none in {self.steps} steps")
         await self._leak_check(transport, listed_before)
         await self._cleanup(apis[0])
 
@@ -173,7 +229,11 @@ class ConformanceKit:
         if instance_id is None:
             return
         async with self.check(f"{p}.step_shape"):
-            await api.step(instance_id, RandomAgent(await api.tools(task_id), self.seed).action())
+            await self._step(api, instance_id, RandomAgent(await api.tools(task_id), self.seed).action())
+        if isinstance(api, V1Api):
+            async with self.check("v1.state"):
+                await api.state(instance_id, "v1.state")
+                self._pass("v1.state", "an object or null after every step")
         async with self.check(f"{p}.evaluate_range"):
             await self._evaluate(api, instance_id)
         async with self.check(f"{p}.synthetic_query"):
@@ -216,6 +276,19 @@ class ConformanceKit:
         self.created.append(instance_id)
         return instance_id, messages
 
+    async def _step(self, api: Api, instance_id: str, action: dict[str, Any]) -> Step:
+        """One step, checked like its shape: an environment error fails, naming the action and the message;
+        on /v1 the state must still read."""
+        step = await api.step(instance_id, action)
+        self.steps += 1
+        problem = step.environment_error()
+        if problem is not None:
+            raise Violation("environment_errors", f"the action {str(action.get('content'))[:80]!r} ended the "
+                            f"episode in an environment error: {problem[:300]}")
+        if isinstance(api, V1Api):
+            await api.state(instance_id, "v1.state")
+        return step
+
     async def _synthetic_query(self, api: Api, task_id: str) -> None:
         query = f"Conformance question {uuid.uuid4().hex[:8]}: describe what you can do here."
         instance_id, messages = await self._create(api, task_id, {"query": query})
@@ -235,13 +308,13 @@ class ConformanceKit:
         original, _ = await self._create(api, task_id)
         twin = None
         try:
-            await api.step(original, agent.action())
+            await self._step(api, original, agent.action())
             before = await api.state(original, "v1.fork")
             twin = await api.fork(original)
             self.created.append(twin)
             if await api.state(twin, "v1.fork") != before:
                 raise Violation("v1.fork", "the fork's state differs from the original's at the fork")
-            await api.step(twin, agent.action())
+            await self._step(api, twin, agent.action())
             if await api.state(original, "v1.fork") != before:
                 raise Violation("v1.fork", "stepping the fork changed the original's state")
             self._pass("v1.fork", "a fork is an independent copy")
@@ -275,9 +348,11 @@ class ConformanceKit:
         task_id = self.rng.choice(self.task_pool)
         agent = RandomAgent(await api.tools(task_id), self.seed * 1000 + index)
         instance_id, _ = await self._create(api, task_id)
+        opening = agent.opening(index)
         try:
-            for _ in range(self.max_steps):
-                if (await api.step(instance_id, agent.action())).done:
+            for turn in range(self.max_steps):
+                action = opening[turn] if turn < len(opening) else agent.action()
+                if (await self._step(api, instance_id, action)).done:
                     break
             await self._evaluate(api, instance_id)
         finally:
@@ -295,7 +370,7 @@ class ConformanceKit:
                 raise Violation("concurrency", f"{len(ids)} concurrent creates gave only {len(set(ids))} distinct ids")
             agents = [RandomAgent([], self.seed + i) for i in range(len(ids))]
             for _ in range(2):
-                await asyncio.gather(*(api.step(i, a.action()) for i, a in zip(ids, agents, strict=True)))
+                await asyncio.gather(*(self._step(api, i, a.action()) for i, a in zip(ids, agents, strict=True)))
             await asyncio.gather(*(self._evaluate(api, i) for i in ids))
         finally:
             results = await asyncio.gather(*(self._release(api, i) for i in ids), return_exceptions=True)

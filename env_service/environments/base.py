@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from common.config import validate
 from common.schemas import ChatMessage, Split
 
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")
@@ -73,9 +74,16 @@ class Environment(ABC):
     """An environment type, registered by `name` in the server's allowlist."""
 
     name: ClassVar[str]
+    # The environment's own settings (its section `env_service.environments.<name>` of the run YAML) as a
+    # pydantic model: the launcher and the service validate the section against it at start, so a misspelled
+    # key fails naming its key path (give the model `extra="forbid"`). The validated model is `self.settings`.
+    settings_model: ClassVar[type[BaseModel] | None] = None
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})
+        if self.settings_model is not None:
+            self.settings = validate(self.settings_model, self.config,
+                                     root=f"env_service.environments.{getattr(self, 'name', type(self).__name__)}")
 
     @abstractmethod
     def task_ids(self, split: Split) -> list[str]:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from evolver_launcher import config_reference
+from task_manager import profile_reference
+from task_manager.profile import Lookup
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -52,6 +54,16 @@ def test_configuration_reference_is_what_its_generator_prints():
     committed = config_reference.PAGE.read_text()
     assert committed == config_reference.render(), (
         "docs/configuration-reference.md is stale: run .venv/bin/python -m evolver_launcher.config_reference --write")
+
+
+def test_profile_reference_is_what_its_generator_prints():
+    assert profile_reference.PAGE.read_text() == profile_reference.render(), (
+        "docs/profile-reference.md is stale: run .venv/bin/python -m task_manager.profile_reference --write")
+    # The lookup section documents every field of the model that reads it.
+    page = profile_reference.render()
+    section = page.split("## `profile.entities[].opts[].lookups[]`\n", 1)[1].split("\n## ", 1)[0]
+    for name in Lookup.model_fields:
+        assert f"| `{name}` |" in section, name
 
 
 def test_configuration_reference_names_every_section_and_key_descriptions():

@@ -1,7 +1,7 @@
 """Pre-flight: a run's environments are checked before anything starts, each failure one line naming the fix.
 
-`--dry-run` rejects unknown keys in an environment's settings and environments the env service will not
-serve; the launcher's start refuses a remote that does not answer and a plugin that does not import;
+`--dry-run` rejects unknown keys in an environment's settings (a plugin's too), a plugin class its module
+lacks, and environments the env service will not serve; the launcher's start refuses a remote that does not answer and a plugin that does not import;
 env_service's /healthz names a remote that stopped answering.
 """
 
@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 import launcher
-from common.config import compose
+from common.config import ConfigError, compose
 from env_service.app import build_app
+from env_service.registry import load_environments
 from env_service.settings import EnvServiceSettings
 from evolver_launcher.plan import build_plan
 from tests.helpers import REPO, InProcessServer, free_port
@@ -93,6 +94,23 @@ def test_plugins_import_from_the_config_folder_and_a_missing_one_is_named(tmp_pa
     assert len(problems) == 1, problems
     assert problems[0].startswith("env_service.plugins.extra: cannot import no_such_module: ModuleNotFoundError")
     assert str(tmp_path) in plan.child("env_service").env["PYTHONPATH"]
+
+
+def test_dry_run_names_a_missing_plugin_class_and_a_plugins_unknown_key(tmp_path, capsys):
+    (tmp_path / "library_env.py").write_text(
+        "from tests.env_service.library_desk import LibraryDesk as LibraryEnvironment\n")
+    misspelled = run_yaml(tmp_path, "{library: {}}", "library", "{library: 'library_env:LibraryEnviroment'}")
+    code, out = dry_run(misspelled, capsys)
+    assert code == 2, out
+    assert "env_service.plugins.library: module library_env has no 'LibraryEnviroment'" in out
+    assert "its Environment classes: LibraryEnvironment" in out and "dry run: nothing was started" in out
+
+    typo = run_yaml(tmp_path, "{library: {tasks_per_splt: 4}}", "library", "{library: 'library_env:LibraryEnvironment'}")
+    code, out = dry_run(typo, capsys)
+    assert code == 2 and "env_service.environments.library.tasks_per_splt: unknown key" in out, out
+    # The service refuses it the same way at its own start.
+    with pytest.raises(ConfigError, match=r"env_service.environments.library.tasks_per_splt: unknown key"):
+        load_environments({"library": {"tasks_per_splt": 4}}, {"library": "tests.env_service.library_desk:LibraryDesk"})
 
 
 def test_env_service_exits_2_on_a_plugin_that_does_not_import(tmp_path):
