@@ -56,8 +56,10 @@ def share_of_left(task: dict[str, Any], answer: list[str]) -> float:
 
 
 def words_credit(task: dict[str, Any], answer: str) -> float:
-    """Partial credit for a reply's length, a tenth per word up to ten: a random model's replies differ."""
-    return min(len(str(answer or "").split()), 10) / 10
+    """Partial credit: the share of the reply's characters that are letters. A random model's replies differ in
+    it even when every one runs to the token budget, where a length cap would give them all the same credit."""
+    text = str(answer or "")
+    return sum(c.isalpha() for c in text) / len(text) if text else 0.0
 
 
 async def hanging_agent(task: dict[str, Any], base_url: str) -> None:

@@ -66,4 +66,5 @@ async def test_the_langgraph_example_trains_two_steps(tiny_server: ServiceProces
     assert result["agent"]["failed_episodes"] == 0, result["agent"]["errors"]
     history = result["history"]
     assert len(history) == 2 and all(h["rollout/groups"] == 2 for h in history)
-    assert all(h["rollout/reward_std"] > 0 for h in history) and all(h["update/grad_norm"] > 0 for h in history)
+    assert all(h["rollout/reward_std"] > 0 for h in history), [h["rollout/reward_std"] for h in history]
+    assert all(h["update/grad_norm"] > 0 for h in history), [h["update/grad_norm"] for h in history]
