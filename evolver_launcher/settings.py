@@ -54,8 +54,8 @@ class RestartPolicy(StrictModel):
     trainer: bool = Field(default=True, description=(
         "restart a crashed trainer with trainer.resume=true: it continues from its last checkpoint "
         "(trainer.checkpoint.every), so a crash costs at most one checkpoint interval; not after a "
-        "configuration error (exit 2), after it gave up on a peer past its outage budget (exit 3), or after it "
-        "stopped a collapsed run (exit 4)"))
+        "configuration error (exit 2), after it gave up on a peer past its outage budget (exit 3), after it "
+        "stopped a collapsed run (exit 4), or after a write found the disk full (exit 5)"))
 
 
 class RayLaunch(StrictModel):

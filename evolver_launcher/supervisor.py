@@ -42,8 +42,10 @@ UNAVAILABLE_LIMIT_S = 45.0
 CONFIG_ERROR_EXIT = 2  # argparse/config errors: restarting cannot help
 GAVE_UP_EXIT = 3  # the trainer waited out its outage budget for a peer (or its steps stayed empty): it said why
 COLLAPSED_EXIT = 4  # the trainer stopped a collapsed run (trainer.collapse): the launcher exits with it too
+DISK_FULL_EXIT = 5  # the trainer found the disk full: a restart would find it full too
 NO_RESTART_EXITS = {CONFIG_ERROR_EXIT: " (a configuration error)", GAVE_UP_EXIT: " (it gave up on a peer or on empty steps)",
-                    COLLAPSED_EXIT: " (the run collapsed: its summary.json names the signal)"}
+                    COLLAPSED_EXIT: " (the run collapsed: its summary.json names the signal)",
+                    DISK_FULL_EXIT: " (the disk is full: free space, then run again with launcher.resume: true)"}
 PASSED_ON_EXITS = {COLLAPSED_EXIT}  # a foreground child's exit code the launcher exits with (others: 1)
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from task_manager.settings import TaskManagerSettings
     from task_manager.store import TaskStore
 
-FAULT_ENV = "EVOLVER_TM_FAULT"  # "kill_before_commit:<episode>" or "kill_after_commit:<episode>"
+FAULT_ENV = "EVOLVER_TM_FAULT"  # "<kill_before_commit|kill_inside_commit|kill_after_commit>:<episode>"
 
 
 def new_progress(episodes: int) -> dict[str, Any]:
@@ -253,6 +253,7 @@ class JobRunner:
             if result.exploration is not None:
                 store.insert_exploration(db, result.exploration)
             _update(progress, result, kept, dropped)
+            _fault("kill_inside_commit", result.episode)  # the episode's rows written, not yet committed
             store.update_job(db, job_id, cursor=result.episode + 1, progress=progress)
         context.tasks_changed(request.env)
         _fault("kill_after_commit", result.episode)

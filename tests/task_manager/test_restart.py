@@ -1,9 +1,10 @@
 """Restart: SIGKILL the service at a deterministic point of a synthesis job; the job resumes, nothing doubles.
 
-The fault hook (EVOLVER_TM_FAULT=kill_before_commit:<episode>, off by default) kills the process
-after that episode's tasks are verified and before they are committed. After a restart on the
-same store, the job continues at its cursor and ends with exactly the tasks an uninterrupted run
-of the same job produces.
+The fault hook (EVOLVER_TM_FAULT, off by default) kills the process inside an episode's commit (its
+tasks and exploration written into the open transaction, the cursor not yet), then, after a restart,
+before another episode's commit. After each restart on the same store, the job continues at its cursor
+and ends with exactly the tasks an uninterrupted run of the same job produces: a store that wrote an
+episode's rows outside one transaction would keep half an episode and fail here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.task_manager.conftest import stored_rows, write_conf
 
 pytestmark = pytest.mark.slow
 
-EPISODES, KILL_AT = 10, 4
+EPISODES, KILL_INSIDE, KILL_BEFORE = 10, 4, 7
 JOB = {"env": "flights", "episodes": EPISODES, "seed": 11}
 
 
@@ -44,19 +45,25 @@ def _conf(root: Path, env: ServiceProcess, name: str) -> tuple[Path, Path]:
 def test_killed_job_resumes_without_duplicates(flights_env: ServiceProcess, tmp_path: Path) -> None:
     conf, store = _conf(tmp_path, flights_env, "crashed")
     with run_service("task_manager", ["--conf", str(conf)],
-                     env={"EVOLVER_TM_FAULT": f"kill_before_commit:{KILL_AT}"}) as service:
+                     env={"EVOLVER_TM_FAULT": f"kill_inside_commit:{KILL_INSIDE}"}) as service:
         job_id = httpx.post(f"{service.url}/v1/jobs", json=JOB, timeout=30).json()["job_id"]
         assert service.proc.wait(timeout=240) == -9, service.log()[-2000:]
-        assert "fault injection: kill_before_commit at episode 4" in service.log()
+        assert f"fault injection: kill_inside_commit at episode {KILL_INSIDE}" in service.log()
     [job] = stored_rows(store, "SELECT status, cursor FROM jobs")
-    assert (job["status"], job["cursor"]) == ("running", KILL_AT)
+    assert (job["status"], job["cursor"]) == ("running", KILL_INSIDE)
     before = {r["task_id"] for r in stored_rows(store, "SELECT task_id FROM tasks")}
     assert [r["episode"] for r in stored_rows(store, "SELECT episode FROM explorations ORDER BY episode")] == \
-        list(range(KILL_AT))
+        list(range(KILL_INSIDE)), "nothing of the episode killed mid-commit is stored"
+
+    with run_service("task_manager", ["--conf", str(conf)],  # same store, killed again further on
+                     env={"EVOLVER_TM_FAULT": f"kill_before_commit:{KILL_BEFORE}"}) as service:
+        assert service.proc.wait(timeout=240) == -9, service.log()[-2000:]
+        assert f"resuming job {job_id} at episode {KILL_INSIDE}" in service.log()
+    assert stored_rows(store, "SELECT cursor FROM jobs")[0]["cursor"] == KILL_BEFORE
 
     with run_service("task_manager", ["--conf", str(conf)]) as service:  # same store, no fault
         job = _wait_done(service.url, job_id)
-        assert f"resuming job {job_id} at episode {KILL_AT}" in service.log()
+        assert f"resuming job {job_id} at episode {KILL_BEFORE}" in service.log()
     assert job["status"] == "done" and job["cursor"] == EPISODES
     assert job["progress"]["episodes_done"] == EPISODES
     rows = stored_rows(store, "SELECT task_id, signature, query FROM tasks")
