@@ -1,6 +1,6 @@
 """The supervisor's restart rule for the trainer: a crash (or SIGKILL) restarts it with the resume
-override, up to `max_restarts`; exit 2 (configuration), exit 3 (gave up on a peer) and exit 4 (the run collapsed)
-do not."""
+override, up to `max_restarts`; exit 2 (configuration), exit 3 (gave up on a peer), exit 4 (the run collapsed) and
+exit 5 (the disk is full) do not."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def test_a_crashed_or_killed_trainer_is_restarted_with_resume(tmp_path):
         assert "trainer.resume=true" in log and "resumed" in log
 
 
-def test_a_trainer_that_gave_up_or_was_misconfigured_is_not_restarted(tmp_path):
-    for exit_code, why in ((3, "gave up on a peer"), (2, "a configuration error")):
+def test_a_trainer_that_gave_up_was_misconfigured_or_found_the_disk_full_is_not_restarted(tmp_path):
+    for exit_code, why in ((3, "gave up on a peer"), (2, "a configuration error"), (5, "the disk is full")):
         (tmp_path / str(exit_code)).mkdir()
         code, out, _ = run_trainer(tmp_path / str(exit_code), str(exit_code))
         assert code == 1, out

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.faults import DISK_FULL_ENV
 from tests.helpers import ServiceProcess, run_service
 from tests.task_manager.conftest import stored_rows, write_conf
 
@@ -109,3 +110,34 @@ def test_a_pass_rate_report_with_a_request_id_is_applied_once_across_retries_and
     assert fresh.json()["idempotent_replay"] is False and unnamed.status_code == 200
     [row] = stored_rows(store, "SELECT total FROM pass_rates")
     assert row["total"] == 9  # 3 + the new step's 3 + the report without an id
+
+
+def test_a_full_disk_gets_a_507_and_a_running_job_waits_for_space(flights_env: ServiceProcess,
+                                                                   tmp_path: Path) -> None:
+    """EVOLVER_DISK_FULL names a flag file: while it exists, the store's commits fail as on a full disk."""
+    conf, store = _conf(tmp_path, flights_env, "full")
+    flag = tmp_path / "disk-full"
+    with run_service("task_manager", ["--conf", str(conf)], env={DISK_FULL_ENV: str(flag)}) as service:
+        flag.touch()
+        refused = httpx.post(f"{service.url}/v1/jobs", json=JOB, timeout=30)
+        assert refused.status_code == 507, refused.text
+        assert str(store) in refused.json()["error"]["message"] and stored_rows(store, "SELECT * FROM jobs") == []
+        flag.unlink()
+        job_id = httpx.post(f"{service.url}/v1/jobs", json=JOB, timeout=30).json()["job_id"]
+        deadline = time.monotonic() + 120
+        while stored_rows(store, "SELECT cursor FROM jobs")[0]["cursor"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        flag.touch()  # the disk fills up mid-job
+        while "is committed once there is space" not in service.log():
+            assert time.monotonic() < deadline, service.log()[-2000:]
+            time.sleep(0.1)
+        held = stored_rows(store, "SELECT cursor FROM jobs")[0]["cursor"]
+        assert held < EPISODES and httpx.get(f"{service.url}/healthz", timeout=10).status_code == 200
+        flag.unlink()
+        job = _wait_done(service.url, job_id)
+    assert job["status"] == "done" and job["cursor"] == EPISODES and held >= 2
+    rows = stored_rows(store, "SELECT task_id FROM tasks")
+    assert job["progress"]["kept"] == len(rows) and job["progress"]["episodes_done"] == EPISODES
+    assert [r["episode"] for r in stored_rows(store, "SELECT episode FROM explorations ORDER BY episode")] == \
+        list(range(EPISODES))
