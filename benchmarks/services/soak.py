@@ -58,6 +58,7 @@ TARGETS = (*SERVICES, "trainer", "ray_worker")
 TRAINER_ACTOR = "ray::TrainerActor"
 DEFAULT_WINDOW_S = 600.0
 BACK_TIMEOUT_S = 600.0
+KILL_GAP = 0.55  # of the restart window: the least time between two kills of one target
 
 CONFIG = """
 launcher:
@@ -440,6 +441,7 @@ class Soak:
             urls, workspace = self.urls()
             ledger = Ledger(self.run_dir, urls, workspace)
             job: dict[str, Any] = {}
+            last_kill: dict[str, float] = {}
             next_sample = 0.0
             while self.now() < end_s or schedule:  # kills wait for each other: the last ones may run late
                 self.check_alive()
@@ -451,7 +453,15 @@ class Soak:
                     self.sample(ledger)
                     next_sample += self.sample_s
                 if schedule and self.now() >= schedule[0][0]:
-                    self.kill(schedule.pop(0)[1], ledger)
+                    when, target = schedule.pop(0)
+                    # Kills wait for each other, so late ones bunch up: keep one target's kills apart, so
+                    # three never fall within one restart window (that would be a crash loop, and stop the run).
+                    earliest = last_kill.get(target, -window_s) + KILL_GAP * window_s
+                    if self.now() < earliest:
+                        schedule = sorted([*schedule, (earliest, target)])
+                        continue
+                    self.kill(target, ledger)
+                    last_kill[target] = self.now()
                     continue
                 self.poll_steps()
                 time.sleep(0.5)

@@ -1,4 +1,5 @@
-"""Crash safety of the trainer's own files: the rollout shards, their index and metrics.jsonl.
+"""The trainer's own files (rollout shards, their index, metrics.jsonl, checkpoints) under a kill mid-write
+and a full disk.
 
 A forked child writes steps as the trainer does (each step's rollout records, then its metrics line) and
 reports each step once both calls returned: the ledger of acknowledged writes. The fault hook
@@ -19,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from common.faults import TRAINER_FAULT_ENV
+from common.faults import DISK_FULL_ENV, TRAINER_FAULT_ENV, DiskFull
 from engine.models import load_tokenizer
 from tests.studio.test_records import rollout
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.metrics import MetricsLog
 from trainer.records import RolloutRecords
 from trainer.step_batch import StepBatch
@@ -91,3 +93,35 @@ def test_a_kill_inside_a_write_loses_no_acknowledged_step(tmp_path, tokenizer, f
     for step in range(1, STEPS + 1):
         assert {e["trajectory_id"] for e in index if e["step"] == step} == trajectory_ids(step), step
     assert [r["step"] for r in lines(tmp_path / "metrics.jsonl")] == list(range(1, STEPS + 1))
+
+
+def test_a_full_disk_fails_the_write_and_keeps_every_file_as_it_was(tmp_path, tokenizer, monkeypatch):
+    """EVOLVER_DISK_FULL names a flag file: while it exists, each write raises ENOSPC naming its file."""
+    flag = tmp_path / "disk-full"
+    monkeypatch.setenv(DISK_FULL_ENV, str(flag))
+    out, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    records, metrics = RolloutRecords(out / "rollouts", tokenizer), MetricsLog(out, tensorboard=False)
+    group = [rollout(i, tokenizer) for i in range(ROLLOUTS_PER_STEP)]
+    batch = StepBatch([group], advantages=[[0.5] * len(r.trajectory.response_ids) for r in group])
+    records.write(1, batch)
+    metrics.log(1, {"rollout/reward_mean": 0.1})
+    save_checkpoint(checkpoints, 1, {"weights": [1.0]})
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    flag.touch()
+    for write, path in ((lambda: records.write(2, batch), out / "rollouts" / "shard-000001.jsonl"),
+                        (lambda: metrics.log(2, {"rollout/reward_mean": 0.2}), out / "metrics.jsonl"),
+                        (lambda: save_checkpoint(checkpoints, 2, {"weights": [2.0]}), checkpoints / "step_000002.tmp")):
+        with pytest.raises(DiskFull) as failure:
+            write()
+        assert failure.value.filename == str(path)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before, "no file changed, none left behind"
+    assert load_checkpoint(latest_checkpoint(checkpoints))["step"] == 1
+
+    flag.unlink()  # space again: the same writers go on
+    records.write(2, batch)
+    metrics.log(2, {"rollout/reward_mean": 0.2})
+    save_checkpoint(checkpoints, 2, {"weights": [2.0]})
+    assert [r["step"] for r in lines(out / "metrics.jsonl")] == [1, 2]
+    assert [e["step"] for e in lines(out / "rollouts" / "index.jsonl")] == [1] * ROLLOUTS_PER_STEP + [2] * ROLLOUTS_PER_STEP
+    assert load_checkpoint(latest_checkpoint(checkpoints))["step"] == 2
