@@ -4,10 +4,10 @@ Every child gets its own session (so its own process group) and a log file. Read
 200 from the child's health URL, never a log line. A child that exits is restarted with doubling
 backoff, up to `max_restarts` restarts within the last `window_s` seconds (crash-loop back-off, as
 supervisors do: crashes spread over a long run are all restarted); one more crash inside the window
-(or a child that cannot become healthy) stops the run and prints the last lines of that child's log. Stopping sends SIGTERM to each group in reverse start
-order (a Ray head in Ray's own order: raylet first, gcs_server last), then SIGKILL to what is left
-after the grace period; last, whatever still carries this launch's marker in its environment (a Ray
-worker that left its group). Only processes this supervisor started, or their descendants, are ever
+(or a child that cannot become healthy) stops the run and prints the last lines of that child's log.
+Stopping sends SIGTERM to each group in reverse start order (a Ray head in Ray's own order: raylet
+first, gcs_server last), then SIGKILL to what is left after the grace period; last, whatever still
+carries this launch's marker in its environment (a Ray worker that left its group). Only processes this supervisor started, or their descendants, are ever
 signalled.
 """
 
