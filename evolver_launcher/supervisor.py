@@ -226,8 +226,9 @@ class Supervisor:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = list(spec.argv) + (spec.restart_argv_extra if child.restarts else [])
         with spec.log_path.open("ab") as log:
-            attempt = (f" (restart {child.restarts}, {len(child.recent_crashes)}/{self.restart.max_restarts} in "
-                       f"{self.restart.window_s:.0f}s)") if child.restarts else ""
+            in_window, in_all = len(child.recent_crashes), child.restarts
+            earlier = f", {in_all} in all" if in_all > in_window else ""
+            attempt = f" (restart {in_window}/{self.restart.max_restarts}{earlier})" if in_all else ""
             log.write(f"\n===== launcher: starting {spec.name}{attempt} at {time.strftime('%F %T')}: "
                       f"{' '.join(argv)}\n".encode())
             log.flush()

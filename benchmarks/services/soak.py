@@ -109,7 +109,7 @@ def kill_schedule(seed: int, kills: int, start_s: float, end_s: float) -> list[t
     return sorted(plan)
 
 
-def restart_window(minutes: float, kills: int, start_s: float, end_s: float) -> float:
+def restart_window(kills: int, start_s: float, end_s: float) -> float:
     part = (end_s - start_s) / kills
     return DEFAULT_WINDOW_S if part >= DEFAULT_WINDOW_S else round(0.9 * part, 1)
 
@@ -426,7 +426,7 @@ class Soak:
         end_s = self.minutes * 60
         first_kill_s = min(120.0, end_s * 0.15)
         last_kill_s = end_s - min(180.0, end_s * 0.2)
-        window_s = restart_window(self.minutes, self.kills, first_kill_s, last_kill_s)
+        window_s = restart_window(self.kills, first_kill_s, last_kill_s)
         schedule = kill_schedule(self.seed, self.kills, first_kill_s, last_kill_s)
         self.event("schedule", kills=[[round(t, 1), target] for t, target in schedule])
         error = None

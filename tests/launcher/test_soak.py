@@ -14,8 +14,8 @@ def test_every_target_is_killed_once_in_each_part_of_the_run_and_the_schedule_fo
         times = [t for t, name in schedule if name == target]
         assert [int((t - 120) // 800) for t in times] == [0, 1, 2], target
     # Three kills of one target never fall within one default window: two parts apart is over 800 s.
-    assert restart_window(45, 3, 120, 2520) == 600
-    assert restart_window(4, 1, 36, 192) == 140.4  # a short run scales the window to 90% of a part
+    assert restart_window(3, 120, 2520) == 600
+    assert restart_window(1, 36, 192) == 140.4  # a short run scales the window to 90% of a part
 
 
 def test_growth_is_measured_from_the_baseline_sample_to_the_last():
