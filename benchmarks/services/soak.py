@@ -22,10 +22,10 @@ be missing (entries of rollout shards the trainer rotated away by design are cou
 
 It writes as it goes to `<workdir>/soak-events.jsonl` (samples, kills, ledger sizes), so an interrupted soak
 still leaves its record, and always stops the launcher it started. Prints one JSON line: minutes run, kills
-per target (each survived), steps lost per kill (steps the trainer logged again after it), RSS and
-descriptors per process at the baseline minute (10, or a third of a shorter run) and at the end with the
-growth (`same_process`: false when a kill restarted it in between, so the growth spans two processes), the
-ledger's sizes and what is missing; and draws RSS over time (PNG).
+per target (each survived), steps lost per kill (steps the trainer logged again after it, before the next
+kill), RSS and descriptors per process at the baseline minute (10, or a third of a shorter run) and at the
+end with the growth (`same_process`: false when a kill restarted it in between, so the growth spans two
+processes), the ledger's sizes and what is missing; and draws RSS over time (PNG).
 """
 
 from __future__ import annotations
@@ -481,8 +481,10 @@ class Soak:
                missing: dict[str, Any] | None) -> dict[str, Any]:
         kills_by_target = {t: sum(1 for k in self.kill_log if k["target"] == t) for t in TARGETS}
         steps_lost = []
-        for k in self.kill_log:
-            redone = sorted({s for t, s in self.steps if t > k["t_kill"] and s <= k["step_at_kill"]})
+        for k, after in zip(self.kill_log, [*self.kill_log[1:], None], strict=True):
+            # Steps logged again after this kill (and before the next one, which answers for its own).
+            until = after["t_kill"] if after else float("inf")
+            redone = sorted({s for t, s in self.steps if k["t_kill"] < t <= until and s <= k["step_at_kill"]})
             steps_lost.append({"target": k["target"], "step_at_kill": k["step_at_kill"], "steps_lost": len(redone),
                                "outage_s": k["outage_s"]})
         minutes_run = round(self.now() / 60, 1) if self.samples else 0.0
