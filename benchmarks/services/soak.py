@@ -504,6 +504,9 @@ class Soak:
                                        if g.get("rss_growth_pct") is not None), default=None),
             "fds_growth_max_pct": max((g["fds_growth_pct"] for g in growth.values()
                                        if g.get("fds_growth_pct") is not None), default=None),
+            "rss_growth_within_a_process_max_pct": max(
+                (g["rss_growth_within_a_process_max_pct"] for g in growth.values()
+                 if g.get("rss_growth_within_a_process_max_pct") is not None), default=None),
             "ledger": ledger.sizes() if ledger else None, "missing": missing, "missing_count": missing_count,
             "samples": len(self.samples), "workdir": str(self.workdir),
         }
@@ -523,8 +526,22 @@ def resource_growth(samples: list[dict[str, Any]], baseline_t: float) -> dict[st
         row["rss_growth_pct"] = round(100 * (b["rss_mb"] / a["rss_mb"] - 1), 1) if a and b and a["rss_mb"] else None
         row["fds_growth_pct"] = round(100 * (b["fds"] / a["fds"] - 1), 1) if a and b and a["fds"] else None
         row["same_process"] = bool(a and b and "pid" in a and a.get("pid") == b.get("pid"))
+        row["rss_growth_within_a_process_max_pct"] = growth_within_a_process(samples, key)
         out[key] = row
     return out
+
+
+def growth_within_a_process(samples: list[dict[str, Any]], key: str) -> float | None:
+    """The largest RSS growth over one process's life (one pid), from its second sample (the first may still be
+    starting) to its last; lives with fewer than three samples are skipped. A kill restarts a child, so this,
+    not the baseline-to-end figure, is what shows a leak in a child killed during the soak."""
+    lives: dict[int, list[float]] = defaultdict(list)
+    for sample in samples:
+        row = sample["processes"].get(key)
+        if row and "pid" in row:
+            lives[row["pid"]].append(row["rss_mb"])
+    growths = [100 * (rss[-1] / rss[1] - 1) for rss in lives.values() if len(rss) >= 3 and rss[1]]
+    return round(max(growths), 1) if growths else None
 
 
 def draw_rss(samples: list[dict[str, Any]], kills: list[dict[str, Any]], path: Path) -> None:

@@ -25,5 +25,12 @@ def test_growth_is_measured_from_the_baseline_sample_to_the_last():
     samples = [sample(0, 50.0, 10), sample(600, 100.0, 20), sample(1200, 104.0, 20), sample(2700, 112.0, 23)]
     assert resource_growth(samples, 600) == {"judge": {
         "rss_mb_baseline": 100.0, "rss_mb_end": 112.0, "fds_baseline": 20, "fds_end": 23,
-        "rss_growth_pct": 12.0, "fds_growth_pct": 15.0, "same_process": True}}
+        "rss_growth_pct": 12.0, "fds_growth_pct": 15.0, "same_process": True,
+        "rss_growth_within_a_process_max_pct": 12.0}}  # from its second sample (100 MiB) to its last
+    restarted = [*samples[:3], {"t": 1800, "processes": {"judge": {"rss_mb": 60.0, "fds": 12, "pid": 42}}},
+                 {"t": 2400, "processes": {"judge": {"rss_mb": 70.0, "fds": 12, "pid": 42}}},
+                 {"t": 2700, "processes": {"judge": {"rss_mb": 77.0, "fds": 12, "pid": 42}}}]
+    growth = resource_growth(restarted, 600)["judge"]
+    assert growth["same_process"] is False and growth["rss_growth_pct"] == -23.0
+    assert growth["rss_growth_within_a_process_max_pct"] == 10.0  # pid 42: 70 -> 77; pid 41: 100 -> 104 (4%)
     assert resource_growth(samples[:2], 600) == {}, "one sample after the baseline measures nothing"
