@@ -437,7 +437,8 @@ class Soak:
             self.wait(lambda: "all services healthy" in self.log.read_text(errors="replace"), 900,
                       "all services healthy")
             self.wait(lambda: self.poll_steps() >= 1, 900, "the first step")
-            self.t0 = time.monotonic()  # the soak's minutes count from the first step
+            shift, self.t0 = time.monotonic() - self.t0, time.monotonic()  # the minutes count from the first step
+            self.steps = [(t - shift, step) for t, step in self.steps]
             urls, workspace = self.urls()
             ledger = Ledger(self.run_dir, urls, workspace)
             job: dict[str, Any] = {}
