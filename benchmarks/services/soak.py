@@ -284,7 +284,7 @@ class Soak:
         self.events_path = workdir / "soak-events.jsonl"
         self.samples: list[dict[str, Any]] = []
         self.kill_log: list[dict[str, Any]] = []
-        self.steps: list[tuple[float, int]] = []  # (seconds since start, step) of every metrics record
+        self.steps: list[int] = []  # the step of every metrics record, in the file's order
         self._metrics_seen = 0
         self.proc: subprocess.Popen | None = None
         self.t0 = time.monotonic()
@@ -302,9 +302,9 @@ class Soak:
         records = complete_lines(self.run_dir / "trainer" / "metrics.jsonl")
         for record in records[self._metrics_seen:]:
             if "step" in record:
-                self.steps.append((self.now(), int(record["step"])))
+                self.steps.append(int(record["step"]))
         self._metrics_seen = len(records)
-        return self.steps[-1][1] if self.steps else 0
+        return self.steps[-1] if self.steps else 0
 
     def check_alive(self) -> None:
         assert self.proc is not None
@@ -395,7 +395,7 @@ class Soak:
         else:
             pid = pids[target]
         trainer_pid = pids.get("trainer")
-        step_at_kill, t_kill = self.poll_steps(), self.now()
+        step_at_kill, t_kill, records_at_kill = self.poll_steps(), self.now(), len(self.steps)
         os.kill(pid, signal.SIGKILL)
         # The trainer's Ray worker dies with the trainer's driver: both come back as a new trainer.
         name = "trainer" if target == "ray_worker" else target
@@ -417,7 +417,8 @@ class Soak:
         t_back = self.now()
         self.wait(lambda: self.poll_steps() > step_at_kill, BACK_TIMEOUT_S, f"a new step after the {target} kill")
         row = {"target": target, "pid": pid, "t_kill": round(t_kill, 1), "t_back": round(t_back, 1),
-               "outage_s": round(t_back - t_kill, 1), "step_at_kill": step_at_kill, "survived": True}
+               "outage_s": round(t_back - t_kill, 1), "step_at_kill": step_at_kill, "records_at_kill": records_at_kill,
+               "survived": True}
         self.kill_log.append(row)
         self.event("kill", **row)
         return row
@@ -437,8 +438,7 @@ class Soak:
             self.wait(lambda: "all services healthy" in self.log.read_text(errors="replace"), 900,
                       "all services healthy")
             self.wait(lambda: self.poll_steps() >= 1, 900, "the first step")
-            shift, self.t0 = time.monotonic() - self.t0, time.monotonic()  # the minutes count from the first step
-            self.steps = [(t - shift, step) for t, step in self.steps]
+            self.t0 = time.monotonic()  # the soak's minutes count from the first step
             urls, workspace = self.urls()
             ledger = Ledger(self.run_dir, urls, workspace)
             job: dict[str, Any] = {}
@@ -484,8 +484,8 @@ class Soak:
         steps_lost = []
         for k, after in zip(self.kill_log, [*self.kill_log[1:], None], strict=True):
             # Steps logged again after this kill (and before the next one, which answers for its own).
-            until = after["t_kill"] if after else float("inf")
-            redone = sorted({s for t, s in self.steps if k["t_kill"] < t <= until and s <= k["step_at_kill"]})
+            logged_after = self.steps[k["records_at_kill"]: after["records_at_kill"] if after else None]
+            redone = sorted({s for s in logged_after if s <= k["step_at_kill"]})
             steps_lost.append({"target": k["target"], "step_at_kill": k["step_at_kill"], "steps_lost": len(redone),
                                "outage_s": k["outage_s"]})
         minutes_run = round(self.now() / 60, 1) if self.samples else 0.0
@@ -496,7 +496,7 @@ class Soak:
             "minutes_run": minutes_run, "minutes_asked": self.minutes, "seed": self.seed, "model": self.model,
             "completed": error is None, "error": error, "launcher_exit_code": code,
             "restart_policy": {"max_restarts": 2, "window_s": window_s},
-            "steps": self.steps[-1][1] if self.steps else 0,
+            "steps": self.steps[-1] if self.steps else 0,
             "kills_per_target": kills_by_target,
             "all_kills_survived": all(k["survived"] for k in self.kill_log) and error is None,
             "steps_lost_per_kill": steps_lost,
