@@ -67,8 +67,8 @@ def describe_plan(plan) -> str:
         where = ("EVOLVER_API_TOKEN from the environment" if plan.token.source == "environment" else
                  f"generated for this run (a service listens off loopback), saved to {plan.run_dir / TOKEN_FILE}")
         lines.append(f"  bearer token: {where}; every child gets it as EVOLVER_API_TOKEN")
-    lines.append(f"  restarts: up to {launcher.restart.max_restarts} per service, backoff from "
-                 f"{launcher.restart.backoff_s}s; health timeout {launcher.health_timeout_s:.0f}s")
+    lines.append(f"  restarts: up to {launcher.restart.max_restarts} per child within {launcher.restart.window_s:.0f}s, "
+                 f"backoff from {launcher.restart.backoff_s}s; health timeout {launcher.health_timeout_s:.0f}s")
     lines.append("  processes, in start order:")
     for i, child in enumerate(plan.children, 1):
         ready = (f"GET {child.health_url} -> 200" if child.health_url else

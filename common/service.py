@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.config import ConfigError, StrictModel, apply_flags, load_config, load_dotenv_file
+from common.faults import disk_full_message, is_disk_full
 from common.jsonguard import DEFAULT_MAX_DEPTH, find_unrepresentable, is_json_content
 from common.logging import setup_logging
 
@@ -231,7 +232,14 @@ class _GuardMiddleware:
                             [{"field": field, "message": why, "type": "json_value"}]))
                         return
                 await self.app(scope, receive, send_wrapped)
-            except Exception:
+            except Exception as exc:
+                if is_disk_full(exc) and not started[0]:
+                    message = (f"{disk_full_message(exc)}: nothing of this request was stored and what was stored "
+                               f"before is kept; free space on that disk, then send the request again")
+                    logger.error("{} {}: {}", scope.get("method"), path, message)
+                    await self._send_json(send_wrapped, 507, self._body(
+                        path, 507, "insufficient_storage", message, {"path": getattr(exc, "filename", None)}))
+                    return
                 # Unhandled: log the traceback here, answer without it (and with the request id).
                 logger.exception("unhandled error in {} {}", scope.get("method"), path)
                 if started[0]:

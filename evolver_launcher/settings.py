@@ -6,7 +6,7 @@
       trainer: true                   # run the trainer once the services are healthy
       ports: {env_service: auto, llm_server: 8001}   # a number (must be free) or auto
       threads: {llm_server: 1, trainer: 2, default: 1}
-      restart: {max_restarts: 2, backoff_s: 1.0}
+      restart: {max_restarts: 2, window_s: 600, backoff_s: 1.0}
       ray: {dashboard_port: 8265}
       studio: {enabled: true, port: 8090}   # the web view: http://127.0.0.1:8090/runs/<experiment>
 
@@ -43,14 +43,19 @@ Port = int | Literal["auto"]
 
 
 class RestartPolicy(StrictModel):
-    max_restarts: int = Field(default=2, ge=0, description="restarts per child before the run stops")
-    backoff_s: float = Field(default=1.0, ge=0, description="first wait before a restart; doubles each time")
+    max_restarts: int = Field(default=2, ge=0, description=(
+        "restarts per child within window_s; one more crash inside the window stops the run"))
+    window_s: float = Field(default=600.0, gt=0, description=(
+        "the restart budget's window: a crash older than this no longer counts, so crashes spread over a long "
+        "run are all restarted while a crash loop still stops it"))
+    backoff_s: float = Field(default=1.0, ge=0, description=(
+        "first wait before a restart; doubles with each crash inside the window"))
     backoff_max_s: float = Field(default=30.0, ge=0)
     trainer: bool = Field(default=True, description=(
         "restart a crashed trainer with trainer.resume=true: it continues from its last checkpoint "
         "(trainer.checkpoint.every), so a crash costs at most one checkpoint interval; not after a "
-        "configuration error (exit 2), after it gave up on a peer past its outage budget (exit 3), or after it "
-        "stopped a collapsed run (exit 4)"))
+        "configuration error (exit 2), after it gave up on a peer past its outage budget (exit 3), after it "
+        "stopped a collapsed run (exit 4), or after a write found the disk full (exit 5)"))
 
 
 class RayLaunch(StrictModel):

@@ -2,11 +2,12 @@
 
 Every child gets its own session (so its own process group) and a log file. Readiness is an HTTP
 200 from the child's health URL, never a log line. A child that exits is restarted with doubling
-backoff up to `max_restarts`; after that (or when it cannot become healthy) the run stops and the
-last lines of that child's log are printed. Stopping sends SIGTERM to each group in reverse start
-order (a Ray head in Ray's own order: raylet first, gcs_server last), then SIGKILL to what is left
-after the grace period; last, whatever still carries this launch's marker in its environment (a Ray
-worker that left its group). Only processes this supervisor started, or their descendants, are ever
+backoff, up to `max_restarts` restarts within the last `window_s` seconds (crash-loop back-off, as
+supervisors do: crashes spread over a long run are all restarted); one more crash inside the window
+(or a child that cannot become healthy) stops the run and prints the last lines of that child's log.
+Stopping sends SIGTERM to each group in reverse start order (a Ray head in Ray's own order: raylet
+first, gcs_server last), then SIGKILL to what is left after the grace period; last, whatever still
+carries this launch's marker in its environment (a Ray worker that left its group). Only processes this supervisor started, or their descendants, are ever
 signalled.
 """
 
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +43,12 @@ UNAVAILABLE_LIMIT_S = 45.0
 CONFIG_ERROR_EXIT = 2  # argparse/config errors: restarting cannot help
 GAVE_UP_EXIT = 3  # the trainer waited out its outage budget for a peer (or its steps stayed empty): it said why
 COLLAPSED_EXIT = 4  # the trainer stopped a collapsed run (trainer.collapse): the launcher exits with it too
+DISK_FULL_EXIT = 5  # the trainer found the disk full: a restart would find it full too
 NO_RESTART_EXITS = {CONFIG_ERROR_EXIT: " (a configuration error)", GAVE_UP_EXIT: " (it gave up on a peer or on empty steps)",
-                    COLLAPSED_EXIT: " (the run collapsed: its summary.json names the signal)"}
+                    COLLAPSED_EXIT: " (the run collapsed: its summary.json names the signal)",
+                    DISK_FULL_EXIT: " (the disk is full: free space, then run again with launcher.resume: true)"}
 # A foreground child's exit code the launcher exits with (others: 1): the trainer's own verdicts.
-PASSED_ON_EXITS = {GAVE_UP_EXIT, COLLAPSED_EXIT}
+PASSED_ON_EXITS = {GAVE_UP_EXIT, COLLAPSED_EXIT, DISK_FULL_EXIT}
 
 
 def _die_with_parent() -> None:
@@ -84,7 +88,8 @@ class Child:
     state: str = WAITING
     proc: subprocess.Popen | None = None
     pgid: int | None = None
-    restarts: int = 0
+    restarts: int = 0  # over the whole run
+    recent_crashes: deque[float] = field(default_factory=deque)  # monotonic times of crashes inside the window
     started_at: float = 0.0
     next_start: float = 0.0
     last_health_check: float = 0.0
@@ -215,7 +220,9 @@ class Supervisor:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = list(spec.argv) + (spec.restart_argv_extra if child.restarts else [])
         with spec.log_path.open("ab") as log:
-            attempt = f" (restart {child.restarts}/{self.restart.max_restarts})" if child.restarts else ""
+            in_window, in_all = len(child.recent_crashes), child.restarts
+            earlier = f", {in_all} in all" if in_all > in_window else ""
+            attempt = f" (restart {in_window}/{self.restart.max_restarts}{earlier})" if in_all else ""
             log.write(f"\n===== launcher: starting {spec.name}{attempt} at {time.strftime('%F %T')}: "
                       f"{' '.join(argv)}\n".encode())
             log.flush()
@@ -313,14 +320,26 @@ class Supervisor:
     def _crashed(self, child: Child, reason: str, retry: bool = True, exit_code: int = 1) -> None:
         if child.spec.foreground:
             self._echo(child)
-        if retry and child.spec.restartable and child.restarts < self.restart.max_restarts:
+        policy, now = self.restart, time.monotonic()
+        while child.recent_crashes and now - child.recent_crashes[0] > policy.window_s:
+            child.recent_crashes.popleft()
+        if retry and child.spec.restartable and len(child.recent_crashes) < policy.max_restarts:
+            child.recent_crashes.append(now)
             child.restarts += 1
-            delay = min(self.restart.backoff_s * 2 ** (child.restarts - 1), self.restart.backoff_max_s)
-            child.state, child.next_start = BACKOFF, time.monotonic() + delay
-            self.say(f"{child.name} {reason}; restart {child.restarts}/{self.restart.max_restarts} in {delay:.1f}s")
+            in_window = len(child.recent_crashes)
+            delay = min(policy.backoff_s * 2 ** (in_window - 1), policy.backoff_max_s)
+            child.state, child.next_start = BACKOFF, now + delay
+            earlier = f" ({child.restarts} in all)" if child.restarts > in_window else ""
+            self.say(f"{child.name} {reason}; restart {in_window}/{policy.max_restarts} in {delay:.1f}s{earlier}")
             return
         child.state = FAILED
-        gave_up = f" after {child.restarts} restart(s)" if child.restarts else ""
+        gave_up = ""
+        if retry and child.spec.restartable and policy.max_restarts:
+            gave_up = (f" after {len(child.recent_crashes)} restart(s) within {policy.window_s:.0f}s: a crash loop "
+                       f"(the budget is launcher.restart.max_restarts={policy.max_restarts} per "
+                       f"launcher.restart.window_s={policy.window_s:.0f}s)")
+        elif child.restarts:
+            gave_up = f" after {child.restarts} restart(s)"
         raise RunFailed(child.name, reason + gave_up, child.spec.log_path, tail(child.spec.log_path, self.tail_lines),
                         exit_code=exit_code)
 

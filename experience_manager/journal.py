@@ -14,6 +14,9 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from common.faults import check_disk
+from common.jsonl import cut_torn_tail
+
 
 class Journal:
     def __init__(self, path: Path, fsync: bool = True) -> None:
@@ -41,12 +44,26 @@ class Journal:
         return records
 
     def append(self, record: dict[str, Any]) -> None:
+        check_disk(self.path)
         if self._file is None:
+            cut_torn_tail(self.path)  # what a failed append (a full disk) left: the next record starts clean
             self._file = open(self.path, "ab")
-        self._file.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        try:
+            self._file.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            self._file.flush()
+            if self.fsync:
+                os.fsync(self._file.fileno())
+        except OSError:
+            self._drop_file()
+            raise
+
+    def _drop_file(self) -> None:
+        """After a failed write: drop the handle and whatever it still buffers; reopening cuts a torn tail."""
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
         if self._file is not None:

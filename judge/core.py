@@ -17,6 +17,8 @@ from pathlib import Path
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter
 
+from common.faults import JUDGE_FAULT_ENV, FaultInjector, check_disk
+from common.jsonl import cut_torn_tail
 from common.llm import LLMClient, LLMError, json_schema_format
 from judge.parsing import ParsedOutput, complete_labels, parse_judgments, reconcile
 from judge.prompt import build_messages, is_success, retry_messages, truncate
@@ -87,7 +89,10 @@ class Judge:
         self._audit_path = Path(settings.audit_log) if settings.audit_log else None
         if self._audit_path:
             self._audit_path.parent.mkdir(parents=True, exist_ok=True)
+            cut_torn_tail(self._audit_path)  # a kill mid-append: the next request's lines start on their own
         self._audit_lock = asyncio.Lock()
+        self._audited = 0  # audited requests (the fault points count them)
+        self.faults = FaultInjector(JUDGE_FAULT_ENV)
 
     async def aclose(self) -> None:
         if self.llm is not None:
@@ -359,5 +364,7 @@ class Judge:
             }
             lines.append(json.dumps(record, ensure_ascii=False))
         async with self._audit_lock:
-            with self._audit_path.open("a", encoding="utf-8") as handle:
-                handle.write("\n".join(lines) + "\n")
+            check_disk(self._audit_path)
+            self._audited += 1
+            with self._audit_path.open("ab") as handle:
+                self.faults.write_record(handle, ("\n".join(lines) + "\n").encode(), "audit", self._audited)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -82,6 +82,15 @@ class DedupIndex:
             self.queries.append(query)
             self.end_states.append(end_state)
             self.vectors = np.vstack([self.vectors, vector[None, :].astype(np.float32)])
+
+    def snapshot(self) -> DedupIndex:
+        """A copy to go back to when what was added after it is not committed (`vectors` is replaced on each
+        add, never changed in place, so it is shared)."""
+        return replace(self, signatures=set(self.signatures), goals=set(self.goals), texts=set(self.texts),
+                       queries=list(self.queries), end_states=list(self.end_states))
+
+    def restore(self, snapshot: DedupIndex) -> None:
+        self.__dict__.update(snapshot.__dict__)
 
     def set_heldout(self, queries: list[str], vectors: np.ndarray) -> None:
         self.heldout_texts = {normalize_text(q) for q in queries}

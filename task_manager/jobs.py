@@ -11,17 +11,20 @@ kills the process at a chosen commit to prove it.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import random
 import signal
 import sqlite3
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from common.faults import disk_full_message, is_disk_full
 from common.schemas import Task
 from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, explore_episode
 from task_manager.kinds import proposal_kind
@@ -41,7 +44,8 @@ if TYPE_CHECKING:
     from task_manager.settings import TaskManagerSettings
     from task_manager.store import TaskStore
 
-FAULT_ENV = "EVOLVER_TM_FAULT"  # "kill_before_commit:<episode>" or "kill_after_commit:<episode>"
+DISK_FULL_RETRY_MAX_S = 30.0
+FAULT_ENV = "EVOLVER_TM_FAULT"  # "<kill_before_commit|kill_inside_commit|kill_after_commit>:<episode>"
 
 
 def new_progress(episodes: int) -> dict[str, Any]:
@@ -172,7 +176,7 @@ class JobRunner:
                                                            explorer_kind, synthesizer_kind) for e in chunk))
             for result in results:
                 failures_in_a_row = failures_in_a_row + 1 if result.error else 0
-                await self._commit(job_id, request, result, progress, index)
+                await self._commit_when_writable(job_id, request, result, progress, index)
                 cursor = result.episode + 1
             if failures_in_a_row >= 3:
                 raise RuntimeError(f"{failures_in_a_row} episodes in a row failed; last: {results[-1].error}")
@@ -246,6 +250,23 @@ class JobRunner:
                            result.exploration.environment_error)
         return result
 
+    async def _commit_when_writable(self, job_id: str, request: JobRequest, result: EpisodeResult,
+                                    progress: dict[str, Any], index: Any) -> None:
+        """Commit the episode; while the disk is full, keep it in memory and try again (the job resumes by itself
+        once space is freed, and a restart meanwhile redoes the episode from the cursor)."""
+        delay = 1.0
+        while True:
+            try:
+                await self._commit(job_id, request, result, progress, index)
+                return
+            except Exception as exc:
+                if not is_disk_full(exc) or job_id in self._cancelled:
+                    raise
+                logger.warning("job {}: {}; episode {} is committed once there is space (next try in {:.0f}s)",
+                               job_id, disk_full_message(exc), result.episode, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, DISK_FULL_RETRY_MAX_S)
+
     async def _commit(self, job_id: str, request: JobRequest, result: EpisodeResult, progress: dict[str, Any],
                       index: Any) -> None:
         context, store = self.context, self.context.store
@@ -263,7 +284,7 @@ class JobRunner:
         _fault("kill_before_commit", result.episode)
         kept: list[Task] = []
         dropped: Counter = Counter()
-        with store.transaction() as db:
+        with _undone_unless_committed(progress, index), store.transaction() as db:
             for (proposal, reference, sig, goal_key), vector in zip(candidates, vectors or [None] * len(candidates),
                                                                   strict=True):
                 reason = index.duplicate_reason(proposal.query, sig, goal_key, vector, reference.outcome_hash()) \
@@ -290,6 +311,7 @@ class JobRunner:
             if result.exploration is not None:
                 store.insert_exploration(db, result.exploration)
             _update(progress, result, kept, dropped)
+            _fault("kill_inside_commit", result.episode)  # the episode's rows written, not yet committed
             store.update_job(db, job_id, cursor=result.episode + 1, progress=progress)
         context.tasks_changed(request.env)
         _fault("kill_after_commit", result.episode)
@@ -322,6 +344,20 @@ def _found_nothing(request: JobRequest, progress: dict[str, Any]) -> str | None:
         return (f"{done} explorations gave no verified task ({progress.get('proposed', 0)} proposed"
                 + (f"; verification rejected {rejected}" if rejected else "") + f"): {failures.summary()}")
     return None
+
+
+@contextmanager
+def _undone_unless_committed(progress: dict[str, Any], index: DedupIndex | None) -> Iterator[None]:
+    """The job's progress and its dedup index as they were, if the transaction inside does not commit."""
+    saved_progress, saved_index = copy.deepcopy(progress), index.snapshot() if index is not None else None
+    try:
+        yield
+    except BaseException:
+        progress.clear()
+        progress.update(saved_progress)
+        if index is not None and saved_index is not None:
+            index.restore(saved_index)
+        raise
 
 
 def _update(progress: dict[str, Any], result: EpisodeResult, kept: list[Task], dropped: Counter) -> None:

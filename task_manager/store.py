@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from common.faults import check_disk
 from common.schemas import Task
 from task_manager.dedup import DedupIndex
 from task_manager.models import Exploration, Reference, StoredTask
@@ -110,14 +111,17 @@ class TaskStore:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One unit of work: all of it is committed, or (an error, a full disk at COMMIT) none of it."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                check_disk(self.path)  # test-only: a full disk fails the commit, as SQLITE_FULL would
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

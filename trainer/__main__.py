@@ -23,6 +23,8 @@ from loguru import logger
 from common.config import ConfigError, load_config
 from trainer.config import TrainerConfig
 
+DISK_FULL_EXIT = 5  # a write found the disk full (the trainer's own, or a service's 507): not restarted
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
@@ -68,12 +70,38 @@ def main(argv: list[str] | None = None) -> int:
         # The policy degenerated: training on would only go further; summary.json names the signal.
         print(f"trainer: {_cause(exc)}; summary in {Path(config.output_dir) / 'summary.json'}", file=sys.stderr)
         return COLLAPSED_EXIT
+    except Exception as exc:
+        full = _disk_full(exc)
+        if full is None:
+            raise
+        # A restart would find the same full disk: stop, and say how to go on once there is space.
+        print(f"trainer: {full}. The last complete checkpoint in {Path(config.output_dir) / 'checkpoints'} is "
+              f"intact: once there is space, run again with trainer.resume=true (launcher.resume: true) to continue "
+              f"from it", file=sys.stderr)
+        return DISK_FULL_EXIT
     from trainer.summary import print_summary
 
     print_summary(result)
     # The last line is machine-readable (the launcher reads it); the same is in <output_dir>/summary.json.
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, default=str))
     return 0
+
+
+def _disk_full(exc: BaseException) -> str | None:
+    """What said the disk is full: one of the trainer's own writes, or a peer's 507; None if nothing did."""
+    from common.faults import disk_full_message, is_disk_full
+    from common.http import ServiceCallError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if is_disk_full(current):
+            return disk_full_message(current)
+        if isinstance(current, ServiceCallError) and current.status == 507:
+            return f"{current.url} answered 507: {current.message}"
+        current = getattr(current, "cause", None) or current.__cause__ or current.__context__
+    return None
 
 
 def _cause(exc: BaseException) -> str:

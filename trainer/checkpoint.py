@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.faults import check_disk
+
 
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -35,7 +37,12 @@ def save_checkpoint(directory: str | Path, step: int, payload: dict[str, Any], k
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{step:06d}.pt"
     tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "rng": rng_state(), **payload}, tmp)
+    try:
+        check_disk(tmp)
+        torch.save({"step": step, "rng": rng_state(), **payload}, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a half-written file on a full disk: give its space back
+        raise
     os.replace(tmp, path)
     (directory / "latest.tmp").write_text(path.name)
     os.replace(directory / "latest.tmp", directory / "latest")

@@ -1,4 +1,8 @@
-"""Run metrics: one JSON line per record, TensorBoard scalars, and a PNG of the curves at the end."""
+"""Run metrics: one JSON line per record, TensorBoard scalars, and a PNG of the curves at the end.
+
+A record is acknowledged once `log` returns; a resumed run first cuts off the half line a kill mid-write
+may have left (`common.jsonl`), so its own records start on a line of their own.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,18 @@ import math
 from pathlib import Path
 from typing import Any
 
+from common.faults import TRAINER_FAULT_ENV, FaultInjector, check_disk
+from common.jsonl import cut_torn_tail
+
 
 class MetricsLog:
     def __init__(self, directory: str | Path, *, tensorboard: bool = True) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "metrics.jsonl"
+        cut_torn_tail(self.path)
+        self.faults = FaultInjector(TRAINER_FAULT_ENV)
+        self._logged = 0
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -21,8 +31,10 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        check_disk(self.path)
+        self._logged += 1
+        with self.path.open("ab") as f:
+            self.faults.write_record(f, (json.dumps(record) + "\n").encode(), "metrics", self._logged)
         if self._writer is not None:
             for key, value in metrics.items():
                 if math.isfinite(float(value)):

@@ -8,6 +8,10 @@ where its record sits: shard, byte offset, length), so a reader seeks to one rol
 scanning a shard. A shard is closed at `shard_max_bytes`; beyond `max_shards` the oldest shard is
 deleted and its index lines dropped, so the folder never grows past about
 `shard_max_bytes * max_shards`.
+
+A step's records are acknowledged once `write` returns (the index line follows its records). A kill
+mid-write leaves at most a half line at the end of the shard or the index, which a resumed writer cuts off
+before it appends (`common.jsonl`); index rewrites at rotation go through a temporary file and a rename.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from common.faults import TRAINER_FAULT_ENV, FaultInjector, check_disk
+from common.jsonl import cut_torn_tail
 from trainer.protocol import INDEX_NAME, SHARD_PREFIX
 
 
@@ -135,6 +141,10 @@ class RolloutRecords:
         shards = shard_paths(self.directory)
         # A resumed run appends to its last shard.
         self._shard = shards[-1] if shards else self._shard_path(1)
+        cut_torn_tail(self._shard)
+        cut_torn_tail(self.index_path)
+        self.faults = FaultInjector(TRAINER_FAULT_ENV)
+        self._written = 0  # records written by this writer (the fault points count them)
 
     def _shard_path(self, number: int) -> Path:
         return self.directory / f"{SHARD_PREFIX}{number:06d}.jsonl"
@@ -148,6 +158,7 @@ class RolloutRecords:
         written."""
         if batch.advantages is None:
             raise ValueError("the step batch has no advantages yet: estimate them before recording the step")
+        check_disk(self._shard)
         entries = []
         for rollout, advantages in zip(batch.rollouts, batch.advantages, strict=True):
             record = rollout_record(step, rollout, [float(a) for a in advantages], self.token_text, trained_version,
@@ -155,12 +166,14 @@ class RolloutRecords:
             line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
             if self._shard.exists() and self._shard.stat().st_size + len(line) > self.shard_max_bytes:
                 self._rotate()
+            self._written += 1
             with self._shard.open("ab") as f:
                 offset = f.tell()
-                f.write(line)
+                self.faults.write_record(f, line, "rollouts", self._written)
             entries.append(index_entry(record, self._shard.name, offset, len(line)))
-        with self.index_path.open("a") as f:
-            f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
+        with self.index_path.open("ab") as f:
+            data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries).encode()
+            self.faults.write_record(f, data, "rollout_index", self._written)
         return len(entries)
 
     def _rotate(self) -> None:

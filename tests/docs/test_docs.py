@@ -72,7 +72,8 @@ def test_configuration_reference_names_every_section_and_key_descriptions():
                     "experience_manager", "judge", "trainer", "trainer.rollout", "trainer.optim", "trainer.eval"):
         assert f"## `{section}`\n" in page
     # A description from Field(description=...) and one from a trailing comment in the class body.
-    assert "| `max_restarts` | int | `2` | restarts per child before the run stops |" in page
+    assert ("| `max_restarts` | int | `2` | restarts per child within window_s; one more crash inside the window "
+            "stops the run |") in page
     assert "| `actors` | int | `2` | the fixed pool; each hosts many instances |" in page
 
 

@@ -1,4 +1,5 @@
-"""Crash safety: SIGKILL at deterministic points inside mutations, restart, nothing lost or counted twice."""
+"""Crash safety: SIGKILL at deterministic points inside mutations, restart, nothing lost or counted twice;
+then a full disk (a 507, nothing lost, writes again once there is space)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import httpx
 import pytest
 
+from common.faults import DISK_FULL_ENV
 from experience_manager.faults import FAULT_ENV
 from tests.experience_manager.conftest import TASKS, chat_trajectory, write_conf
 from tests.helpers import run_service
@@ -47,7 +49,8 @@ def test_sigkill_inside_batches_loses_nothing_and_counts_nothing_twice(tmp_path)
         feedback = {"request_id": "fb-1", "items": [{"experience_ids": used, "reward": 1.0, "baseline": 0.5}]}
         _killed(svc, lambda: http.post("/v1/workspaces/ws/feedback", json=feedback))
 
-    with run_service("experience_manager", args) as svc:
+    flag = tmp_path / "disk-full"  # while it exists, the journal's appends fail with ENOSPC
+    with run_service("experience_manager", args, env={DISK_FULL_ENV: str(flag)}) as svc:
         with httpx.Client(base_url=svc.url, timeout=60) as http:
             for experience_id in used:
                 usage = http.get(f"/v1/workspaces/ws/experiences/{experience_id}").json()["usage"]
@@ -56,5 +59,17 @@ def test_sigkill_inside_batches_loses_nothing_and_counts_nothing_twice(tmp_path)
             assert http.get(f"/v1/workspaces/ws/experiences/{seed_id}").json()["usage"]["uses"] == 1
             found = http.post("/v1/workspaces/ws/retrieve", json={"query": TASKS[0][3]}).json()
             assert found["experience_ids"][0] in retry["created"]
+
+            # A full disk: a 507 naming the journal, the pool as it was, and writes again once there is space.
+            flag.touch()
+            new = {"when_to_use": "When a search finds nothing", "content": "Widen the dates."}
+            full = http.post("/v1/workspaces/ws/experiences", json=new)
+            assert full.status_code == 507, full.text
+            assert str(tmp_path / "store" / "journal.jsonl") in full.json()["error"]["message"]
+            assert http.get("/v1/workspaces/ws/stats").json()["active"] == 1 + len(TASKS)
+            flag.unlink()
+            assert http.post("/v1/workspaces/ws/experiences", json=new).status_code == 200
+            assert http.get("/v1/workspaces/ws/stats").json()["active"] == 2 + len(TASKS)
     journal = (tmp_path / "store" / "journal.jsonl").read_text().splitlines()
     assert sum('"replayed":true' in line for line in journal) == 2  # the two mid-batch kills
+

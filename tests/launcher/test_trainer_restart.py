@@ -1,6 +1,6 @@
 """The supervisor's restart rule for the trainer: a crash (or SIGKILL) restarts it with the resume
-override, up to `max_restarts`; exit 2 (configuration), exit 3 (gave up on a peer) and exit 4 (the run collapsed)
-do not."""
+override, up to `max_restarts`; exit 2 (configuration), exit 3 (gave up on a peer), exit 4 (the run collapsed) and
+exit 5 (the disk is full) do not."""
 
 from __future__ import annotations
 
@@ -42,9 +42,10 @@ def test_a_crashed_or_killed_trainer_is_restarted_with_resume(tmp_path):
         assert "trainer.resume=true" in log and "resumed" in log
 
 
-def test_a_trainer_that_gave_up_or_was_misconfigured_is_not_restarted(tmp_path):
-    # The launcher exits with a trainer that gave up (3, as docs/launcher.md says), else with 1.
-    for exit_code, why, launcher_code in ((3, "gave up on a peer", 3), (2, "a configuration error", 1)):
+def test_a_trainer_that_gave_up_was_misconfigured_or_found_the_disk_full_is_not_restarted(tmp_path):
+    # The launcher exits with the trainer's own verdicts (3 gave up, 5 disk full, as docs/launcher.md says), else 1.
+    for exit_code, why, launcher_code in ((3, "gave up on a peer", 3), (2, "a configuration error", 1),
+                                          (5, "the disk is full", 5)):
         (tmp_path / str(exit_code)).mkdir()
         code, out, _ = run_trainer(tmp_path / str(exit_code), str(exit_code))
         assert code == launcher_code, out

@@ -1,9 +1,10 @@
 """Restart: SIGKILL the service at a deterministic point of a synthesis job; the job resumes, nothing doubles.
 
-The fault hook (EVOLVER_TM_FAULT=kill_before_commit:<episode>, off by default) kills the process
-after that episode's tasks are verified and before they are committed. After a restart on the
-same store, the job continues at its cursor and ends with exactly the tasks an uninterrupted run
-of the same job produces.
+The fault hook (EVOLVER_TM_FAULT, off by default) kills the process inside an episode's commit (its
+tasks and exploration written into the open transaction, the cursor not yet), then, after a restart,
+before another episode's commit. After each restart on the same store, the job continues at its cursor
+and ends with exactly the tasks an uninterrupted run of the same job produces: a store that wrote an
+episode's rows outside one transaction would keep half an episode and fail here.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.faults import DISK_FULL_ENV
 from tests.helpers import ServiceProcess, run_service
 from tests.task_manager.conftest import stored_rows, write_conf
 
 pytestmark = pytest.mark.slow
 
-EPISODES, KILL_AT = 10, 4
+EPISODES, KILL_INSIDE, KILL_BEFORE = 10, 4, 7
 JOB = {"env": "flights", "episodes": EPISODES, "seed": 11}
 
 
@@ -44,19 +46,25 @@ def _conf(root: Path, env: ServiceProcess, name: str) -> tuple[Path, Path]:
 def test_killed_job_resumes_without_duplicates(flights_env: ServiceProcess, tmp_path: Path) -> None:
     conf, store = _conf(tmp_path, flights_env, "crashed")
     with run_service("task_manager", ["--conf", str(conf)],
-                     env={"EVOLVER_TM_FAULT": f"kill_before_commit:{KILL_AT}"}) as service:
+                     env={"EVOLVER_TM_FAULT": f"kill_inside_commit:{KILL_INSIDE}"}) as service:
         job_id = httpx.post(f"{service.url}/v1/jobs", json=JOB, timeout=30).json()["job_id"]
         assert service.proc.wait(timeout=240) == -9, service.log()[-2000:]
-        assert "fault injection: kill_before_commit at episode 4" in service.log()
+        assert f"fault injection: kill_inside_commit at episode {KILL_INSIDE}" in service.log()
     [job] = stored_rows(store, "SELECT status, cursor FROM jobs")
-    assert (job["status"], job["cursor"]) == ("running", KILL_AT)
+    assert (job["status"], job["cursor"]) == ("running", KILL_INSIDE)
     before = {r["task_id"] for r in stored_rows(store, "SELECT task_id FROM tasks")}
     assert [r["episode"] for r in stored_rows(store, "SELECT episode FROM explorations ORDER BY episode")] == \
-        list(range(KILL_AT))
+        list(range(KILL_INSIDE)), "nothing of the episode killed mid-commit is stored"
+
+    with run_service("task_manager", ["--conf", str(conf)],  # same store, killed again further on
+                     env={"EVOLVER_TM_FAULT": f"kill_before_commit:{KILL_BEFORE}"}) as service:
+        assert service.proc.wait(timeout=240) == -9, service.log()[-2000:]
+        assert f"resuming job {job_id} at episode {KILL_INSIDE}" in service.log()
+    assert stored_rows(store, "SELECT cursor FROM jobs")[0]["cursor"] == KILL_BEFORE
 
     with run_service("task_manager", ["--conf", str(conf)]) as service:  # same store, no fault
         job = _wait_done(service.url, job_id)
-        assert f"resuming job {job_id} at episode {KILL_AT}" in service.log()
+        assert f"resuming job {job_id} at episode {KILL_BEFORE}" in service.log()
     assert job["status"] == "done" and job["cursor"] == EPISODES
     assert job["progress"]["episodes_done"] == EPISODES
     rows = stored_rows(store, "SELECT task_id, signature, query FROM tasks")
@@ -102,3 +110,34 @@ def test_a_pass_rate_report_with_a_request_id_is_applied_once_across_retries_and
     assert fresh.json()["idempotent_replay"] is False and unnamed.status_code == 200
     [row] = stored_rows(store, "SELECT total FROM pass_rates")
     assert row["total"] == 9  # 3 + the new step's 3 + the report without an id
+
+
+def test_a_full_disk_gets_a_507_and_a_running_job_waits_for_space(flights_env: ServiceProcess,
+                                                                   tmp_path: Path) -> None:
+    """EVOLVER_DISK_FULL names a flag file: while it exists, the store's commits fail as on a full disk."""
+    conf, store = _conf(tmp_path, flights_env, "full")
+    flag = tmp_path / "disk-full"
+    with run_service("task_manager", ["--conf", str(conf)], env={DISK_FULL_ENV: str(flag)}) as service:
+        flag.touch()
+        refused = httpx.post(f"{service.url}/v1/jobs", json=JOB, timeout=30)
+        assert refused.status_code == 507, refused.text
+        assert str(store) in refused.json()["error"]["message"] and stored_rows(store, "SELECT * FROM jobs") == []
+        flag.unlink()
+        job_id = httpx.post(f"{service.url}/v1/jobs", json=JOB, timeout=30).json()["job_id"]
+        deadline = time.monotonic() + 120
+        while stored_rows(store, "SELECT cursor FROM jobs")[0]["cursor"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        flag.touch()  # the disk fills up mid-job
+        while "is committed once there is space" not in service.log():
+            assert time.monotonic() < deadline, service.log()[-2000:]
+            time.sleep(0.1)
+        held = stored_rows(store, "SELECT cursor FROM jobs")[0]["cursor"]
+        assert held < EPISODES and httpx.get(f"{service.url}/healthz", timeout=10).status_code == 200
+        flag.unlink()
+        job = _wait_done(service.url, job_id)
+    assert job["status"] == "done" and job["cursor"] == EPISODES and held >= 2
+    rows = stored_rows(store, "SELECT task_id FROM tasks")
+    assert job["progress"]["kept"] == len(rows) and job["progress"]["episodes_done"] == EPISODES
+    assert [r["episode"] for r in stored_rows(store, "SELECT episode FROM explorations ORDER BY episode")] == \
+        list(range(EPISODES))

@@ -1,4 +1,5 @@
-"""`python -m trainer --conf FILE` against a real env service: checkpoints, kill and resume, Ray actor."""
+"""`python -m trainer --conf FILE` against a real env service: checkpoints, kill and resume, a full disk,
+Ray actor."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from common.faults import DISK_FULL_ENV
 from tests.helpers import REPO, run_env_service
 
 ENV_YAML = "env_service:\n  environments:\n    signal: {fallback: first_char}\n"
@@ -123,6 +125,36 @@ def test_run_killed_in_its_first_step_resumes_without_evaluating_again(env_url, 
     assert "at step 0 " in log and "eval before training" not in log
     rows = {row["metric"]: row for row in json.loads((out / "summary.json").read_text())["eval"]["rows"]}
     assert rows["avg@1"]["delta"]["n"] == 4
+
+
+def test_the_trainer_stops_on_a_full_disk_and_resumes_once_there_is_space(env_url, tmp_path, monkeypatch):
+    """A full disk: exit 5 with a message naming the file and how to go on, the last checkpoint intact, and a
+    resume from it once there is space. EVOLVER_DISK_FULL names a flag file: while it exists, the trainer's writes
+    (rollout records, metrics, checkpoints) fail with ENOSPC."""
+    out, flag = tmp_path / "run", tmp_path / "disk-full"
+    monkeypatch.setenv(DISK_FULL_ENV, str(flag))
+    conf = tmp_path / "run.yaml"
+    conf.write_text(trainer_yaml(out, env_url, steps=2).replace("every: 2", "every: 1"))
+    proc = start(conf, tmp_path / "full.log")
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoints" / "step_000001.pt").exists():
+        assert proc.poll() is None, (tmp_path / "full.log").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    flag.touch()
+    assert proc.wait(timeout=240) == 5, (tmp_path / "full.log").read_text()[-3000:]
+    log = (tmp_path / "full.log").read_text()
+    assert "trainer: the disk is full (writing " in log and "run again with trainer.resume=true" in log
+    assert not list((out / "checkpoints").glob("*.tmp")), "no half-written checkpoint is left taking space"
+    saved = (out / "checkpoints" / "latest").read_text().strip()
+
+    flag.unlink()
+    conf.write_text(trainer_yaml(out, env_url, steps=2, resume=True).replace("every: 2", "every: 1"))
+    proc = start(conf, tmp_path / "resume.log")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    assert f"at step {int(saved[5:11])} " in (tmp_path / "resume.log").read_text()
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(set(steps)) == [1, 2]
 
 
 def test_trainer_runs_as_a_ray_actor_and_exports(env_url, tmp_path):
