@@ -94,6 +94,8 @@ class Proposal(BaseModel):
     query_form: Literal["ids", "names", "free"] = "ids"  # free: written by an LLM
     # A lookup (a question answered in text): how to find its record again in a replay, and the answer.
     lookup: LookupTarget | None = None
+    # A multi-call task: its kind in the profile's `tasks` (book_by_id); its reference calls are in `calls`.
+    task: str | None = None
 
 
 class Reference(BaseModel):

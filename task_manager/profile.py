@@ -13,7 +13,8 @@ synthesizer uses to write queries (e.g. "book flight {flight_id} for passenger {
 `"natural_template"`: the same request without ids, `{argument.field}` slots naming fields of the records
 the ids identify (e.g. "book the {flight_id.airline} flight ... for {passenger_id.name}").
 An operation that reads values may carry `"lookups"`: questions answered by a field of the records its
-calls return, in the `ids` and `names` query forms (see `Lookup`), for the lookup synthesizer.
+calls return, in the `ids` and `names` query forms (see `Lookup`), for the lookup synthesizer. A profile
+may list `"tasks"`: multi-call task kinds (see `TaskKind`), for the multi-call synthesizer.
 A profile is read from such a file, or derived from the environment service's profile and tool
 docs (tools without an entity are gathered under one entity named after the environment).
 """
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.config import ConfigError
 
@@ -85,6 +86,58 @@ class TaskPreference(_Lenient):
     relation_difficulty: int = Field(default=2, ge=1, le=3)
 
 
+class CallTemplate(_Lenient):
+    """One call of a multi-call task's reference: the tool, and its arguments as slots (`{flight.flight_id}`)."""
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, str] = Field(default_factory=dict)
+
+
+class TaskForm(_Lenient):
+    """One query form of a multi-call task: the query and the reference calls, both written with slots that
+    name an observed change's argument or result field (`{book_ticket.passenger_id}`) or a field of a bound
+    record (`{flight.origin}`), optionally through a filter (`{flight.date|day}`, `{flight.origin|place}`, or
+    one of the profile's `patterns`)."""
+
+    query: str
+    calls: list[CallTemplate] = Field(min_length=1)
+
+
+class RecordBinding(_Lenient):
+    """A record a multi-call task is about, found among what the observed read calls returned: a record of an
+    `operation`'s result whose fields equal `match` (slots filled as in a form). With `select` min/max it must
+    also be the one record with the least/greatest `of` among the records of its observation that share its
+    `among` fields and have every `where` field positive (the cheapest flight of a route and date)."""
+
+    operation: str = Field(min_length=1)
+    match: dict[str, str] = Field(min_length=1)
+    select: Literal["each", "min", "max"] = "each"
+    of: str | None = None
+    where: list[str] = Field(default_factory=list)
+    among: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _compared(self) -> RecordBinding:
+        if self.select != "each" and not self.of:
+            raise ValueError(f"a record binding with select {self.select!r} needs `of`: the field compared")
+        return self
+
+
+class TaskKind(_Lenient):
+    """A multi-call task the environment asks (book the cheapest flight, cancel a booking, rebook), for the
+    multi-call synthesizer: the state-changing calls it is made of (`changes`, in order, as observed), the
+    records its query describes (`records`, name -> binding), conditions between slots (`same`, `differ`: pairs
+    of slot names whose values must be equal / different), and its query forms (`ids`, `names`)."""
+
+    kind: str = Field(min_length=1)  # named like the environment's own tasks of that sort (book_by_id)
+    tier: int | None = None
+    changes: list[str] = Field(min_length=1)
+    records: dict[str, RecordBinding] = Field(default_factory=dict)
+    same: list[tuple[str, str]] = Field(default_factory=list)
+    differ: list[tuple[str, str]] = Field(default_factory=list)
+    forms: dict[Literal["ids", "names"], TaskForm] = Field(min_length=1)
+
+
 class EnvProfile(_Lenient):
     name: str
     background: str = ""
@@ -93,6 +146,10 @@ class EnvProfile(_Lenient):
     rubrics: list[Any] = Field(default_factory=list)
     # name -> value -> how a query writes it (`{origin|place}`: "SFO" -> "San Francisco (SFO)").
     glossary: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # name -> a regular expression: the filter `{slot|name}` writes its first group (`number`: "UA123-0603" ->
+    # "UA123", the flight number a query names).
+    patterns: dict[str, str] = Field(default_factory=dict)
+    tasks: list[TaskKind] = Field(default_factory=list)  # multi-call task kinds, for the multi-call synthesizer
 
     def operations(self) -> dict[str, Operation]:
         return {op.name: op for entity in self.entities for op in entity.opts}
