@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from engine.models import load_tokenizer
 from env_service.client import EnvClient
 from env_service.environments.flights import FlightsEnvironment
 from task_manager.client import TaskClient
@@ -30,6 +31,8 @@ from task_manager.service import BUILTIN_PROFILES
 from task_manager.verify import verify
 from tests.helpers import ServiceProcess, run_service
 from tests.task_manager.conftest import write_conf
+from trainer.settings import RolloutConfig
+from trainer.warm_start import from_trajectory, render
 
 PROFILE = load_profile_file(BUILTIN_PROFILES / "flights.json")
 FLIGHTS = {"version": 2, "tiers": [2, 3], "splits": {"train": 16, "validation": 8, "test": 8}}
@@ -156,5 +159,15 @@ def test_the_service_reports_the_multicall_funnel_per_kind_and_serves_its_refere
                     assert trajectory.steps[-1].action.text() == CLOSING_REPLY and trajectory.steps[-1].observation is None
                     assert all("<tool_call>" in s.action.text() for s in trajectory.steps[:-1])
                     assert trajectory.metadata["task_kind"].split(":")[0] in TIER_2_3
+                # The warm start trains on them as the agent's own turns: every call and the closing reply, and
+                # nothing else, under the loss mask.
+                tokenizer = load_tokenizer("tiny")
+                solved = from_trajectory(served.trajectories[0])
+                segments = render(solved, tokenizer, RolloutConfig(env="flights", template="linear", max_context=4096))
+                trained = [tokenizer.decode([t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m])
+                           for s in segments]
+                assert sum(m for s in segments for m in s.loss_mask) == sum(
+                    len(tokenizer.encode(action, add_special_tokens=False)) + 1 for action, _ in solved.steps)
+                assert CLOSING_REPLY in trained[-1] and "cancel_order" in "".join(trained)
 
     asyncio.run(run())
