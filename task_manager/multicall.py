@@ -13,7 +13,9 @@ closing reply, as an agent's episode ends.
 The expected state is what the observed changes did: the observed reads up to the last change and the
 candidate's own changes (no other change) replayed in a fresh instance of the seed task. A proposal carries it
 as `goal_state`, so `verify` keeps the task only when a replay of its own reference reaches that state (a
-reference that books another flight or cancels another order is rejected as `goal_not_reached`).
+reference that books another flight or cancels another order is rejected as `goal_not_reached`) and its own
+reads still select what the query describes (`selection_changed`: in a fresh instance another flight can be
+the cheapest, where the exploration had booked seats before it searched).
 """
 
 from __future__ import annotations
@@ -93,6 +95,32 @@ def _prefixed(name: str, fields: dict[str, Any], into: dict[str, Any]) -> None:
         into.setdefault(f"{name}.{key}", value)
 
 
+def _selection(name: str, binding: RecordBinding, record: dict[str, Any]) -> LookupTarget:
+    """What a min/max binding selects, as a target `pick` finds again: the record of `record`'s group (its
+    `among` fields) with the least/greatest `of`, identified by the binding's first matched field."""
+    assert binding.of is not None  # RecordBinding refuses min/max without `of`
+    key = next(iter(binding.match))
+    return LookupTarget(kind=name, operation=binding.operation, field=key, select=binding.select, of=binding.of,
+                        where=list(binding.where), answer=str(record.get(key)),
+                        identity={f: record[f] for f in binding.among if f in record})
+
+
+def selected(target: LookupTarget, records: list[dict[str, Any]]) -> bool:
+    """Whether `records` (one read's result) select the record `target` names."""
+    record = pick(records, target.model_copy(update={"field": target.of or target.field}))
+    return record is not None and str(record.get(target.field)) == target.answer
+
+
+def selection_kept(proposal: Proposal, observations: Sequence[str]) -> bool:
+    """Whether the reference's own reads, replayed (`observations`, one per action), still select what the query
+    describes: a fresh instance can differ from the exploration (seats the exploration booked before it
+    searched are free again, so another flight may be the cheapest)."""
+    calls = proposal.calls or []
+    return all(any(call.name == target.operation and selected(target, records_of(observation))
+                   for call, observation in zip(calls, observations, strict=False))
+               for target in proposal.selections)
+
+
 def _bind(binding: RecordBinding, reads: Sequence[ObservedCall], values: dict[str, Any],
           profile: EnvProfile) -> dict[str, Any] | None:
     """The record `binding` describes, from the latest read that returned it; None when none did, or when it is
@@ -111,14 +139,8 @@ def _bind(binding: RecordBinding, reads: Sequence[ObservedCall], values: dict[st
     if found is None:
         return None
     record, records = found
-    if binding.select != "each":
-        of = binding.of
-        assert of is not None  # RecordBinding refuses min/max without `of`
-        target = LookupTarget(kind="", operation=binding.operation, field=of, select=binding.select, of=of,
-                              where=list(binding.where), answer="",
-                              identity={f: record[f] for f in binding.among if f in record})
-        if pick(records, target) is not record:
-            return None  # not the cheapest (or a tie): the task's query would not describe it
+    if binding.select != "each" and not selected(_selection("", binding, record), records):
+        return None  # not the cheapest (or a tie): the task's query would not describe it
     return record
 
 
@@ -165,7 +187,7 @@ class MultiCallSynthesizer:
                     break
                 if [observed[i].call.name for i in combo] != spec.changes:
                     continue
-                values, reason = self._values(spec, observed, combo)
+                values, reason, selections = self._values(spec, observed, combo)
                 if values is None:
                     turned_down.update((self.label(spec, f), reason) for f in forms)
                     continue
@@ -187,14 +209,17 @@ class MultiCallSynthesizer:
                         query=query, confidence=1.0, actions=[c.render() for c in calls] + [CLOSING_REPLY],
                         calls=calls, recorded_initial_state=initial_state, goal_state=expected[combo],
                         synthesizer=self.name, env_type=env_type, seed_task_id=seed_task_id,
-                        exploration_id=exploration_id, query_form=form_name, task=spec.kind))  # type: ignore[arg-type]
+                        exploration_id=exploration_id, query_form=form_name, task=spec.kind,  # type: ignore[arg-type]
+                        selections=selections))
                 per_kind += 1
         return proposals, turned_down
 
-    def _values(self, spec: TaskKind, observed: Sequence[ObservedCall],
-                combo: tuple[int, ...]) -> tuple[dict[str, Any] | None, str]:
+    def _values(self, spec: TaskKind, observed: Sequence[ObservedCall], combo: tuple[int, ...]
+                ) -> tuple[dict[str, Any] | None, str, list[LookupTarget]]:
         """The slot values of a run of changes (the changes' arguments, then their results' fields, then each
-        bound record's fields), or None and why it is not a task of the kind."""
+        bound record's fields) and what its min/max bindings select; or None and why it is not a task of the
+        kind."""
+        selections: list[LookupTarget] = []
         values: dict[str, Any] = {}
         for name, index in zip(spec.changes, combo, strict=True):
             _prefixed(name, observed[index].call.arguments, values)
@@ -204,15 +229,17 @@ class MultiCallSynthesizer:
         for name, binding in spec.records.items():
             record = _bind(binding, reads, values, self.profile)
             if record is None:
-                return None, f"no_record:{name}"
+                return None, f"no_record:{name}", []
             _prefixed(name, record, values)
+            if binding.select != "each":
+                selections.append(_selection(name, binding, record))
         for a, b in spec.same:
             if a not in values or b not in values or str(values[a]) != str(values[b]):
-                return None, "condition"
+                return None, "condition", []
         for a, b in spec.differ:
             if a not in values or b not in values or str(values[a]) == str(values[b]):
-                return None, "condition"
-        return values, ""
+                return None, "condition", []
+        return values, "", selections
 
     async def _expected_state(self, observed: Sequence[ObservedCall], combo: tuple[int, ...], env_type: str,
                               seed_task_id: str, initial_state: Any) -> Any:

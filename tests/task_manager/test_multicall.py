@@ -125,6 +125,10 @@ def test_every_tier_2_and_3_kind_is_verified_in_the_environments_forms_and_a_pla
             planted = good.model_copy(update={"calls": planted_calls,
                                               "actions": [c.render() for c in planted_calls] + [CLOSING_REPLY]})
             assert await verify(access, planted) == (None, "goal_not_reached")
+            # And a query whose selection the reference's own search does not make (another flight the cheapest).
+            assert [t.answer for t in good.selections] == [booked]
+            moved = good.model_copy(update={"selections": [good.selections[0].model_copy(update={"answer": other})]})
+            assert await verify(access, moved) == (None, "selection_changed")
 
     asyncio.run(run())
 
