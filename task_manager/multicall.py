@@ -6,12 +6,13 @@ whether it changed the state): an exploration's steps (`observed_calls`), or the
 gateway saw. For each multi-call kind of the profile (`EnvProfile.tasks`), every run of observed state
 changes the kind is made of (its `changes`, in order) is a candidate: the records its query describes are
 bound from what the reads before the last change returned (`RecordBinding`: the flight booked must be the
-cheapest of its search), its conditions are checked, and its query and reference calls are written in each
+cheapest of its search, or, where the binding may `choose`, the booking is moved onto the cheapest flight of
+the search it came from), its conditions are checked, and its query and reference calls are written in each
 wanted form from the changes' arguments and results and the bound records. The reference is those calls and a
 closing reply, as an agent's episode ends.
 
 The expected state is what the observed changes did: the observed reads up to the last change and the
-candidate's own changes (no other change) replayed in a fresh instance of the seed task. A proposal carries it
+candidate's own changes (no other change; a moved one moved) replayed in a fresh instance of the seed task. A proposal carries it
 as `goal_state`, so `verify` keeps the task only when a replay of its own reference reaches that state (a
 reference that books another flight or cancels another order is rejected as `goal_not_reached`) and its own
 reads still select what the query describes (`selection_changed`: in a fresh instance another flight can be
@@ -21,6 +22,7 @@ the cheapest, where the exploration had booked seats before it searched).
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -32,7 +34,7 @@ from task_manager.envs import EnvAccess
 from task_manager.kinds import lookup_kinds
 from task_manager.lookups import pick, records_of, written_day
 from task_manager.models import Call, Exploration, LookupTarget, Proposal
-from task_manager.profile import EnvProfile, RecordBinding, TaskKind
+from task_manager.profile import CHANGE_SLOT, EnvProfile, RecordBinding, TaskKind
 from task_manager.replay import replay
 
 # The reply that ends a multi-call task's reference: the environment's own references end with it too.
@@ -121,13 +123,17 @@ def selection_kept(proposal: Proposal, observations: Sequence[str]) -> bool:
                for target in proposal.selections)
 
 
+Rewrite = tuple[str, str, Any]  # a chosen change argument: (change, argument, value)
+
+
 def _bind(binding: RecordBinding, reads: Sequence[ObservedCall], values: dict[str, Any],
-          profile: EnvProfile) -> dict[str, Any] | None:
-    """The record `binding` describes, from the latest read that returned it; None when none did, or when it is
-    not the one its `select` asks for."""
+          profile: EnvProfile) -> tuple[dict[str, Any] | None, Rewrite | None]:
+    """The record `binding` describes, from the latest read that returned it, and the change argument rewritten to
+    it where the binding may `choose` (the selected record of the group, not the one the change acted on); no
+    record when no read returned it, or when it is not the one its `select` asks for."""
     wanted = {k: fill_slots(v, values, profile) for k, v in binding.match.items()}
     if any(v is None for v in wanted.values()):
-        return None
+        return None, None
     found: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
     for observed in reads:
         if observed.call.name != binding.operation:
@@ -137,11 +143,19 @@ def _bind(binding: RecordBinding, reads: Sequence[ObservedCall], values: dict[st
             if all(str(record.get(k)) == v for k, v in wanted.items()):
                 found = (record, records)
     if found is None:
-        return None
+        return None, None
     record, records = found
-    if binding.select != "each" and not selected(_selection("", binding, record), records):
-        return None  # not the cheapest (or a tie): the task's query would not describe it
-    return record
+    if binding.select == "each" or selected(_selection("", binding, record), records):
+        return record, None
+    if binding.choose is None:
+        return None, None  # not the cheapest (or a tie): the task's query would not describe it
+    target = _selection("", binding, record)
+    chosen = pick(records, target.model_copy(update={"field": target.of}))
+    if chosen is None or binding.choose not in chosen:
+        return None, None  # a tie or no record with seats: no task
+    slot = CHANGE_SLOT.fullmatch(binding.match[binding.choose])
+    assert slot is not None  # RecordBinding checks `choose` names one change argument
+    return chosen, (slot.group(1), slot.group(2), chosen[binding.choose])
 
 
 class MultiCallSynthesizer:
@@ -175,7 +189,7 @@ class MultiCallSynthesizer:
         a task of the kind (counted apart: they never were proposals)."""
         turned_down: Counter[tuple[str, str]] = Counter()
         proposals: list[Proposal] = []
-        expected: dict[tuple[int, ...], Any] = {}
+        expected: dict[tuple[Any, ...], Any] = {}
         changes = [i for i, o in enumerate(observed) if o.state_changed and not o.failed]
         for spec in self.profile.tasks:
             forms = self.forms(spec)
@@ -187,7 +201,7 @@ class MultiCallSynthesizer:
                     break
                 if [observed[i].call.name for i in combo] != spec.changes:
                     continue
-                values, reason, selections = self._values(spec, observed, combo)
+                values, reason, selections, rewrites = self._values(spec, observed, combo)
                 if values is None:
                     turned_down.update((self.label(spec, f), reason) for f in forms)
                     continue
@@ -199,15 +213,16 @@ class MultiCallSynthesizer:
                     if query is None or any(v is None for c in calls for v in c.arguments.values()):
                         turned_down[(self.label(spec, form_name), "unwritable")] += 1
                         continue
-                    if combo not in expected:
-                        expected[combo] = await self._expected_state(observed, combo, env_type, seed_task_id,
-                                                                     initial_state)
-                    if expected[combo] is None:
+                    key = (combo, json.dumps(sorted(rewrites.items()), default=str))
+                    if key not in expected:
+                        expected[key] = await self._expected_state(observed, combo, rewrites, env_type,
+                                                                   seed_task_id, initial_state)
+                    if expected[key] is None:
                         turned_down[(self.label(spec, form_name), "no_expected_state")] += 1
                         continue
                     proposals.append(Proposal(
                         query=query, confidence=1.0, actions=[c.render() for c in calls] + [CLOSING_REPLY],
-                        calls=calls, recorded_initial_state=initial_state, goal_state=expected[combo],
+                        calls=calls, recorded_initial_state=initial_state, goal_state=expected[key],
                         synthesizer=self.name, env_type=env_type, seed_task_id=seed_task_id,
                         exploration_id=exploration_id, query_form=form_name, task=spec.kind,  # type: ignore[arg-type]
                         selections=selections))
@@ -215,11 +230,12 @@ class MultiCallSynthesizer:
         return proposals, turned_down
 
     def _values(self, spec: TaskKind, observed: Sequence[ObservedCall], combo: tuple[int, ...]
-                ) -> tuple[dict[str, Any] | None, str, list[LookupTarget]]:
+                ) -> tuple[dict[str, Any] | None, str, list[LookupTarget], dict[int, dict[str, Any]]]:
         """The slot values of a run of changes (the changes' arguments, then their results' fields, then each
-        bound record's fields) and what its min/max bindings select; or None and why it is not a task of the
-        kind."""
+        bound record's fields), what its min/max bindings select and the changes' chosen arguments (observed
+        index -> argument -> value); or None and why it is not a task of the kind."""
         selections: list[LookupTarget] = []
+        rewrites: dict[int, dict[str, Any]] = {}
         values: dict[str, Any] = {}
         for name, index in zip(spec.changes, combo, strict=True):
             _prefixed(name, observed[index].call.arguments, values)
@@ -227,28 +243,40 @@ class MultiCallSynthesizer:
                 _prefixed(name, record, values)
         reads = [o for o in observed[: combo[-1]] if not o.failed and not o.state_changed]
         for name, binding in spec.records.items():
-            record = _bind(binding, reads, values, self.profile)
+            record, rewrite = _bind(binding, reads, values, self.profile)
             if record is None:
-                return None, f"no_record:{name}", []
+                return None, f"no_record:{name}", [], {}
+            if rewrite is not None:  # the change moved onto the chosen record: what its result said is stale
+                change, argument, value = rewrite
+                index = combo[spec.changes.index(change)]
+                rewrites.setdefault(index, {})[argument] = value
+                for key in [k for k in values if k.startswith(f"{change}.")]:
+                    del values[key]
+                _prefixed(change, {**observed[index].call.arguments, **rewrites[index]}, values)
             _prefixed(name, record, values)
             if binding.select != "each":
                 selections.append(_selection(name, binding, record))
         for a, b in spec.same:
             if a not in values or b not in values or str(values[a]) != str(values[b]):
-                return None, "condition", []
+                return None, "condition", [], {}
         for a, b in spec.differ:
             if a not in values or b not in values or str(values[a]) == str(values[b]):
-                return None, "condition", []
-        return values, "", selections
+                return None, "condition", [], {}
+        return values, "", selections, rewrites
 
-    async def _expected_state(self, observed: Sequence[ObservedCall], combo: tuple[int, ...], env_type: str,
-                              seed_task_id: str, initial_state: Any) -> Any:
-        """The comparable state after the observed reads up to the last change and the run's own changes, replayed
-        in a fresh instance; None when that replay fails or changes nothing."""
-        kept = [o for i, o in enumerate(observed[: combo[-1] + 1])
+    async def _expected_state(self, observed: Sequence[ObservedCall], combo: tuple[int, ...],
+                              rewrites: dict[int, dict[str, Any]], env_type: str, seed_task_id: str,
+                              initial_state: Any) -> Any:
+        """The comparable state after the observed reads up to the last change and the run's own changes (with
+        their chosen arguments), replayed in a fresh instance; None when that replay fails or changes nothing."""
+        kept = [(i, o) for i, o in enumerate(observed[: combo[-1] + 1])
                 if not o.failed and (not o.state_changed or i in combo)]
-        result = await replay(self.access, env_type, seed_task_id, [o.call.render() for o in kept],
-                              recorded_initial_state=initial_state, recorded_observations=[o.result for o in kept])
+        actions = [Call(name=o.call.name, arguments={**o.call.arguments, **rewrites.get(i, {})}).render()
+                   for i, o in kept]
+        # A moved change's recorded result names another record: nothing to learn generated ids from.
+        recorded = ["" if i in rewrites else o.result for i, o in kept]
+        result = await replay(self.access, env_type, seed_task_id, actions, recorded_initial_state=initial_state,
+                              recorded_observations=recorded)
         if not result.ok or result.end_state is None:
             return None
         end = self.access.comparable(result.end_state)

@@ -22,6 +22,7 @@ docs (tools without an entity are gathered under one entity named after the envi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.config import ConfigError
+
+# A slot naming one change's argument, `{book_ticket.flight_id}`: (change, argument).
+CHANGE_SLOT = re.compile(r"\{([A-Za-z_]\w*)\.([A-Za-z_]\w*)\}")
 
 
 class _Lenient(BaseModel):
@@ -115,11 +119,20 @@ class RecordBinding(_Lenient):
     of: str | None = None
     where: list[str] = Field(default_factory=list)
     among: list[str] = Field(default_factory=list)
+    # A `match` field whose value is a change's argument (`{book_ticket.flight_id}`) that the task may choose:
+    # where the observed change acted on another record of the group (a booking of some flight of a search), the
+    # task is that change moved onto the selected record (the search's cheapest), and its expected state is what
+    # the moved change reaches when replayed.
+    choose: str | None = None
 
     @model_validator(mode="after")
     def _compared(self) -> RecordBinding:
         if self.select != "each" and not self.of:
             raise ValueError(f"a record binding with select {self.select!r} needs `of`: the field compared")
+        if self.choose is not None and (self.select == "each"
+                                        or not CHANGE_SLOT.fullmatch(self.match.get(self.choose, ""))):
+            raise ValueError(f"a record binding's `choose` ({self.choose!r}) must be a `match` field whose value is one "
+                             "slot naming a change's argument ({book_ticket.flight_id}), with select min or max")
         return self
 
 

@@ -143,7 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     config = env_config(args)
     flights = FlightsEnvironment(config)
-    phases = args.phases.split(",")
+    phases = [p for p in args.phases.split(",") if p]  # none: the funnel alone
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise SystemExit(f"--phases: unknown {', '.join(unknown)}; phases are {', '.join(PHASES)}")
@@ -213,7 +213,8 @@ def main() -> None:
     parser.add_argument("--embeddings", action="store_true", help="dedup by MiniLM cosine too")
     parser.add_argument("--synthetic-tasks", type=int, default=None,
                         help="W trains on at most this many of the trainable synthetic tasks (default: all)")
-    parser.add_argument("--phases", default=",".join(PHASES), help=f"in this order, of {', '.join(PHASES)}")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"in this order, of {', '.join(PHASES)}; empty: the synthesis funnel alone")
     parser.add_argument("--train-tasks", type=int, default=240)
     parser.add_argument("--validation-tasks", type=int, default=40)
     parser.add_argument("--test-tasks", type=int, default=80)

@@ -133,6 +133,36 @@ def test_every_tier_2_and_3_kind_is_verified_in_the_environments_forms_and_a_pla
     asyncio.run(run())
 
 
+def test_a_booking_of_another_flight_of_a_search_becomes_the_task_of_booking_its_cheapest(
+        tier_2_3_env: ServiceProcess):
+    flights = FlightsEnvironment(FLIGHTS)
+    seed = next(t for t in flights.task_ids("train") if flights.task(t).kind == "book_by_id")
+    task = flights.task(seed)
+    search, book = (Call(name=name, arguments=arguments) for name, arguments in task.reference)
+    world = flights.world_of(task)
+    cheapest = book.arguments["flight_id"]
+    route = [f for f in world.route_flights(*(search.arguments[k] for k in ("origin", "destination", "date")))
+             if f.seats > 0 and f.flight_id != cheapest and f.price <= world.passengers[task.passenger_id].balance]
+    observed_booking = Call(name="book_ticket", arguments={**book.arguments, "flight_id": route[0].flight_id})
+
+    async def run() -> None:
+        async with EnvClient(tier_2_3_env.url) as client:
+            access = EnvAccess(client)
+            exploration = await explore_episode(access, RebookScript([search, observed_booking]), PROFILE, "flights",
+                                                seed, ExploreConfig(breadth_steps=2, depth_steps=0))
+            assert [s.state_changed for s in exploration.steps] == [False, True]
+            proposals, _ = await MultiCallSynthesizer(access, PROFILE, ("ids",)).propose(
+                observed_calls(exploration), env_type="flights", seed_task_id=seed,
+                initial_state=exploration.initial_state)
+            (proposal,) = [p for p in proposals if p.task == "book_by_id"]
+            assert proposal.query == task.query and proposal.calls == [search, book]  # the cheapest, as the env's
+            reference, reason = await verify(access, proposal)
+            assert reason == "ok" and reference is not None
+            assert [o["flight_id"] for o in reference.end_state["orders"]] == [cheapest]
+
+    asyncio.run(run())
+
+
 def test_the_service_reports_the_multicall_funnel_per_kind_and_serves_its_references(
         tier_2_3_env: ServiceProcess, tmp_path):
     conf = write_conf(tmp_path / "tm.yaml", tier_2_3_env.url, tmp_path / "store", serve_training_references=True,
