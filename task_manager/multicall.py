@@ -99,9 +99,10 @@ def _prefixed(name: str, fields: dict[str, Any], into: dict[str, Any]) -> None:
 
 def _selection(name: str, binding: RecordBinding, record: dict[str, Any]) -> LookupTarget:
     """What a min/max binding selects, as a target `pick` finds again: the record of `record`'s group (its
-    `among` fields) with the least/greatest `of`, identified by the binding's first matched field."""
+    `among` fields) with the least/greatest `of`, identified by the field it may `choose`, else its first
+    matched field."""
     assert binding.of is not None  # RecordBinding refuses min/max without `of`
-    key = next(iter(binding.match))
+    key = binding.choose or next(iter(binding.match))
     return LookupTarget(kind=name, operation=binding.operation, field=key, select=binding.select, of=binding.of,
                         where=list(binding.where), answer=str(record.get(key)),
                         identity={f: record[f] for f in binding.among if f in record})
