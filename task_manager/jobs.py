@@ -204,30 +204,7 @@ class JobRunner:
                 result.stats.proposed += stats.proposed
                 result.stats.parsed += stats.parsed
             if "multicall" in synthesis.kinds:
-                multicall_asked = None if asked is None else _asked_of(profile, asked, "multicall")
-                if not profile.tasks:
-                    raise ValueError(f"synthesis.kinds has 'multicall' but the profile of {request.env!r} lists no "
-                                     "multi-call `tasks`: add them to its profile or drop 'multicall'")
-                if multicall_asked is not None and not multicall_asked:
-                    raise ValueError(f"synthesis.lookup_kinds is 'train' but no train task of {request.env!r} has the "
-                                     "wording of a multi-call form of its profile (the first "
-                                     f"{synthesis.train_queries} read): set lookup_kinds: profile")
-                synthesizer = MultiCallSynthesizer(context.access, profile, tuple(synthesis.query_forms),
-                                                   synthesis.max_multicall, multicall_asked)
-                multi, turned_down = await synthesizer.propose(
-                    observed_calls(exploration), env_type=request.env, seed_task_id=seed_task,
-                    initial_state=exploration.initial_state, exploration_id=exploration.exploration_id)
-                for (kind, reason), count in turned_down.items():
-                    if reason == "no_expected_state":  # a proposal whose observed changes do not replay alone
-                        result.proposed_kinds[kind] += count
-                        result.rejected_kinds[(kind, reason)] += count
-                        result.rejected[reason] += count
-                    else:
-                        result.unmatched_kinds[(kind, reason)] += count
-                proposals += multi
-                proposed = len(multi) + sum(n for (_, r), n in turned_down.items() if r == "no_expected_state")
-                result.stats.proposed += proposed
-                result.stats.parsed += proposed
+                proposals += await self._multicall(request.env, exploration, profile, asked, result)
             result.proposed_kinds.update(proposal_kind(p) for p in proposals)
             for proposal in proposals:
                 reference, reason = await verify(context.access, proposal)
@@ -240,6 +217,38 @@ class JobRunner:
             logger.warning("job {} episode {} failed: {}: {}", job_id, episode, type(exc).__name__, exc)
             result.error = f"{type(exc).__name__}: {exc}"
         return result
+
+    async def _multicall(self, env: str, exploration: Exploration, profile: EnvProfile,
+                         asked: dict[tuple[str, str], int] | None, result: EpisodeResult) -> list[Proposal]:
+        """The multi-call synthesizer's proposals from the exploration's calls, its turned-down candidates counted
+        in `result` (a proposal whose observed changes do not replay alone is proposed and rejected; a run of
+        changes that is no task of a kind is unmatched)."""
+        synthesis = self.context.settings.synthesis
+        wanted = None if asked is None else _asked_of(profile, asked, "multicall")
+        if not profile.tasks:
+            raise ValueError(f"synthesis.kinds has 'multicall' but the profile of {env!r} lists no multi-call "
+                             "`tasks`: add them to its profile or drop 'multicall'")
+        if wanted is not None and not wanted:
+            raise ValueError(f"synthesis.lookup_kinds is 'train' but no train task of {env!r} has the wording of a "
+                             f"multi-call form of its profile (the first {synthesis.train_queries} read): set "
+                             "lookup_kinds: profile")
+        synthesizer = MultiCallSynthesizer(self.context.access, profile, tuple(synthesis.query_forms),
+                                           synthesis.max_multicall, wanted)
+        proposals, turned_down = await synthesizer.propose(
+            observed_calls(exploration), env_type=env, seed_task_id=exploration.seed_task_id,
+            initial_state=exploration.initial_state, exploration_id=exploration.exploration_id)
+        unreplayed = 0
+        for (kind, reason), count in turned_down.items():
+            if reason == "no_expected_state":
+                unreplayed += count
+                result.proposed_kinds[kind] += count
+                result.rejected_kinds[(kind, reason)] += count
+                result.rejected[reason] += count
+            else:
+                result.unmatched_kinds[(kind, reason)] += count
+        result.stats.proposed += len(proposals) + unreplayed
+        result.stats.parsed += len(proposals) + unreplayed
+        return proposals
 
     async def _commit(self, job_id: str, request: JobRequest, result: EpisodeResult, progress: dict[str, Any],
                       index: Any) -> None:
