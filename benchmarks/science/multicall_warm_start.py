@@ -100,9 +100,10 @@ async def evaluate(model: Any, tokenizer: Any, env: EnvPeer, kinds: dict[str, st
             "invalid_action_rate": round(summary.invalid_action_rate, 3), "episodes": rows}
 
 
-async def warm_started(phase: str, env: EnvPeer, tm_url: str, budget: int | None, args: argparse.Namespace
-                       ) -> tuple[Any, Any, dict[str, Any]]:
-    """The model fine-tuned by the warm start from the phase's source, and what it trained on."""
+async def warm_started(phase: str, env: EnvPeer, tm_url: str, budget: int | None, kind_of: dict[str, str],
+                       args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """The model fine-tuned by the warm start from the phase's source, and what it trained on (`kinds`: its
+    solved tasks by kind, a synthetic task's from the task manager, a train task's from the environment)."""
     import torch
 
     from engine.models import load_model
@@ -118,9 +119,13 @@ async def warm_started(phase: str, env: EnvPeer, tm_url: str, budget: int | None
     samples, data = training_data(solved, tokenizer, rollout_config(args))
     if not samples:
         raise SystemExit(f"{phase}: no solved task to warm-start on ({source_report}); explore more (--episodes)")
+    kinds: dict[str, int] = {}
+    for task_id in data["task_ids"]:
+        kinds[kind_of.get(task_id, "unknown")] = kinds.get(kind_of.get(task_id, "unknown"), 0) + 1
     started = time.monotonic()
     trained = await asyncio.to_thread(fine_tune, model, samples, settings, torch.device("cpu"), args.seed)
-    return model, tokenizer, {"source": SOURCES[phase], "settings": settings.model_dump(), **data, **trained,
+    return model, tokenizer, {"source": SOURCES[phase], "settings": settings.model_dump(), **data, "kinds": kinds,
+                              **trained,
                               "fine_tune_s": round(time.monotonic() - started, 1), "source_report": source_report}
 
 
@@ -163,8 +168,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     job = await tasks.wait_job((await tasks.submit_job("flights", episodes=args.episodes,
                                                                        seed=args.seed)).job_id, timeout=3600)
                     stats = await tasks.stats()
-                    result["funnel"] = {"status": job.status, "error": job.error, "progress": job.progress,
-                                        "by_kind": stats["funnel_by_kind"], "s": round(time.monotonic() - started, 1)}
+                    synthetic = (await tasks.list_tasks(env="flights", synthetic=True, limit=10_000)).tasks
+                kind_of = {t.task_id: str(t.metadata.get("task")) for t in synthetic}
+                kind_of.update({t: flights.task(t).kind for t in flights.task_ids("train")})
+                result["funnel"] = {"status": job.status, "error": job.error, "progress": job.progress,
+                                    "by_kind": stats["funnel_by_kind"], "s": round(time.monotonic() - started, 1)}
                 _say("funnel", result["funnel"]["by_kind"])
                 env = EnvPeer(env_service.url, timeout=600)
                 try:
@@ -177,7 +185,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             model, tokenizer = load_model(args.model)
                             result["zero_shot"] = await evaluate(model, tokenizer, env, kinds, eval_tasks, args)
                         else:
-                            model, tokenizer, report = await warm_started(phase, env, tm.url, budget, args)
+                            model, tokenizer, report = await warm_started(phase, env, tm.url, budget, kind_of, args)
                             budget = report["tasks"] if phase == "W" else budget  # Env-W: as many tasks as W
                             result[phase] = {"warm_start": report}
                             result[phase]["eval"] = await evaluate(model, tokenizer, env, kinds, eval_tasks, args)
