@@ -40,6 +40,7 @@ from task_manager.seeding import (
     SeedingRefused,
     SeedReport,
     check_seedable,
+    kinds_in_turn,
     reference_trajectory,
     seed_pool,
     seedable_tasks,
@@ -450,7 +451,8 @@ class TaskManager:
         return {kind: {**counts, **reasons.get(kind, {})} for kind, counts in sorted(rows.items())}
 
     async def training_references(self, request: TrainingReferencesRequest) -> dict[str, Any]:
-        """The trainable synthetic tasks (what batches sample, grown from train tasks) solved by their references.
+        """The trainable synthetic tasks (what batches sample, grown from train tasks) solved by their references,
+        one of each kind in turn, so that a `limit` keeps every kind.
 
         Never a task of the pool's share or withheld because the pool shows its answer, never one grown from a
         held-out task: `check_seedable` guards every task that is replayed."""
@@ -468,7 +470,7 @@ class TaskManager:
         stored = [self.store.get(i) for i in ids]
         verified = [check_seedable(s, i, train_ids) for s, i in zip(stored, ids, strict=True)
                     if s is not None and s.reference is not None]
-        chosen = verified[: request.limit]
+        chosen = kinds_in_turn(verified)[: request.limit]
         trajectories = []
         for item in chosen:
             trajectory = await reference_trajectory(self.access, item)

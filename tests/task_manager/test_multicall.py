@@ -189,6 +189,11 @@ def test_the_service_reports_the_multicall_funnel_per_kind_and_serves_its_refere
                 assert kept >= 1
                 served = await tasks.training_references("flights", limit=100)
                 assert served.replayed == kept
+                # A limited warm start gets one task of each kind in turn, not the kind explored most.
+                kinds = {kind for kind, row in funnel.items() if row["trainable"]}
+                assert len(kinds) >= 2, funnel
+                few = await tasks.training_references("flights", limit=len(kinds))
+                assert sorted(t.metadata["task_kind"] for t in few.trajectories) == sorted(kinds)
                 for trajectory in served.trajectories:
                     assert trajectory.steps[-1].action.text() == CLOSING_REPLY and trajectory.steps[-1].observation is None
                     assert all("<tool_call>" in s.action.text() for s in trajectory.steps[:-1])
