@@ -11,7 +11,7 @@
 | `POST /v1/feedback` | recent rollout outcomes per task (curriculum) |
 | `POST /v1/seed_experience` | seed an experience pool from verified synthetic tasks (never held-out ones) |
 | `GET /v1/references/{id}` | a synthetic task's verified reference: for the judge only, never the trainer |
-| `POST /v1/training_references` | trainable synthetic tasks solved by their references (the trainer's warm start; only with `serve_training_references`) |
+| `POST /v1/training_references` | trainable synthetic tasks solved by their references, one of each kind in turn where `limit` cuts them (the trainer's warm start; only with `serve_training_references`) |
 | `GET /v1/stats` | counts, funnel, pass-rate summary |
 """
 

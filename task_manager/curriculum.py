@@ -27,8 +27,8 @@ def task_key(task: Task) -> str:
 
 
 def task_kind(task: Task) -> str | None:
-    """The kind a task shares its pass rate with under `curriculum.by_kind` (a lookup's kind, or `goal`)."""
-    kind = task.metadata.get("lookup") or task.metadata.get("kind")
+    """The kind a task shares its pass rate with under `curriculum.by_kind` (a lookup's or a multi-call task's kind, or `goal`)."""
+    kind = task.metadata.get("lookup") or task.metadata.get("task") or task.metadata.get("kind")
     return str(kind) if kind else None
 
 

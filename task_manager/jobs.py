@@ -17,7 +17,7 @@ import random
 import signal
 import sqlite3
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, exp
 from task_manager.kinds import proposal_kind
 from task_manager.lookups import LookupSynthesizer
 from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
+from task_manager.multicall import MultiCallSynthesizer, observed_calls
 from task_manager.protocol import Failures, JobRequest
 from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
 from task_manager.verify import verify
@@ -51,7 +52,7 @@ FAULT_ENV = "EVOLVER_TM_FAULT"  # "<kill_before_commit|kill_inside_commit|kill_a
 def new_progress(episodes: int) -> dict[str, Any]:
     return {"episodes_total": episodes, "episodes_done": 0, "episode_errors": 0, "steps": 0, "states_reached": 0,
             "proposed": 0, "parsed": 0, "verified": 0, "kept": 0, "rejected": {}, "dropped": {},
-            "by_kind": {},  # task kind -> proposed, verified, kept
+            "by_kind": {},  # task kind -> proposed, verified, kept; rejected, dropped, unmatched: {reason: count}
             "failures": Failures().model_dump()}  # episodes that gave no verified task, by reason
 
 
@@ -63,6 +64,8 @@ class EpisodeResult:
     verified: list[tuple[Proposal, Reference]] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
     proposed_kinds: Counter = field(default_factory=Counter)  # proposals by task kind
+    rejected_kinds: Counter = field(default_factory=Counter)  # (task kind, reason) of proposals turned down
+    unmatched_kinds: Counter = field(default_factory=Counter)  # (task kind, reason): observed runs not a task
     error: str | None = None
     failures: Failures = field(default_factory=Failures)
 
@@ -158,10 +161,12 @@ class JobRunner:
         if request.kind == "synthesize":
             _check_kinds(request.env, context.settings.synthesis.kinds, profile)
         index = await context.dedup_index(request.env) if request.kind == "synthesize" else None
-        if request.kind == "synthesize" and context.settings.synthesis.lookup_kinds == "train":
-            # What the environment's train tasks ask, by lookup kind and form (the job writes only those).
-            progress["asked_kinds"] = {f"{kind}/{form}": n for (kind, form), n in
-                                       (await context.asked_kinds(request.env)).items()}
+        synthesis = context.settings.synthesis
+        if request.kind == "synthesize" and synthesis.lookup_kinds == "train":
+            # What the environment's train tasks ask, by kind and form, of what the job writes (only those).
+            asked = await context.asked_kinds(request.env)
+            progress["asked_kinds"] = {f"{kind}/{form}": asked[(kind, form)] for what in synthesis.kinds
+                                       for kind, form in _asked_of(profile, asked, what)}
         logger.info("job {}: {} on {} from episode {} of {} (explorer {}, synthesizer {})", job_id, request.kind,
                     request.env, cursor, request.episodes, explorer_kind,
                     synthesizer_kind if request.kind == "synthesize" else "-")
@@ -216,24 +221,28 @@ class JobRunner:
                 hindsight = HindsightSynthesizer(context.access, profile, synthesis.max_goals, synthesis.max_repairs,
                                                  tuple(synthesis.query_forms))
                 proposals, result.stats = await hindsight.propose(exploration)
+            asked = None
+            if synthesis.lookup_kinds == "train" and {"lookup", "multicall"} & set(synthesis.kinds):
+                asked = await context.asked_kinds(request.env)
             if "lookup" in synthesis.kinds:
-                asked = None
-                if synthesis.lookup_kinds == "train":
-                    asked = await context.asked_kinds(request.env)
-                    if not asked:
-                        raise ValueError(f"synthesis.lookup_kinds is 'train' but no train task of {request.env!r} has "
-                                         "the wording of a lookup form of its profile (the first "
-                                         f"{synthesis.train_queries} read): set lookup_kinds: profile")
+                lookup_asked = None if asked is None else _asked_of(profile, asked, "lookup")
+                if lookup_asked is not None and not lookup_asked:
+                    raise ValueError(f"synthesis.lookup_kinds is 'train' but no train task of {request.env!r} has "
+                                     "the wording of a lookup form of its profile (the first "
+                                     f"{synthesis.train_queries} read): set lookup_kinds: profile")
                 lookups, stats = LookupSynthesizer(profile, tuple(synthesis.query_forms), synthesis.max_lookups,
-                                                   asked).propose(exploration)
+                                                   lookup_asked).propose(exploration)
                 proposals += lookups
                 result.stats.proposed += stats.proposed
                 result.stats.parsed += stats.parsed
+            if "multicall" in synthesis.kinds:
+                proposals += await self._multicall(request.env, exploration, profile, asked, result)
             result.proposed_kinds.update(proposal_kind(p) for p in proposals)
             for proposal in proposals:
                 reference, reason = await verify(context.access, proposal)
                 if reference is None:
                     result.rejected[reason] += 1
+                    result.rejected_kinds[(proposal_kind(proposal), reason)] += 1
                 else:
                     result.verified.append((proposal, reference))
         except Exception as exc:  # one bad episode must not end the job; it is counted and logged
@@ -267,6 +276,38 @@ class JobRunner:
             await asyncio.sleep(delay)
             delay = min(2 * delay, DISK_FULL_RETRY_MAX_S)
 
+    async def _multicall(self, env: str, exploration: Exploration, profile: EnvProfile,
+                         asked: dict[tuple[str, str], int] | None, result: EpisodeResult) -> list[Proposal]:
+        """The multi-call synthesizer's proposals from the exploration's calls, its turned-down candidates counted
+        in `result` (a proposal whose observed changes do not replay alone is proposed and rejected; a run of
+        changes that is no task of a kind is unmatched)."""
+        synthesis = self.context.settings.synthesis
+        wanted = None if asked is None else _asked_of(profile, asked, "multicall")
+        if not profile.tasks:
+            raise ValueError(f"synthesis.kinds has 'multicall' but the profile of {env!r} lists no multi-call "
+                             "`tasks`: add them to its profile or drop 'multicall'")
+        if wanted is not None and not wanted:
+            raise ValueError(f"synthesis.lookup_kinds is 'train' but no train task of {env!r} has the wording of a "
+                             f"multi-call form of its profile (the first {synthesis.train_queries} read): set "
+                             "lookup_kinds: profile")
+        synthesizer = MultiCallSynthesizer(self.context.access, profile, tuple(synthesis.query_forms),
+                                           synthesis.max_multicall, wanted)
+        proposals, turned_down = await synthesizer.propose(
+            observed_calls(exploration), env_type=env, seed_task_id=exploration.seed_task_id,
+            initial_state=exploration.initial_state, exploration_id=exploration.exploration_id)
+        unreplayed = 0
+        for (kind, reason), count in turned_down.items():
+            if reason == "no_expected_state":
+                unreplayed += count
+                result.proposed_kinds[kind] += count
+                result.rejected_kinds[(kind, reason)] += count
+                result.rejected[reason] += count
+            else:
+                result.unmatched_kinds[(kind, reason)] += count
+        result.stats.proposed += len(proposals) + unreplayed
+        result.stats.parsed += len(proposals) + unreplayed
+        return proposals
+
     async def _commit(self, job_id: str, request: JobRequest, result: EpisodeResult, progress: dict[str, Any],
                       index: Any) -> None:
         context, store = self.context, self.context.store
@@ -278,12 +319,15 @@ class JobRunner:
                 goal: list[Any] = [proposal.seed_task_id, reference.end_state]
                 if proposal.lookup is not None:  # every lookup ends where it began: its goal is its answer
                     goal += ["lookup", proposal.lookup.kind, proposal.lookup.identity, proposal.lookup.answer]
+                if proposal.task is not None:  # a hindsight goal reaching the same state asks it in other words
+                    goal += ["task", proposal.task]
                 goal_key = canonical_hash(goal + ["names"] if proposal.query_form == "names" else goal)
             candidates.append((proposal, reference, sig, goal_key))
         vectors = await context.embed([p.query for p, *_ in candidates]) if candidates else []
         _fault("kill_before_commit", result.episode)
         kept: list[Task] = []
         dropped: Counter = Counter()
+        dropped_kinds: Counter = Counter()
         with _undone_unless_committed(progress, index), store.transaction() as db:
             for (proposal, reference, sig, goal_key), vector in zip(candidates, vectors or [None] * len(candidates),
                                                                   strict=True):
@@ -291,9 +335,11 @@ class JobRunner:
                     if index is not None else None
                 if reason is not None:
                     dropped[reason] += 1
+                    dropped_kinds[(proposal_kind(proposal), reason)] += 1
                     continue
                 # The kind and form travel with the task (a lookup's answer never does: it stays in the reference).
-                kind = {"kind": "lookup", "lookup": proposal.lookup.kind} if proposal.lookup else {"kind": "goal"}
+                kind = {"kind": "lookup", "lookup": proposal.lookup.kind} if proposal.lookup else \
+                    {"kind": "multicall", "task": proposal.task} if proposal.task else {"kind": "goal"}
                 task = Task(task_id=f"syn-{canonical_hash(sig)}", env_type=proposal.env_type, split="train",
                             query=proposal.query, seed_task_id=proposal.seed_task_id, synthetic=True,
                             metadata={"synthesizer": proposal.synthesizer, "query_form": proposal.query_form, **kind,
@@ -305,12 +351,13 @@ class JobRunner:
                     store.insert_task(db, stored, goal_key, vector)
                 except sqlite3.IntegrityError:
                     dropped["same_reference"] += 1
+                    dropped_kinds[(proposal_kind(proposal), "same_reference")] += 1
                     continue
                 index.add(proposal.query, sig, goal_key, vector, reference.outcome_hash())
                 kept.append(task)
             if result.exploration is not None:
                 store.insert_exploration(db, result.exploration)
-            _update(progress, result, kept, dropped)
+            _update(progress, result, kept, dropped, dropped_kinds)
             _fault("kill_inside_commit", result.episode)  # the episode's rows written, not yet committed
             store.update_job(db, job_id, cursor=result.episode + 1, progress=progress)
         context.tasks_changed(request.env)
@@ -360,7 +407,20 @@ def _undone_unless_committed(progress: dict[str, Any], index: DedupIndex | None)
         raise
 
 
-def _update(progress: dict[str, Any], result: EpisodeResult, kept: list[Task], dropped: Counter) -> None:
+def _asked_of(profile: EnvProfile, asked: Collection[tuple[str, str]], what: str) -> set[tuple[str, str]]:
+    """The asked (kind, form) pairs that are lookups (`what` lookup) or multi-call tasks (multicall) of the
+    profile; none for `goal`."""
+    if what == "lookup":
+        kinds = {spec.kind for op in profile.operations().values() for spec in op.lookups}
+    elif what == "multicall":
+        kinds = {spec.kind for spec in profile.tasks}
+    else:
+        kinds = set()
+    return {key for key in asked if key[0] in kinds}
+
+
+def _update(progress: dict[str, Any], result: EpisodeResult, kept: list[Task], dropped: Counter,
+            dropped_kinds: Counter) -> None:
     progress["episodes_done"] += 1
     failures = Failures.model_validate(progress.get("failures") or {})  # a job started before has none
     failures.merge(result.failures)
@@ -384,3 +444,11 @@ def _update(progress: dict[str, Any], result: EpisodeResult, kept: list[Task], d
         for kind, count in counter.items():
             row = by_kind.setdefault(kind, {"proposed": 0, "verified": 0, "kept": 0})
             row[stage] += count
+    # Why, per kind: plain counts by reason (rejected by verification, dropped as duplicates, and observed runs
+    # of changes that were no task of the kind).
+    for stage, counter in (("rejected", result.rejected_kinds), ("dropped", dropped_kinds),
+                           ("unmatched", result.unmatched_kinds)):
+        for (kind, reason), count in counter.items():
+            row = by_kind.setdefault(kind, {"proposed": 0, "verified": 0, "kept": 0})
+            reasons = row.setdefault(stage, {})
+            reasons[reason] = reasons.get(reason, 0) + count

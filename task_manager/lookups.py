@@ -64,7 +64,7 @@ def records_of(observation: str) -> list[dict[str, Any]]:
     return []
 
 
-def _day(value: str) -> str | None:
+def written_day(value: str) -> str | None:
     match = _ISO_DATE.fullmatch(value)
     if match is None or not 1 <= int(match.group(2)) <= 12:
         return None
@@ -86,7 +86,7 @@ def fill(template: str, record: dict[str, Any], arguments: dict[str, Any], gloss
         text = str(raw)
         if how is None:
             return text
-        written = _day(text) if how == "day" else glossary.get(how, {}).get(text)
+        written = written_day(text) if how == "day" else glossary.get(how, {}).get(text)
         if written is None:
             missing = True
             return ""

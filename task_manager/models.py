@@ -97,6 +97,11 @@ class Proposal(BaseModel):
     query_form: Literal["ids", "names", "free"] = "ids"  # free: written by an LLM
     # A lookup (a question answered in text): how to find its record again in a replay, and the answer.
     lookup: LookupTarget | None = None
+    # A multi-call task: its kind in the profile's `tasks` (book_by_id); its reference calls are in `calls`.
+    task: str | None = None
+    # What the task's query selects (the cheapest flight of a route and date): the reference's own reads must
+    # select the same records in a fresh instance (`answer`: the value of `field` of the record selected).
+    selections: list[LookupTarget] = Field(default_factory=list)
 
 
 class Reference(BaseModel):

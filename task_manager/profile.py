@@ -13,7 +13,8 @@ synthesizer uses to write queries (e.g. "book flight {flight_id} for passenger {
 `"natural_template"`: the same request without ids, `{argument.field}` slots naming fields of the records
 the ids identify (e.g. "book the {flight_id.airline} flight ... for {passenger_id.name}").
 An operation that reads values may carry `"lookups"`: questions answered by a field of the records its
-calls return, in the `ids` and `names` query forms (see `Lookup`), for the lookup synthesizer.
+calls return, in the `ids` and `names` query forms (see `Lookup`), for the lookup synthesizer. A profile
+may list `"tasks"`: multi-call task kinds (see `TaskKind`), for the multi-call synthesizer.
 A profile is read from such a file, or derived from the environment service's profile and tool
 docs (tools without an entity are gathered under one entity named after the environment).
 """
@@ -21,13 +22,17 @@ docs (tools without an entity are gathered under one entity named after the envi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.config import ConfigError
+
+# A slot naming one change's argument, `{book_ticket.flight_id}`: (change, argument).
+CHANGE_SLOT = re.compile(r"\{([A-Za-z_]\w*)\.([A-Za-z_]\w*)\}")
 
 
 class _Lenient(BaseModel):
@@ -101,6 +106,67 @@ class TaskPreference(_Lenient):
         "1 simple, independent steps; 2 moderately related; 3 tightly dependent"))
 
 
+class CallTemplate(_Lenient):
+    """One call of a multi-call task's reference: the tool, and its arguments as slots (`{flight.flight_id}`)."""
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, str] = Field(default_factory=dict)
+
+
+class TaskForm(_Lenient):
+    """One query form of a multi-call task: the query and the reference calls, both written with slots that
+    name an observed change's argument or result field (`{book_ticket.passenger_id}`) or a field of a bound
+    record (`{flight.origin}`), optionally through a filter (`{flight.date|day}`, `{flight.origin|place}`, or
+    one of the profile's `patterns`)."""
+
+    query: str
+    calls: list[CallTemplate] = Field(min_length=1)
+
+
+class RecordBinding(_Lenient):
+    """A record a multi-call task is about, found among what the observed read calls returned: a record of an
+    `operation`'s result whose fields equal `match` (slots filled as in a form). With `select` min/max it must
+    also be the one record with the least/greatest `of` among the records of its observation that share its
+    `among` fields and have every `where` field positive (the cheapest flight of a route and date)."""
+
+    operation: str = Field(min_length=1)
+    match: dict[str, str] = Field(min_length=1)
+    select: Literal["each", "min", "max"] = "each"
+    of: str | None = None
+    where: list[str] = Field(default_factory=list)
+    among: list[str] = Field(default_factory=list)
+    # A `match` field whose value is a change's argument (`{book_ticket.flight_id}`) that the task may choose:
+    # where the observed change acted on another record of the group (a booking of some flight of a search), the
+    # task is that change moved onto the selected record (the search's cheapest), and its expected state is what
+    # the moved change reaches when replayed.
+    choose: str | None = None
+
+    @model_validator(mode="after")
+    def _compared(self) -> RecordBinding:
+        if self.select != "each" and not self.of:
+            raise ValueError(f"a record binding with select {self.select!r} needs `of`: the field compared")
+        if self.choose is not None and (self.select == "each"
+                                        or not CHANGE_SLOT.fullmatch(self.match.get(self.choose, ""))):
+            raise ValueError(f"a record binding's `choose` ({self.choose!r}) must be a `match` field whose value is one "
+                             "slot naming a change's argument ({book_ticket.flight_id}), with select min or max")
+        return self
+
+
+class TaskKind(_Lenient):
+    """A multi-call task the environment asks (book the cheapest flight, cancel a booking, rebook), for the
+    multi-call synthesizer: the state-changing calls it is made of (`changes`, in order, as observed), the
+    records its query describes (`records`, name -> binding), conditions between slots (`same`, `differ`: pairs
+    of slot names whose values must be equal / different), and its query forms (`ids`, `names`)."""
+
+    kind: str = Field(min_length=1)  # named like the environment's own tasks of that sort (book_by_id)
+    tier: int | None = None
+    changes: list[str] = Field(min_length=1)
+    records: dict[str, RecordBinding] = Field(default_factory=dict)
+    same: list[tuple[str, str]] = Field(default_factory=list)
+    differ: list[tuple[str, str]] = Field(default_factory=list)
+    forms: dict[Literal["ids", "names"], TaskForm] = Field(min_length=1)
+
+
 class EnvProfile(_Lenient):
     """An environment's profile. Unknown keys are kept (profiles come from other projects too)."""
 
@@ -109,9 +175,12 @@ class EnvProfile(_Lenient):
     entities: list[Entity] = Field(default_factory=list)
     task_preference: TaskPreference = Field(default_factory=TaskPreference)
     rubrics: list[Any] = Field(default_factory=list, description="AgentEvolver's; kept, not used")
-    # name -> value -> how a query writes it (`{origin|place}`: "SFO" -> "San Francisco (SFO)").
     glossary: dict[str, dict[str, str]] = Field(default_factory=dict, description=(
         "filter name -> value -> how a query writes it: `{origin|place}` writes SFO as San Francisco (SFO)"))
+    patterns: dict[str, str] = Field(default_factory=dict, description=(
+        "filter name -> a regular expression: `{slot|name}` writes its first group (`number`: UA123-0603 as UA123)"))
+    tasks: list[TaskKind] = Field(default_factory=list, description=(
+        "multi-call task kinds (book the cheapest flight, cancel, rebook), for the multi-call synthesizer"))
 
     def operations(self) -> dict[str, Operation]:
         return {op.name: op for entity in self.entities for op in entity.opts}

@@ -197,3 +197,13 @@ def split_for_pool(stored: list[StoredTask], share: float) -> PoolSplit:
 def seedable_tasks(synthetic: list[Task], train_ids: set[str]) -> list[str]:
     """Ids of the synthetic tasks whose seed task is a train task (the default selection)."""
     return [t.task_id for t in synthetic if t.split == "train" and t.seed_task_id in train_ids]
+
+
+def kinds_in_turn(stored: list[StoredTask]) -> list[StoredTask]:
+    """`stored` taken one task of each kind in turn (kinds in order of first appearance), so that the first N
+    hold every kind they can: a limited warm start is not all of the kind the explorer happens to reach most."""
+    by_kind: dict[str, list[StoredTask]] = {}
+    for item in stored:
+        by_kind.setdefault(str(item.task.metadata.get("task_kind") or task_kind(item.task) or "goal"), []).append(item)
+    queues = list(by_kind.values())
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]

@@ -41,6 +41,7 @@ from task_manager.seeding import (
     SeedingRefused,
     SeedReport,
     check_seedable,
+    kinds_in_turn,
     reference_trajectory,
     seed_pool,
     seedable_tasks,
@@ -73,7 +74,7 @@ class TaskManager:
         self._withheld: set[str] = set()
         self._llms: dict[str, LLMClient] = {}
         self._embed_lock = asyncio.Lock()
-        self._asked: dict[str, dict[tuple[str, str], int]] = {}  # env -> (lookup kind, form) -> train tasks
+        self._asked: dict[str, dict[tuple[str, str], int]] = {}  # env -> (kind, form) -> train tasks
         self.seeding: dict[str, dict[str, Any]] = {}  # env -> the latest pool-seeding report (run summary)
         self.ready = False
         # Profiles named in config are read now: a wrong path fails at start, not in a job.
@@ -179,8 +180,9 @@ class TaskManager:
         logger.info("read {} held-out {} queries for the contamination check", len(items), env)
 
     async def asked_kinds(self, env: str) -> dict[tuple[str, str], int]:
-        """The (lookup kind, form) pairs the environment's own train tasks ask, read from the queries of the
-        first `synthesis.train_queries` of them (never a held-out task); those tasks get their kind label."""
+        """The (kind, form) pairs of lookups and multi-call tasks the environment's own train tasks ask, read from
+        the queries of the first `synthesis.train_queries` of them (never a held-out task); those tasks get their
+        kind label."""
         if env not in self._asked:
             profile = await self.profile(env)
             originals = self.originals.get(env, [])[: self.settings.synthesis.train_queries]
@@ -198,7 +200,7 @@ class TaskManager:
                 if key is not None:  # the label travels with the task: curriculum and retrieval use it
                     task.metadata["task_kind"] = labels[key][2]
             self._asked[env] = asked_kinds(profile, queries)
-            logger.info("{}: {} of {} train queries read are lookups: {}", env, sum(self._asked[env].values()),
+            logger.info("{}: {} of {} train queries read are lookups or multi-call tasks: {}", env, sum(self._asked[env].values()),
                         len(queries), {f"{k}/{f}": n for (k, f), n in self._asked[env].items()})
         return self._asked[env]
 
@@ -416,20 +418,27 @@ class TaskManager:
         self.seeding[request.env] = {k: v for k, v in result.items() if k != "task_ids"}
         return result
 
-    def funnel_by_kind(self) -> dict[str, dict[str, int]]:
+    def funnel_by_kind(self) -> dict[str, dict[str, Any]]:
         """Per task kind: proposed, verified and kept (by the jobs), held for the pool, withheld (a pool
         demonstration shows their answer), trainable (what batches sample), and rollouts tried and solved
-        (original tasks of the kind included)."""
+        (original tasks of the kind included); and where the jobs counted any, why, as plain counts by reason:
+        `rejected` (verification), `dropped` (duplicates) and `unmatched` (observed runs of changes that were no
+        task of the kind: the multi-call synthesizer's)."""
         rows: dict[str, dict[str, int]] = {}
 
         def row(kind: str) -> dict[str, int]:
             return rows.setdefault(kind, dict.fromkeys(("proposed", "verified", "kept", "held", "withheld",
                                                         "trainable", "tries", "solved"), 0))
 
+        reasons: dict[str, dict[str, dict[str, int]]] = {}  # kind -> rejected/dropped/unmatched -> reason -> count
         for job in self.store.jobs():
             for kind, counts in job["progress"].get("by_kind", {}).items():
                 for stage in ("proposed", "verified", "kept"):
                     row(kind)[stage] += int(counts.get(stage, 0))
+                for stage in ("rejected", "dropped", "unmatched"):
+                    for reason, count in counts.get(stage, {}).items():
+                        into = reasons.setdefault(kind, {}).setdefault(stage, {})
+                        into[reason] = into.get(reason, 0) + int(count)
         for task in self.all_tasks(None, True):
             stage = "held" if task.task_id in self._pool_only else \
                 "withheld" if task.task_id in self._withheld else "trainable"
@@ -440,10 +449,11 @@ class TaskManager:
             if kind and seen:
                 row(str(kind))["tries"] += seen[0]
                 row(str(kind))["solved"] += seen[1]
-        return dict(sorted(rows.items()))
+        return {kind: {**counts, **reasons.get(kind, {})} for kind, counts in sorted(rows.items())}
 
     async def training_references(self, request: TrainingReferencesRequest) -> dict[str, Any]:
-        """The trainable synthetic tasks (what batches sample, grown from train tasks) solved by their references.
+        """The trainable synthetic tasks (what batches sample, grown from train tasks) solved by their references;
+        where `limit` cuts them, one of each kind in turn, so that the first `limit` keep every kind.
 
         Never a task of the pool's share or withheld because the pool shows its answer, never one grown from a
         held-out task: `check_seedable` guards every task that is replayed."""
@@ -461,7 +471,9 @@ class TaskManager:
         stored = [self.store.get(i) for i in ids]
         verified = [check_seedable(s, i, train_ids) for s, i in zip(stored, ids, strict=True)
                     if s is not None and s.reference is not None]
-        chosen = verified[: request.limit]
+        # Interleaved by kind only when the limit cuts: the first N then hold every kind, and an uncut list keeps
+        # the order earlier runs trained on.
+        chosen = kinds_in_turn(verified)[: request.limit] if len(verified) > request.limit else verified
         trajectories = []
         for item in chosen:
             trajectory = await reference_trajectory(self.access, item)

@@ -56,14 +56,17 @@ class SynthesisSettings(StrictModel):
     # Hindsight query forms: `ids` spells out the reference's arguments (the easy curriculum stage); `names`
     # describes them as the environment's own tasks do (names, routes, times), so the agent looks the ids up.
     query_forms: list[Literal["ids", "names"]] = Field(default_factory=lambda: ["ids"], min_length=1)
-    # What to synthesize: `goal` (the synthesizer's tasks: hindsight goals or the LLM's) and/or `lookup`
-    # (questions answered in text, from the exploration's read calls and the profile's `lookups`).
-    kinds: list[Literal["goal", "lookup"]] = Field(default_factory=lambda: ["goal"], min_length=1)
+    # What to synthesize: `goal` (the synthesizer's tasks: hindsight goals or the LLM's), `lookup` (questions
+    # answered in text, from the exploration's read calls and the profile's `lookups`) and/or `multicall` (the
+    # profile's multi-call `tasks`, such as book the cheapest flight or rebook, from the observed changes).
+    kinds: list[Literal["goal", "lookup", "multicall"]] = Field(default_factory=lambda: ["goal"], min_length=1)
     max_lookups: int = Field(default=6, ge=1)  # lookup records asked about per exploration (each in every form)
+    max_multicall: int = Field(default=4, ge=1, description=(
+        "multicall -- runs of observed changes written as tasks per exploration and kind (each in every form)"))
     lookup_kinds: Literal["profile", "train"] = Field(default="profile", description=(
-        "which lookups to write: profile, every lookup of the profile in each of query_forms; train, only the "
-        "(kind, form) pairs whose query template writes the query of one of the environment's train tasks, so "
-        "self-questioning asks what the environment asks, as it asks it"))
+        "which lookups and multi-call tasks to write: profile, every kind of the profile in each of query_forms; "
+        "train, only the (kind, form) pairs whose query template writes the query of one of the environment's "
+        "train tasks, so self-questioning asks what the environment asks, as it asks it"))
     train_queries: int = Field(default=100, ge=1, description="lookup_kinds: train -- the train tasks read")
     min_confidence: float = Field(default=0.0, ge=0, le=1)
     max_tokens: int = Field(default=512, ge=1)
