@@ -131,9 +131,8 @@ def test_env_workers_run_on_the_other_node_and_the_run_survives_its_loss(tmp_pat
         after = [r for r in records(run_dir) if r["step"] > moved + 1]
         assert after and {r["env_host"]["node_id"] for r in after} == {head_id}, "the workers came back on the head"
         resilience = summary["resilience"]
-        # Some episodes were lost: the trainer calls the env service all the time, and Ray takes ~1 s to declare
-        # the node dead; every one of them was collected again.
-        assert resilience["rollouts_lost_with_env_worker"] > 0, resilience
+        # Every episode lost with the node was collected again (none is lost when the kill falls between two
+        # steps' env calls and the health check replaces the workers first: a slow update on a loaded machine).
         assert resilience["rollouts_collected_again"] == resilience["rollouts_lost_with_env_worker"], resilience
         assert {r["step"] for r in records(run_dir)} == set(range(1, STEPS + 1)), "every step has its rollouts"
     finally:
