@@ -1,4 +1,4 @@
-"""The instance manager: ids, the cap, per-call timeouts, idle reaping and clear 404s.
+"""The instance manager: ids, the cap, per-call timeouts, idle reaping and clear 404s (410s for lost instances).
 
 It is backend-agnostic: it keeps one small record per live instance in the server process and
 delegates the environment work to the backend. Calls on one instance are serialized (environment
@@ -19,11 +19,30 @@ from loguru import logger
 from common.jsonguard import unsendable
 from common.schemas import ChatMessage
 from common.service import ServiceError
-from env_service.backends import Backend
+from env_service.backends import Backend, InstanceLostError
 from env_service.environments.base import Environment, EvalResult, StepResult
 from env_service.host import HostError
 
 _TOMBSTONES = 10_000  # recently ended instances remembered, so a late call learns why it is gone
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """What a later call on an ended instance is answered: 404 `unknown_instance` saying why it is gone (released,
+    reaped, timed out), or 410 `instance_lost` when it died with its worker, whether a call or the health check
+    found that out first: a client recollects an episode on a 410 alone."""
+
+    status: int
+    code: str
+    message: str
+
+    @classmethod
+    def gone(cls, instance_id: str, why: str) -> _Ended:
+        return cls(404, "unknown_instance", f"instance {instance_id!r} is gone: {why}")
+
+    @classmethod
+    def lost(cls, error: HostError) -> _Ended:
+        return cls(error.status, error.code, error.message)
 
 
 @dataclass(eq=False)
@@ -51,7 +70,7 @@ class InstanceManager:
         self.retry_after_s = retry_after_s
         self.records: dict[str, InstanceRecord] = {}
         self._creating: set[str] = set()
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended: OrderedDict[str, _Ended] = OrderedDict()
         self.reaped = 0
         self._background: set[asyncio.Task] = set()
 
@@ -68,10 +87,11 @@ class InstanceManager:
     def record(self, instance_id: str) -> InstanceRecord:
         record = self.records.get(instance_id)
         if record is None:
-            why = self._ended.get(instance_id)
-            message = (f"instance {instance_id!r} is gone: {why}" if why
-                       else f"unknown instance {instance_id!r}: it was never created here (or the server restarted)")
-            raise ServiceError(404, "unknown_instance", message, {"instance_id": instance_id})
+            ended = self._ended.get(instance_id)
+            if ended is not None:
+                raise ServiceError(ended.status, ended.code, ended.message, {"instance_id": instance_id})
+            raise ServiceError(404, "unknown_instance", f"unknown instance {instance_id!r}: it was never created "
+                               "here (or the server restarted)", {"instance_id": instance_id})
         return record
 
     def live(self) -> list[dict[str, Any]]:
@@ -167,7 +187,7 @@ class InstanceManager:
         record = self.records.pop(instance_id, None)
         if record is None:
             return False
-        self._remember_end(instance_id, reason)
+        self._remember_end(instance_id, _Ended.gone(instance_id, reason))
         try:
             async with record.lock:  # let an in-flight call finish first
                 await self.backend.release(instance_id)
@@ -193,7 +213,7 @@ class InstanceManager:
 
     async def check_health(self) -> None:
         for instance_id, reason in (await self.backend.check_health()).items():
-            self._forget(instance_id, f"it was lost: {reason}")
+            self._forget(instance_id, _Ended.lost(InstanceLostError(instance_id, reason)))
 
     async def maintenance_loop(self, interval_s: float) -> None:
         while True:
@@ -219,7 +239,7 @@ class InstanceManager:
                 return await call
         except TimeoutError:
             # The call may still be running on its thread/actor; the instance is unusable now.
-            self._forget(instance_id, f"its {what} call exceeded the {timeout:g}s timeout")
+            self._forget(instance_id, _Ended.gone(instance_id, f"its {what} call exceeded the {timeout:g}s timeout"))
             task = asyncio.get_running_loop().create_task(self._discard(instance_id))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -227,7 +247,7 @@ class InstanceManager:
                                "timeout; the instance was discarded", {"instance_id": instance_id}) from None
         except HostError as exc:
             if exc.code == "instance_lost":
-                self._forget(instance_id, exc.message)
+                self._forget(instance_id, _Ended.lost(exc))
             raise ServiceError(exc.status, exc.code, exc.message, exc.details) from None
 
     async def _discard(self, instance_id: str) -> None:
@@ -236,12 +256,12 @@ class InstanceManager:
         except Exception:
             logger.opt(exception=True).warning("discarding timed-out instance {} failed", instance_id)
 
-    def _forget(self, instance_id: str, reason: str) -> None:
+    def _forget(self, instance_id: str, ended: _Ended) -> None:
         if self.records.pop(instance_id, None) is not None or instance_id not in self._ended:
-            self._remember_end(instance_id, reason)
+            self._remember_end(instance_id, ended)
 
-    def _remember_end(self, instance_id: str, reason: str) -> None:
-        self._ended[instance_id] = reason
+    def _remember_end(self, instance_id: str, ended: _Ended) -> None:
+        self._ended[instance_id] = ended
         self._ended.move_to_end(instance_id)
         while len(self._ended) > _TOMBSTONES:
             self._ended.popitem(last=False)

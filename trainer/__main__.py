@@ -44,10 +44,6 @@ def main(argv: list[str] | None = None) -> int:
         except DeviceUnavailable as exc:
             print(f"trainer: {exc}", file=sys.stderr)
             return 2
-    from common.http import PeerUnavailable
-    from trainer.collapse import COLLAPSED_EXIT, RunCollapsed
-    from trainer.resilience import EmptyStepError
-
     try:
         if config.agent is not None:  # the user's agent runs in this process, beside the loop that trains it
             from trainer.agent_trainer import AgentTrainer
@@ -59,32 +55,46 @@ def main(argv: list[str] | None = None) -> int:
             result = asyncio.run(LocalTrainer(config).run())
         else:
             result = run_on_ray(config)
-    except DeviceUnavailable as exc:
-        print(f"trainer: {exc}", file=sys.stderr)
-        return 2
-    except (PeerUnavailable, EmptyStepError) as exc:
-        # A restart cannot bring a peer back: exit 3 tells the launcher not to restart the trainer.
-        print(f"trainer: {_cause(exc)}", file=sys.stderr)
-        return 3
-    except RunCollapsed as exc:
-        # The policy degenerated: training on would only go further; summary.json names the signal.
-        print(f"trainer: {_cause(exc)}; summary in {Path(config.output_dir) / 'summary.json'}", file=sys.stderr)
-        return COLLAPSED_EXIT
     except Exception as exc:
-        full = _disk_full(exc)
-        if full is None:
+        code = _exit_code(exc, config)
+        if code is None:
             raise
-        # A restart would find the same full disk: stop, and say how to go on once there is space.
-        print(f"trainer: {full}. The last complete checkpoint in {Path(config.output_dir) / 'checkpoints'} is "
-              f"intact: once there is space, run again with trainer.resume=true (launcher.resume: true) to continue "
-              f"from it", file=sys.stderr)
-        return DISK_FULL_EXIT
+        return code
     from trainer.summary import print_summary
 
     print_summary(result)
     # The last line is machine-readable (the launcher reads it); the same is in <output_dir>/summary.json.
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, default=str))
     return 0
+
+
+def _exit_code(exc: Exception, config: TrainerConfig) -> int | None:
+    """The exit code of a run that failed for a reason the launcher acts on (its message printed); None for any
+    other failure. The exceptions' modules import torch: imported here, where a run has already ended."""
+    from common.http import PeerUnavailable
+    from engine.device import DeviceUnavailable
+    from trainer.collapse import COLLAPSED_EXIT, RunCollapsed
+    from trainer.resilience import EmptyStepError
+
+    if isinstance(exc, DeviceUnavailable):
+        print(f"trainer: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, (PeerUnavailable, EmptyStepError)):
+        # A restart cannot bring a peer back: exit 3 tells the launcher not to restart the trainer.
+        print(f"trainer: {_cause(exc)}", file=sys.stderr)
+        return 3
+    if isinstance(exc, RunCollapsed):
+        # The policy degenerated: training on would only go further; summary.json names the signal.
+        print(f"trainer: {_cause(exc)}; summary in {Path(config.output_dir) / 'summary.json'}", file=sys.stderr)
+        return COLLAPSED_EXIT
+    full = _disk_full(exc)
+    if full is not None:
+        # A restart would find the same full disk: stop, and say how to go on once there is space.
+        print(f"trainer: {full}. The last complete checkpoint in {Path(config.output_dir) / 'checkpoints'} is "
+              f"intact: once there is space, run again with trainer.resume=true (launcher.resume: true) to continue "
+              f"from it", file=sys.stderr)
+        return DISK_FULL_EXIT
+    return None
 
 
 def _disk_full(exc: BaseException) -> str | None:
@@ -140,7 +150,7 @@ def run_on_ray(config: TrainerConfig) -> dict:
     import ray
 
     from trainer.device import actor_options
-    from trainer.local import TrainerActorImpl
+    from trainer.ray_actor import TrainerActorImpl
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
@@ -160,7 +170,10 @@ def run_on_ray(config: TrainerConfig) -> dict:
         actor = ray.remote(TrainerActorImpl).options(**options, **_placement(config)).remote(config.model_dump())
         logger.info("trainer running in Ray actor {} ({} CPU, {} GPU)", ACTOR_NAME, options["num_cpus"],
                     options["num_gpus"])
-        return ray.get(actor.run.remote())
+        running = actor.run.remote()
+        # The summary's module imports torch: imported while the actor starts and trains, not after it.
+        import trainer.summary  # noqa: F401
+        return ray.get(running)
     finally:
         ray.shutdown()
 

@@ -710,12 +710,3 @@ def _progress(enabled: bool, total: int, start: int):
 
     return update
 
-
-class TrainerActorImpl:
-    """The trainer as a Ray actor: visible on the dashboard, its logs forwarded by Ray."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = TrainerConfig.model_validate(config)
-
-    def run(self) -> dict[str, Any]:
-        return asyncio.run(LocalTrainer(self.config).run())

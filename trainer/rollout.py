@@ -85,7 +85,9 @@ class GroupStats:
     demos_kind_known: int = 0  # demonstrations shown where the task's and the demonstration's kinds are known
     demos_same_kind: int = 0  # ... and the demonstration was of the task's own kind
     retried_rollouts: int = 0  # attempts after a failed one (a peer outage, a lost env instance)
-    lost_to_env_workers: int = 0  # attempts whose env instance died with its worker (a Ray actor, or its node)
+    # Rollouts whose env instance died with its worker (a Ray actor, or its node), once each however many of
+    # their attempts were lost (a retry can land on a worker that is dying too).
+    lost_to_env_workers: int = 0
     collected_again: int = 0  # ... rollouts that then finished on another worker
     last_error: str = ""  # the latest rollout failure, named when a step ends up empty
     environment_errors: int = 0  # rollouts that ended in an environment error (the env failed, not the policy)
@@ -390,7 +392,7 @@ async def collect_groups(tasks: Sequence[Task], env: EnvAccess, generate: Genera
                     last = exc
                     stats.failed_attempts += 1
                     stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                    if instance_lost(exc):
+                    if instance_lost(exc) and not lost:
                         stats.lost_to_env_workers += 1
                         lost = True
                     logger.warning("rollout of {} failed (attempt {}/{}): {}", task.task_id, tries + 1,

@@ -18,6 +18,13 @@ def step(client: httpx.Client, iid: str, content: str) -> httpx.Response:
     return client.post(f"/v1/instances/{iid}/step", json={"action": {"role": "assistant", "content": content}})
 
 
+def assert_lost(response: httpx.Response) -> None:
+    """410 `instance_lost` naming the cause: a client collects the episode again on that answer alone."""
+    assert response.status_code == 410, response.text
+    error = response.json()["error"]
+    assert error["code"] == "instance_lost" and "died" in error["message"]
+
+
 def test_actor_death_fails_only_its_instances_and_the_actor_is_replaced(tmp_path):
     with env_server(tmp_path, backend="ray", ray={"actors": 2, "health_check_s": 2.0}, reap_interval_s=0.5) as server, \
             httpx.Client(base_url=server.url, timeout=60) as client:
@@ -31,12 +38,7 @@ def test_actor_death_fails_only_its_instances_and_the_actor_is_replaced(tmp_path
         os.kill(victim_pid, signal.SIGKILL)
         doomed = [i for i in ids if hosts[i]["pid"] == victim_pid]
         survivors = [i for i in ids if hosts[i]["pid"] != victim_pid]
-        lost = step(client, doomed[0], "list_orders(passenger_id='P1001')")
-        assert lost.status_code in (404, 410)
-        assert "died" in lost.json()["error"]["message"]
-        for iid in doomed[1:]:
-            response = step(client, iid, "list_orders(passenger_id='P1001')")
-            assert response.status_code in (404, 410) and "died" in response.json()["error"]["message"]
+        assert_lost(step(client, doomed[0], "list_orders(passenger_id='P1001')"))  # this call finds the death
         for iid in survivors:
             assert step(client, iid, "get_passenger(passenger_id='P1001')").status_code == 200
         deadline = time.monotonic() + 30  # the replacement reports its pid at the next health check
@@ -46,6 +48,10 @@ def test_actor_death_fails_only_its_instances_and_the_actor_is_replaced(tmp_path
                 break
             time.sleep(0.3)
         assert stats["replacements"] == 1 and victim_pid not in stats["actor_pids"]
+        # The health check has forgotten the others: a call on one is still told it was lost, not that it is unknown.
+        assert len(doomed) > 1
+        for iid in doomed[1:]:
+            assert_lost(step(client, iid, "list_orders(passenger_id='P1001')"))
         fresh = [client.post("/v1/instances", json={"env": "flights", "task_id": "train-0001"}).json()["instance_id"]
                  for _ in range(3)]
         for iid in fresh:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import torch
 
+from common.http import ServiceCallError
 from common.schemas import Task
 from engine.models import load_model
 from tests.helpers import run_env_service
@@ -222,6 +223,39 @@ def test_failed_rollouts_are_retried_then_their_group_is_dropped_whole(env_url, 
     assert all(len(g) == 3 for g in groups)
     assert stats.dropped_groups == 1 and stats.groups == 3
     assert stats.failed_attempts == 1 + 3 * 3  # one flaky generation + 3 rollouts x 3 attempts on the doomed task
+
+
+def test_a_rollout_lost_with_its_env_worker_twice_counts_once_and_is_collected_again(env_url, tiny):
+    model, tok = tiny
+    policy = RecordingPolicy(model, tok)
+    stats = GroupStats()
+
+    class WorkerDiesTwice(EnvPeer):
+        """Its first two instances die with their worker mid-episode: a retry can land on a dying worker too."""
+
+        doomed = 2
+
+        async def step(self, instance_id, action):
+            if self.doomed:
+                self.doomed -= 1
+                raise ServiceCallError(f"/v1/instances/{instance_id}/step", 410, "instance_lost",
+                                       f"instance {instance_id!r} was lost: its Ray actor died; create a new one")
+            return await super().step(instance_id, action)
+
+    async def go():
+        env = WorkerDiesTwice(env_url)
+        try:
+            task = Task(task_id="signal-train-0004", env_type="signal")
+            return await collect_groups([task], env, policy.generate, tok, config(n=1, max_turns=1, retries=2),
+                                        stats=stats)
+        finally:
+            await env.aclose()
+
+    groups = asyncio.run(go())
+    asyncio.run(policy.inner.aclose())
+    assert len(groups) == 1 and stats.failed_attempts == 2 and stats.retried_rollouts == 2
+    # One rollout lost (twice), one collected again: the summary's two resilience counts agree.
+    assert stats.lost_to_env_workers == 1 and stats.collected_again == 1
 
 
 def test_max_context_and_max_turns_end_cleanly_with_truncated(env_url, tiny):
