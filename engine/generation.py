@@ -605,33 +605,45 @@ class Engine:
         return self._forget(best) if best is not None else None
 
     def _resume(self, resumed: list[tuple[_Job, _Kept]]) -> None:
-        """Each job's kept cache into a new row, then only its prompt's new tokens through the model."""
-        widest = max(len(job.prompt_ids) for job, _ in resumed)
-        self._cache.reserve(self._cache.rows + len(resumed), widest)
+        """Each job's kept cache into a new row, then the new tokens of all their prompts in one forward
+        (right-padded, each row after its own cached tokens), within the prefill token budget."""
+        group: list[tuple[_Job, _Kept]] = []
+        for job, kept in sorted(resumed, key=lambda pair: len(pair[0].prompt_ids) - pair[1].keys[0].shape[1]):
+            width = max([len(job.prompt_ids) - kept.keys[0].shape[1]]
+                        + [len(j.prompt_ids) - k.keys[0].shape[1] for j, k in group])
+            if group and width * (len(group) + 1) > self.prefill_token_budget:
+                self._resume_rows(group)
+                group = []
+            group.append((job, kept))
+        if group:
+            self._resume_rows(group)
+
+    def _resume_rows(self, resumed: list[tuple[_Job, _Kept]]) -> None:
+        self._cache.reserve(self._cache.rows + len(resumed), max(len(job.prompt_ids) for job, _ in resumed))
         start = len(self._rows)
-        logits = []
+        suffixes = []
         for job, kept in resumed:
-            slot = self._cache.load_row(kept.keys, kept.values)
+            self._cache.load_row(kept.keys, kept.values)
             job.completions, job.open_rows = [None], 1
             self._rows.append(_Row(job, 0))  # in the batch before its forward: a failure resolves its future
             offset = kept.keys[0].shape[1]
-            suffix = job.prompt_ids[offset:]
-            self._cache.begin_extend(slot, 1, len(suffix))
-            try:
-                logits.append(self._lean.prefill(torch.tensor([suffix]), self._cache,  # type: ignore[union-attr]
-                                                 torch.tensor([len(suffix) - 1]), offset=offset))
-            finally:
-                self._cache.end_extend([len(suffix)])
-            self.stats.prefill_batches += 1
+            suffixes.append(tuple(job.prompt_ids[offset:]))
             self.stats.requests += 1
             self.stats.rows += 1
             self.stats.prompt_tokens += len(job.prompt_ids)
-            self.stats.prefill_tokens += len(suffix)
+            self.stats.prefill_tokens += len(job.prompt_ids) - offset
             self.stats.reused_prefix_tokens += offset
             self.stats.resumed_rows += 1
             self.stats.constrained_rows += int(self._rows[-1].matcher is not None)
+        input_ids, last = self._right_padded(suffixes)
+        offsets = self._cache.begin_ragged_extend(start, len(resumed), input_ids.shape[1])
+        try:
+            logits = self._lean.prefill(input_ids, self._cache, last, offset=offsets)  # type: ignore[union-attr]
+        finally:
+            self._cache.end_ragged_extend((last + 1).tolist())
+        self.stats.prefill_batches += 1
         self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(self._rows))
-        self._sample_and_finish(torch.cat(logits).float(), start=start)
+        self._sample_and_finish(logits.float(), start=start)
 
     def _fail_running(self, exc: BaseException) -> None:
         jobs = {id(r.job): r.job for r in self._rows}
