@@ -137,6 +137,7 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
     scheduler = make_scheduler(optimizer, OptimConfig(lr=settings.lr, schedule=settings.schedule,
                                                       warmup_steps=settings.warmup_steps), settings.epochs * per_epoch)
     rng = random.Random(seed)
+    compute = getattr(torch, settings.dtype)
     curve: list[float] = []
     epoch_loss: list[float] = []
     was_training = model.training
@@ -152,10 +153,11 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
                 if settings.share_opening:
-                    step_loss = batch_backward(model, batch, device, trained)
+                    step_loss = batch_backward(model, batch, device, trained, compute)
                 else:
                     for sample in batch:  # gradients add up over the batch
-                        loss = _summed_loss(model, sample, device) / trained
+                        with _autocast(device, compute):
+                            loss = _summed_loss(model, sample, device) / trained
                         loss.backward()
                         step_loss += float(loss.detach())
                 torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
@@ -225,27 +227,31 @@ def _common_prefix(sequences: list[list[int]]) -> int:
     return length
 
 
-def batch_backward(model: torch.nn.Module, batch: list[Segment], device: torch.device, scale: float) -> float:
+def batch_backward(model: torch.nn.Module, batch: list[Segment], device: torch.device, scale: float,
+                   compute: torch.dtype = torch.float32) -> float:
     """Backward of the batch's summed mask-1 cross-entropy divided by `scale`; returns that loss.
 
     The common opening (`opening_groups`) runs forward and backward once: its keys and values enter every group
     as detached leaves, each group's backward adds its share of their gradient there, and one last backward
     carries the sum into the opening's graph. The same gradient as one forward per sample, up to rounding;
-    without an opening, one forward per sample."""
+    without an opening, one forward per sample. `compute`: the forwards' autocast dtype (fp32: none)."""
     shared, groups = opening_groups(batch)
     total = 0.0
     if not shared:
         for sample in batch:
-            loss = _summed_loss(model, sample, device) / scale
+            with _autocast(device, compute):
+                loss = _summed_loss(model, sample, device) / scale
             loss.backward()
             total += float(loss.detach())
         return total
-    opening = model.get_decoder()(input_ids=torch.tensor([batch[0].prompt_ids[:shared]], device=device),
-                                  use_cache=True).past_key_values
+    with _autocast(device, compute):
+        opening = model.get_decoder()(input_ids=torch.tensor([batch[0].prompt_ids[:shared]], device=device),
+                                      use_cache=True).past_key_values
     computed = [t for layer in opening.layers for t in (layer.keys, layer.values)]
     leaves = [t.detach().requires_grad_() for t in computed]
     for group in groups:
-        loss = _continued_loss(model, group, shared, leaves, device) / scale
+        with _autocast(device, compute):
+            loss = _continued_loss(model, group, shared, leaves, device) / scale
         loss.backward()
         total += float(loss.detach())
     torch.autograd.backward(computed, [leaf.grad for leaf in leaves])
@@ -295,6 +301,11 @@ def _summed_loss(model: torch.nn.Module, sample: Segment, device: torch.device) 
     logits = model(input_ids=torch.tensor([ids], device=device),
                    logits_to_keep=torch.tensor(predicting, device=device)).logits[0].float()
     return torch.nn.functional.cross_entropy(logits, torch.tensor(targets, device=device), reduction="sum")
+
+
+def _autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
+    """Forwards in `dtype` where it is not fp32 (weights, gradients and the optimizer stay fp32)."""
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:

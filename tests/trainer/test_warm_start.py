@@ -103,11 +103,11 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
     rollout = RolloutConfig(env="flights")
     names = (("Ann Lee", 800), ("Bo Chen", 120), ("Cy Diaz", 45), ("Di Wu", 9))
 
-    def gradient(batch: list, grouped: bool) -> tuple[torch.Tensor, float]:
+    def gradient(batch: list, grouped: bool, compute: torch.dtype = torch.float32) -> tuple[torch.Tensor, float]:
         trained = sum(sum(s.loss_mask) for s in batch)
         model.zero_grad(set_to_none=True)
         if grouped:
-            loss = batch_backward(model, batch, torch.device("cpu"), trained)
+            loss = batch_backward(model, batch, torch.device("cpu"), trained, compute)
         else:
             loss = 0.0
             for sample in batch:
@@ -143,6 +143,10 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
     assert [len(g) for g in groups][-1] == 1 and groups[-1][0] is max(mixed, key=length)
     assert tokens_computed(shared, groups) < sum(map(length, mixed)) - (len(groups) - 1) * shared
     same(mixed)
+    # bf16 autocast (warm_start.dtype): the same gradient's direction and loss, to bf16 rounding.
+    (half, half_loss), (full, full_loss) = gradient(mixed, True, torch.bfloat16), gradient(mixed, True)
+    assert float(torch.nn.functional.cosine_similarity(half, full, dim=0)) > 0.99
+    assert half_loss == pytest.approx(full_loss, rel=0.02) and not torch.equal(half, full)
     # No common opening worth sharing (other system prompts): one forward per sample.
     other = render(SolvedTask("o", [{"role": "system", "content": "Different."}, OPENING[1]], [(CALL, None)]),
                    tokenizer, rollout)[0]
