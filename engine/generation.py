@@ -605,18 +605,12 @@ class Engine:
         return self._forget(best) if best is not None else None
 
     def _resume(self, resumed: list[tuple[_Job, _Kept]]) -> None:
-        """Each job's kept cache into a new row, then the new tokens of all their prompts in one forward
-        (right-padded, each row after its own cached tokens), within the prefill token budget."""
-        group: list[tuple[_Job, _Kept]] = []
-        for job, kept in sorted(resumed, key=lambda pair: len(pair[0].prompt_ids) - pair[1].keys[0].shape[1]):
-            width = max([len(job.prompt_ids) - kept.keys[0].shape[1]]
-                        + [len(j.prompt_ids) - k.keys[0].shape[1] for j, k in group])
-            if group and width * (len(group) + 1) > self.prefill_token_budget:
-                self._resume_rows(group)
-                group = []
-            group.append((job, kept))
-        if group:
-            self._resume_rows(group)
+        """Each job's kept cache into a new row, then the new tokens of their prompts in as few right-padded
+        forwards as pays (each row after its own cached tokens): rows of similar suffix length go together."""
+        ordered = sorted(resumed, key=lambda pair: len(pair[0].prompt_ids) - pair[1].keys[0].shape[1])
+        lengths = [len(job.prompt_ids) - kept.keys[0].shape[1] for job, kept in ordered]
+        for begin, end in _padded_runs(lengths, self.prefill_token_budget):
+            self._resume_rows(ordered[begin:end])
 
     def _resume_rows(self, resumed: list[tuple[_Job, _Kept]]) -> None:
         self._cache.reserve(self._cache.rows + len(resumed), max(len(job.prompt_ids) for job, _ in resumed))
@@ -691,6 +685,28 @@ def _shared_prefixes(prompts: list[tuple[int, ...]], min_shared: int) -> list[tu
     if members:
         clusters.append((members, common if len(members) > 1 else 0))
     return clusters
+
+
+# A forward's fixed cost in tokens' worth (30 layers of calls): padding a row by fewer tokens beats a forward of its own.
+FORWARD_CALL_TOKENS = 32
+
+
+def _padded_runs(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Sorted `lengths` cut into runs [begin, end) that each run as one right-padded forward: the fewest padded
+    tokens plus FORWARD_CALL_TOKENS per forward, a run's padded size within `budget` (a run of one whatever)."""
+    best, cut = [0.0] + [float("inf")] * len(lengths), [0] * (len(lengths) + 1)
+    for end in range(1, len(lengths) + 1):
+        for begin in range(end - 1, -1, -1):
+            padded = (end - begin) * lengths[end - 1]
+            if end - begin > 1 and padded > budget:
+                break
+            if best[begin] + padded + FORWARD_CALL_TOKENS < best[end]:
+                best[end], cut[end] = best[begin] + padded + FORWARD_CALL_TOKENS, begin
+    runs, end = [], len(lengths)
+    while end:
+        runs.insert(0, (cut[end], end))
+        end = cut[end]
+    return runs
 
 
 def _prefill_groups(jobs: list[_Job], budget: int) -> list[list[_Job]]:
