@@ -605,39 +605,33 @@ class Engine:
         return self._forget(best) if best is not None else None
 
     def _resume(self, resumed: list[tuple[_Job, _Kept]]) -> None:
-        """Each job's kept cache into a new row, then the new tokens of their prompts in as few right-padded
-        forwards as pays (each row after its own cached tokens): rows of similar suffix length go together."""
-        ordered = sorted(resumed, key=lambda pair: len(pair[0].prompt_ids) - pair[1].keys[0].shape[1])
-        lengths = [len(job.prompt_ids) - kept.keys[0].shape[1] for job, kept in ordered]
-        for begin, end in _padded_runs(lengths, self.prefill_token_budget):
-            self._resume_rows(ordered[begin:end])
-
-    def _resume_rows(self, resumed: list[tuple[_Job, _Kept]]) -> None:
-        self._cache.reserve(self._cache.rows + len(resumed), max(len(job.prompt_ids) for job, _ in resumed))
+        """Each job's kept cache into a new row, then only its prompt's new tokens through the model."""
+        widest = max(len(job.prompt_ids) for job, _ in resumed)
+        self._cache.reserve(self._cache.rows + len(resumed), widest)
         start = len(self._rows)
-        suffixes = []
+        logits = []
         for job, kept in resumed:
-            self._cache.load_row(kept.keys, kept.values)
+            slot = self._cache.load_row(kept.keys, kept.values)
             job.completions, job.open_rows = [None], 1
             self._rows.append(_Row(job, 0))  # in the batch before its forward: a failure resolves its future
             offset = kept.keys[0].shape[1]
-            suffixes.append(tuple(job.prompt_ids[offset:]))
+            suffix = job.prompt_ids[offset:]
+            self._cache.begin_extend(slot, 1, len(suffix))
+            try:
+                logits.append(self._lean.prefill(torch.tensor([suffix]), self._cache,  # type: ignore[union-attr]
+                                                 torch.tensor([len(suffix) - 1]), offset=offset))
+            finally:
+                self._cache.end_extend([len(suffix)])
+            self.stats.prefill_batches += 1
             self.stats.requests += 1
             self.stats.rows += 1
             self.stats.prompt_tokens += len(job.prompt_ids)
-            self.stats.prefill_tokens += len(job.prompt_ids) - offset
+            self.stats.prefill_tokens += len(suffix)
             self.stats.reused_prefix_tokens += offset
             self.stats.resumed_rows += 1
             self.stats.constrained_rows += int(self._rows[-1].matcher is not None)
-        input_ids, last = self._right_padded(suffixes)
-        offsets = self._cache.begin_ragged_extend(start, len(resumed), input_ids.shape[1])
-        try:
-            logits = self._lean.prefill(input_ids, self._cache, last, offset=offsets)  # type: ignore[union-attr]
-        finally:
-            self._cache.end_ragged_extend((last + 1).tolist())
-        self.stats.prefill_batches += 1
         self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(self._rows))
-        self._sample_and_finish(logits.float(), start=start)
+        self._sample_and_finish(torch.cat(logits).float(), start=start)
 
     def _fail_running(self, exc: BaseException) -> None:
         jobs = {id(r.job): r.job for r in self._rows}
@@ -685,28 +679,6 @@ def _shared_prefixes(prompts: list[tuple[int, ...]], min_shared: int) -> list[tu
     if members:
         clusters.append((members, common if len(members) > 1 else 0))
     return clusters
-
-
-# A forward's fixed cost in tokens' worth (30 layers of calls): padding a row by fewer tokens beats a forward of its own.
-FORWARD_CALL_TOKENS = 32
-
-
-def _padded_runs(lengths: list[int], budget: int) -> list[tuple[int, int]]:
-    """Sorted `lengths` cut into runs [begin, end) that each run as one right-padded forward: the fewest padded
-    tokens plus FORWARD_CALL_TOKENS per forward, a run's padded size within `budget` (a run of one whatever)."""
-    best, cut = [0.0] + [float("inf")] * len(lengths), [0] * (len(lengths) + 1)
-    for end in range(1, len(lengths) + 1):
-        for begin in range(end - 1, -1, -1):
-            padded = (end - begin) * lengths[end - 1]
-            if end - begin > 1 and padded > budget:
-                break
-            if best[begin] + padded + FORWARD_CALL_TOKENS < best[end]:
-                best[end], cut[end] = best[begin] + padded + FORWARD_CALL_TOKENS, begin
-    runs, end = [], len(lengths)
-    while end:
-        runs.insert(0, (cut[end], end))
-        end = cut[end]
-    return runs
 
 
 def _prefill_groups(jobs: list[_Job], budget: int) -> list[list[_Job]]:

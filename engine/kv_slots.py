@@ -72,7 +72,6 @@ class SlotCache:
         self._write: torch.Tensor | None = None  # decode: per (row, kv head), its flat [slot, head, column] index
         self._prefill: tuple[int, int] | None = None  # prefill: (first slot, width)
         self._extend: tuple[int, int, int, int] | None = None  # extend: (first slot, rows, offset, width)
-        self._ragged: tuple[int, list[int], int] | None = None  # ragged extend: (first slot, offsets, width)
         self._span = 0  # columns the current decode step attends over: the whole buffer (see above)
         self.reallocations = 0
         self.peak_bytes = 0  # the most bytes the buffers held at once (a reallocation's overlap included)
@@ -91,13 +90,6 @@ class SlotCache:
             keys[first:first + count, :, offset:offset + width] = key
             values[first:first + count, :, offset:offset + width] = value
             return keys[first:first + count, :, :offset + width], values[first:first + count, :, :offset + width]
-        if self._ragged is not None:  # each row's continuation after its own tokens; it attends to them too
-            first, offsets, width = self._ragged
-            for row, offset in enumerate(offsets):
-                keys[first + row, :, offset:offset + width] = key[row]
-                values[first + row, :, offset:offset + width] = value[row]
-            end = max(offsets) + width
-            return keys[first:first + len(offsets), :, :end], values[first:first + len(offsets), :, :end]
         assert self._write is not None, "SlotCache.update outside a prefill or decode step"
         # One index_copy_ per buffer into its [slots * kv_heads * columns, head_dim] view (flat indices from
         # begin_decode): mixed advanced indexing cost ~5% of a 32-row bf16 step (profiled).
@@ -129,19 +121,6 @@ class SlotCache:
         self._reserve(self.rows, offset + width)
         self._extend = (first, count, offset, width)
         return offset
-
-    def begin_ragged_extend(self, first: int, count: int, width: int) -> torch.Tensor:
-        """Rows first..first+count-1, each holding its own number of tokens (resumed conversations), get up to
-        `width` more each, right-padded; returns their offsets (the tokens each holds)."""
-        offsets = self.lengths[first:first + count].clone()
-        self._reserve(self.rows, int(offsets.max()) + width)
-        self._ragged = (first, offsets.tolist(), width)
-        return offsets
-
-    def end_ragged_extend(self, added: list[int]) -> None:
-        first, offsets, _ = self._ragged  # type: ignore[misc]
-        self._ragged = None
-        self.lengths[first:first + len(offsets)] = torch.tensor(offsets, dtype=torch.long) + torch.tensor(added)
 
     def end_extend(self, added: list[int]) -> None:
         first, count, offset, _ = self._extend  # type: ignore[misc]

@@ -167,26 +167,18 @@ class LeanLlama:
         return self.lm_head(self._rms(x, self.norm))
 
     def prefill(self, input_ids: torch.Tensor, cache: SlotCache, last: torch.Tensor | None,
-                offset: int | torch.Tensor = 0) -> torch.Tensor | None:
+                offset: int = 0) -> torch.Tensor | None:
         """Logits [prompts, vocab] at index `last` of each right-padded prompt row (None: no logits).
 
         `cache.begin_prefill` first; or, with `offset` > 0, `cache.begin_extend`: the rows already hold
-        `offset` tokens (a shared prefix) that these tokens follow and attend to; or, with `offset` a tensor
-        [prompts], `cache.begin_ragged_extend`: row i holds `offset[i]` tokens of its own.
+        `offset` tokens (a shared prefix) that these tokens follow and attend to.
         """
         prompts, width = input_ids.shape
-        if isinstance(offset, torch.Tensor):  # row i's token j sits at position offset[i] + j, sees columns up to it
-            positions = offset[:, None] + torch.arange(width)
-            cos, sin = self.cos[positions][:, :, None], self.sin_signed[positions][:, :, None]
-            columns = torch.arange(int(offset.max()) + width)
-            bias = torch.zeros((prompts, width, len(columns)), dtype=self.embed.dtype).masked_fill_(
-                columns > positions[:, :, None], float("-inf"))
-        else:
-            cos = self.cos[offset:offset + width][None, :, None]  # [1, width, 1, head_dim]
-            sin = self.sin_signed[offset:offset + width][None, :, None]
-            # Right padding: under the plain causal mask every real token sees only real tokens before it; all of
-            # the prefix (columns < offset) is before every one of them.
-            bias = torch.full((width, offset + width), float("-inf"), dtype=self.embed.dtype).triu_(offset + 1)
+        cos = self.cos[offset:offset + width][None, :, None]  # [1, width, 1, head_dim]
+        sin = self.sin_signed[offset:offset + width][None, :, None]
+        # Right padding: under the plain causal mask every real token sees only real tokens before it; all of
+        # the prefix (columns < offset) is before every one of them.
+        bias = torch.full((width, offset + width), float("-inf"), dtype=self.embed.dtype).triu_(offset + 1)
         x = F.embedding(input_ids, self.embed)  # [prompts, width, hidden]
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.input_norm))
@@ -205,8 +197,7 @@ class LeanLlama:
 
     def _causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
                           ) -> torch.Tensor:
-        """q [prompts, heads, width, d] over k, v [prompts, kv_heads, keys, d] under `bias` [width, keys] (or per
-        prompt, [prompts, width, keys]): [prompts, width, heads*d].
+        """q [prompts, heads, width, d] over k, v [prompts, kv_heads, keys, d] under `bias` [width, keys]: [prompts, width, heads*d].
 
         Plain batched matmuls over the whole score matrix, not SDPA: CPU flash attention ran a prompt's
         attention at ~12 GFLOP/s in bf16 (27% of a prefill for 10% of its FLOPs, profiled), matmuls at
@@ -216,12 +207,7 @@ class LeanLlama:
         prompts, heads, width, head_dim = q.shape
         group, keys = heads // self.kv_heads, k.shape[2]
         folded = q.reshape(prompts * self.kv_heads, group * width, head_dim)
-        if bias.dim() == 3:  # one per prompt, the same for each of its query heads
-            bias = bias[:, None, None].expand(prompts, self.kv_heads, group, width, keys).reshape(
-                prompts * self.kv_heads, group * width, keys)
-        else:
-            bias = bias.repeat(group, 1)
-        scores = torch.baddbmm(bias, folded,
+        scores = torch.baddbmm(bias.repeat(group, 1), folded,
                                k.reshape(prompts * self.kv_heads, keys, head_dim).transpose(1, 2), alpha=self.scaling)
         attended = torch.bmm(scores.softmax(dim=-1), v.reshape(prompts * self.kv_heads, keys, head_dim))
         return attended.view(prompts, heads, width, head_dim).transpose(1, 2).reshape(prompts, width, heads * head_dim)

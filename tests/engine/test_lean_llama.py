@@ -115,33 +115,3 @@ def test_bf16_lean_logits_are_as_close_to_fp32_as_the_transformers_bf16_forward(
     # bf16 itself moves these log-probs by ~0.03-0.09 (measured); the lean forward rounds in other places, not more.
     assert sum(errors["lean"]) <= 1.5 * sum(errors["hf"]), errors
     assert max(errors["lean"]) <= 0.15, errors
-
-
-def test_rows_of_different_lengths_extend_together_as_each_would_alone() -> None:
-    """A ragged extend (resumed turns: each row continues its own cached tokens) gives every row the logits of
-    the transformers forward over its whole sequence, and leaves each row's cache as long as its tokens."""
-    model, tok = load_model("tiny")
-    model.eval()
-    held = [tok.encode(t) for t in ("the red key opens the box", "go", "take the lamp, then go north twice")]
-    added = [[5, 17, 300, 8], [42], [11, 12]]  # new tokens of different lengths after each row's own
-    expected = _reference_logits(model, [h + a for h, a in zip(held, added, strict=True)])
-    lean = LeanLlama(model)
-    cache = SlotCache(model.config, torch.float32, max_rows=4, max_columns=256)
-    lengths = [len(h) for h in held]
-    ids = torch.zeros(len(held), max(lengths), dtype=torch.long)
-    for i, h in enumerate(held):
-        ids[i, :len(h)] = torch.tensor(h)
-    suffix = torch.zeros(len(added), max(map(len, added)), dtype=torch.long)
-    for i, a in enumerate(added):
-        suffix[i, :len(a)] = torch.tensor(a)
-    with torch.inference_mode():
-        cache.begin_prefill(len(held), max(lengths))
-        lean.prefill(ids, cache, None)
-        cache.end_prefill(lengths)
-        offsets = cache.begin_ragged_extend(0, len(held), suffix.shape[1])
-        logits = lean.prefill(suffix, cache, torch.tensor([len(a) - 1 for a in added]), offset=offsets)
-        cache.end_ragged_extend([len(a) for a in added])
-    assert offsets.tolist() == lengths
-    assert cache.lengths.tolist() == [len(h) + len(a) for h, a in zip(held, added, strict=True)]
-    for i, (h, a) in enumerate(zip(held, added, strict=True)):
-        torch.testing.assert_close(logits[i], expected[i][len(h) + len(a) - 1], atol=1e-4, rtol=0)

@@ -145,14 +145,3 @@ def test_without_the_lean_forward_nothing_is_kept(model_and_tokenizer) -> None:
         assert len(reply.token_ids) == GREEDY.max_tokens and engine.stats.resumed_rows == 0
     finally:
         engine.close()
-
-
-def test_resumed_turns_group_by_suffix_length_within_the_budget() -> None:
-    """Sorted suffix lengths cut into forwards: a run costs its rows padded to its longest plus a forward's fixed
-    cost (32 tokens' worth), so short suffixes go together and a long one alone; no run past the budget."""
-    from engine.generation import _padded_runs
-
-    # 20..30 together: 4 x 30 + 32 = 152 < 97 + 4 x 32; 200 and 210: 420 + 32 < 410 + 64; 500 alone.
-    assert _padded_runs([20, 22, 25, 30, 200, 210, 500], budget=8192) == [(0, 4), (4, 6), (6, 7)]
-    assert _padded_runs([100] * 10, budget=450) == [(0, 4), (4, 8), (8, 10)]  # 4 rows of 100 fit 450
-    assert _padded_runs([900], budget=100) == [(0, 1)]

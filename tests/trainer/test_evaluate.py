@@ -222,8 +222,8 @@ BATCH_SHAPE_AVG_DIFFERENCE = 1 / 16
 
 def test_a_greedy_evaluation_gives_the_same_answers_whatever_the_batch_shape(env_url):
     """Each episode alone on a one-row engine without kept caches, against the evaluation's shape: every episode
-    in flight on one wide engine (prompts prefilled together, their common opening once, next turns resumed
-    together from kept caches). The signal environment's first-character fallback makes every reply count."""
+    in flight on one wide engine (prompts prefilled together, their common opening once, next turns resumed from
+    kept caches). The signal environment's first-character fallback makes every reply count."""
     import asyncio
 
     from common.schemas import Task
