@@ -129,6 +129,9 @@ class WarmStartConfig(StrictModel):
         "a batch's common opening (the system prompt and tool list every sample starts with) runs once and "
         "rows of similar length continue its cache together, instead of one forward per sample: the same "
         "gradient up to rounding, fewer tokens computed"))
+    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description=(
+        "the forwards' autocast dtype (weights, gradients and AdamW stay fp32): bfloat16 runs the matmuls on the "
+        "CPU's bf16 units (AMX, avx512_bf16), other rounding than fp32 (docs/performance.md)"))
     from_checkpoint: str | None = Field(default=None, description=(
         "a checkpoint an earlier warm-started run saved before its first RL step (its `step_000000.pt`): its "
         "weights and warm-start report are loaded instead of fine-tuning again, so several runs share one warm "

@@ -33,7 +33,7 @@ from engine.kv_slots import return_freed_memory
 from trainer import lora
 from trainer.settings import OptimConfig, RolloutConfig, WarmStartConfig
 from trainer.templates import Segment, make_template
-from trainer.update import TrainSample, make_scheduler, shared_prompt_logprobs
+from trainer.update import make_scheduler
 
 if TYPE_CHECKING:
     from task_manager.client import TaskClient
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 GROUP_TOKENS = 1536
 # Below this common opening, one unpadded forward per sample costs less than padding the rows together.
 MIN_SHARED_TOKENS = 32
+# What one more forward call costs, in tokens' worth of compute: padding a row by fewer tokens beats a call of its own.
+CALL_TOKENS = 16
 
 
 @dataclass
@@ -135,6 +137,7 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
     scheduler = make_scheduler(optimizer, OptimConfig(lr=settings.lr, schedule=settings.schedule,
                                                       warmup_steps=settings.warmup_steps), settings.epochs * per_epoch)
     rng = random.Random(seed)
+    compute = getattr(torch, settings.dtype)
     curve: list[float] = []
     epoch_loss: list[float] = []
     was_training = model.training
@@ -149,11 +152,14 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
                 trained = sum(sum(s.loss_mask) for s in batch)
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
-                groups = shared_groups(batch) if settings.share_opening else [([s], 0) for s in batch]
-                for group, shared in groups:  # gradients add up over the batch
-                    loss = _group_loss(model, group, shared, device) / trained
-                    loss.backward()
-                    step_loss += float(loss.detach())
+                if settings.share_opening:
+                    step_loss = batch_backward(model, batch, device, trained, compute)
+                else:
+                    for sample in batch:  # gradients add up over the batch
+                        with _autocast(device, compute):
+                            loss = _summed_loss(model, sample, device) / trained
+                        loss.backward()
+                        step_loss += float(loss.detach())
                 torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
                 optimizer.step()
                 scheduler.step()
@@ -172,45 +178,45 @@ def fine_tune(model: torch.nn.Module, samples: list[Segment], settings: WarmStar
     return {"steps": len(curve), "loss_curve": curve, "epoch_loss": epoch_loss}
 
 
-def shared_groups(batch: list[Segment], budget: int = GROUP_TOKENS) -> list[tuple[list[Segment], int]]:
-    """The batch cut into groups that compute their common opening once, each with that opening's length
-    (0: a group of one sample, run alone and unpadded).
+def opening_groups(batch: list[Segment], budget: int = GROUP_TOKENS) -> tuple[int, list[list[Segment]]]:
+    """The batch's common opening (its length; 0: none worth sharing) and its rows cut into groups that continue
+    it together.
 
-    Every sample opens with the same system prompt and tool list (246 of about 530 tokens on flights v2).
-    A group runs that opening once and its rows' remainders padded to the longest, so rows of similar length
-    go together (sorted), and a group's padded tokens stay within `budget`, which bounds the activations the
-    backward keeps to what one max-context sample needed alone.
+    Every sample opens with the same system prompt and tool list (246 of about 530 tokens on flights v2). The
+    opening runs once per batch; each group continues its keys and values with its rows' remainders padded to
+    the longest, so rows of similar length go together (sorted), and a group's padded tokens (the opening's
+    included) stay within `budget`, which bounds the activations the backward keeps to what one max-context
+    sample needed alone; a group of one row continues the opening whatever the budget.
     """
     ids = [s.prompt_ids + s.response_ids for s in batch]
     # The opening ends before any trained token's predicting position: inside every prompt, one token short.
     shared = min(min(len(s.prompt_ids) for s in batch) - 1, _common_prefix(ids))
     if len(batch) == 1 or shared < MIN_SHARED_TOKENS:
-        return [([s], 0) for s in batch]
+        return 0, [[s] for s in batch]
     rows = sorted(batch, key=lambda s: len(s.prompt_ids) + len(s.response_ids))
     rest = [len(s.prompt_ids) + len(s.response_ids) - shared for s in rows]
-    # Sorted rows cut into runs, fewest computed tokens first: a run costs its opening plus its rows padded to
-    # its last (longest) row; a run of one is the sample alone, whatever the budget.
-    best, cut = [0] + [math.inf] * len(rows), [0] * (len(rows) + 1)
+    # Sorted rows cut into runs, fewest computed tokens first: a run costs its rows padded to its last (longest)
+    # row, plus a few tokens' worth for the forward call itself, so equal rows go together rather than alone.
+    best, cut = [0.0] + [math.inf] * len(rows), [0] * (len(rows) + 1)
     for end in range(1, len(rows) + 1):
         for begin in range(end):
-            cost = shared + (end - begin) * rest[end - 1]
-            if (end - begin == 1 or cost <= budget) and best[begin] + cost < best[end]:
+            padded = (end - begin) * rest[end - 1]
+            cost = padded + CALL_TOKENS
+            if (end - begin == 1 or shared + padded <= budget) and best[begin] + cost < best[end]:
                 best[end], cut[end] = best[begin] + cost, begin
     groups, end = [], len(rows)
     while end:
         groups.insert(0, rows[cut[end]:end])
         end = cut[end]
-    return [(g, shared if len(g) > 1 else 0) for g in groups]
+    return shared, groups
 
 
-def tokens_computed(groups: list[tuple[list[Segment], int]]) -> int:
-    """Tokens the forwards of `shared_groups`' groups run: each group's opening once plus its rows padded to
-    its longest; a group without an opening, its samples alone."""
-    total = 0
-    for group, shared in groups:
-        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in group]
-        total += shared + len(group) * (max(lengths) - shared) if shared else sum(lengths)
-    return total
+def tokens_computed(shared: int, groups: list[list[Segment]]) -> int:
+    """Tokens the forwards of `opening_groups`' answer run: the opening once plus each group's rows padded to its
+    longest; without an opening, each sample alone."""
+    if not shared:
+        return sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g)
+    return shared + sum(len(g) * (max(len(s.prompt_ids) + len(s.response_ids) for s in g) - shared) for g in groups)
 
 
 def _common_prefix(sequences: list[list[int]]) -> int:
@@ -221,19 +227,65 @@ def _common_prefix(sequences: list[list[int]]) -> int:
     return length
 
 
-def _group_loss(model: torch.nn.Module, group: list[Segment], shared: int, device: torch.device) -> torch.Tensor:
-    """Sum of the cross-entropy of the group's mask-1 tokens; with `shared` > 0 the group's first `shared`
-    tokens run once and fill a key/value cache (with gradient) that every row continues
-    (`shared_prompt_logprobs`, the update's prompt sharing): the same sum, up to rounding."""
+def batch_backward(model: torch.nn.Module, batch: list[Segment], device: torch.device, scale: float,
+                   compute: torch.dtype = torch.float32) -> float:
+    """Backward of the batch's summed mask-1 cross-entropy divided by `scale`; returns that loss.
+
+    The common opening (`opening_groups`) runs forward and backward once: its keys and values enter every group
+    as detached leaves, each group's backward adds its share of their gradient there, and one last backward
+    carries the sum into the opening's graph. The same gradient as one forward per sample, up to rounding;
+    without an opening, one forward per sample. `compute`: the forwards' autocast dtype (fp32: none)."""
+    shared, groups = opening_groups(batch)
+    total = 0.0
     if not shared:
-        return sum((_summed_loss(model, s, device) for s in group), torch.zeros((), device=device))
-    rows = []
-    for s in group:
-        ids = s.prompt_ids + s.response_ids
-        mask = [0] * (len(s.prompt_ids) - shared) + s.loss_mask
-        rows.append(TrainSample(ids[:shared], ids[shared:], mask, [0.0] * len(mask)))
-    logp, _ = shared_prompt_logprobs(model, rows, device)
-    return -logp.sum()
+        for sample in batch:
+            with _autocast(device, compute):
+                loss = _summed_loss(model, sample, device) / scale
+            loss.backward()
+            total += float(loss.detach())
+        return total
+    with _autocast(device, compute):
+        opening = model.get_decoder()(input_ids=torch.tensor([batch[0].prompt_ids[:shared]], device=device),
+                                      use_cache=True).past_key_values
+    computed = [t for layer in opening.layers for t in (layer.keys, layer.values)]
+    leaves = [t.detach().requires_grad_() for t in computed]
+    for group in groups:
+        with _autocast(device, compute):
+            loss = _continued_loss(model, group, shared, leaves, device) / scale
+        loss.backward()
+        total += float(loss.detach())
+    torch.autograd.backward(computed, [leaf.grad for leaf in leaves])
+    return total
+
+
+def _continued_loss(model: torch.nn.Module, group: list[Segment], shared: int, opening: list[torch.Tensor],
+                    device: torch.device) -> torch.Tensor:
+    """Summed cross-entropy of the group's mask-1 tokens, its rows continuing the opening's keys and values
+    (`opening`: per layer keys then values, [1, kv_heads, shared, head_dim])."""
+    from transformers import DynamicCache
+
+    rows = len(group)
+    cache = DynamicCache()
+    for layer in range(len(opening) // 2):
+        cache.update(opening[2 * layer].repeat(rows, 1, 1, 1), opening[2 * layer + 1].repeat(rows, 1, 1, 1), layer)
+    width = max(len(s.prompt_ids) + len(s.response_ids) for s in group) - shared
+    ids = torch.zeros((rows, width), dtype=torch.long)
+    attention = torch.zeros((rows, shared + width), dtype=torch.long)
+    trained = torch.zeros((rows, width), dtype=torch.bool)
+    attention[:, :shared] = 1
+    for i, s in enumerate(group):
+        rest = (s.prompt_ids + s.response_ids)[shared:]
+        ids[i, :len(rest)] = torch.tensor(rest)
+        attention[i, shared:shared + len(rest)] = 1
+        trained[i, len(s.prompt_ids) - shared:len(rest)] = torch.tensor(s.loss_mask, dtype=torch.bool)
+    rows_at, cols = torch.nonzero(trained, as_tuple=True)
+    # Token c of a row's remainder is predicted at its position c - 1 (c >= 1: the opening ends inside every prompt).
+    kept, where = torch.unique(cols - 1, sorted=True, return_inverse=True)
+    end = int(kept[-1]) + 1  # nothing after the last predicting position is needed
+    logits = model(input_ids=ids[:, :end].to(device), attention_mask=attention[:, :shared + end].to(device),
+                   past_key_values=cache, use_cache=False, logits_to_keep=kept.to(device)).logits
+    picked = logits[rows_at.to(device), where.to(device)].float()
+    return torch.nn.functional.cross_entropy(picked, ids[rows_at, cols].to(device), reduction="sum")
 
 
 def _summed_loss(model: torch.nn.Module, sample: Segment, device: torch.device) -> torch.Tensor:
@@ -249,6 +301,11 @@ def _summed_loss(model: torch.nn.Module, sample: Segment, device: torch.device) 
     logits = model(input_ids=torch.tensor([ids], device=device),
                    logits_to_keep=torch.tensor(predicting, device=device)).logits[0].float()
     return torch.nn.functional.cross_entropy(logits, torch.tensor(targets, device=device), reduction="sum")
+
+
+def _autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
+    """Forwards in `dtype` where it is not fp32 (weights, gradients and the optimizer stay fp32)."""
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:

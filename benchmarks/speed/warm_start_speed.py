@@ -34,7 +34,7 @@ import yaml  # noqa: E402
 from engine.models import load_model  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from trainer.settings import RolloutConfig, WarmStartConfig  # noqa: E402
-from trainer.warm_start import fine_tune, from_messages, shared_groups, tokens_computed, training_data  # noqa: E402
+from trainer.warm_start import fine_tune, from_messages, opening_groups, tokens_computed, training_data  # noqa: E402
 
 PROTOCOL = REPO / "examples" / "ablation" / "flights_v2.yaml"
 
@@ -44,7 +44,7 @@ def computed_tokens(samples: list[Any], settings: WarmStartConfig, order: list[i
     total = 0
     for start in range(0, len(order), settings.batch_size):
         batch = [samples[i] for i in order[start:start + settings.batch_size]]
-        total += tokens_computed(shared_groups(batch) if settings.share_opening else [([s], 0) for s in batch])
+        total += tokens_computed(*opening_groups(batch)) if settings.share_opening else tokens_computed(0, [batch])
     return total
 
 

@@ -212,3 +212,49 @@ def test_a_wider_evaluation_engine_scores_the_same_and_leaves_the_rollout_engine
     assert updated_wide == updated_narrow
     # lr 5e-2 on the tiny model changes its greedy replies: the second comparison is of new weights.
     assert updated_narrow != start_narrow
+
+
+# What a change of batch shape may change in a greedy evaluation (docs/performance.md, "Batch shape and the same
+# answers"): at most this share of tasks' outcomes, and the mean by at most this much.
+BATCH_SHAPE_TASKS_THAT_MAY_DIFFER = 1 / 16
+BATCH_SHAPE_AVG_DIFFERENCE = 1 / 16
+
+
+def test_a_greedy_evaluation_gives_the_same_answers_whatever_the_batch_shape(env_url):
+    """Each episode alone on a one-row engine without kept caches, against the evaluation's shape: every episode
+    in flight on one wide engine (prompts prefilled together, their common opening once, next turns resumed from
+    kept caches). The signal environment's first-character fallback makes every reply count."""
+    import asyncio
+
+    from common.schemas import Task
+    from trainer.peers import EnvPeer
+    from trainer.policy import InProcessPolicy
+    from trainer.rollout import evaluate_policy
+    from trainer.settings import RolloutConfig
+
+    torch.manual_seed(0)
+    model, tokenizer = load_model("tiny")
+    with torch.no_grad():  # far from the base tiny model, whose replies here are blank lines (no answer at all)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    tasks = [Task(task_id=f"signal-test-{i:04d}", env_type="signal", split="test") for i in range(16)]
+
+    async def evaluate(rows: int, prefix_cache_mb: int) -> tuple[object, object]:
+        config = RolloutConfig(env="signal", max_turns=2, max_new_tokens=4, max_context=256, concurrency=rows)
+        env, policy = EnvPeer(env_url), InProcessPolicy(model, tokenizer, max_batch=rows, threads=1,
+                                                        prefix_cache_mb=prefix_cache_mb)
+        try:
+            return await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True), policy.stats
+        finally:
+            await policy.aclose()
+            await env.aclose()
+
+    (alone, alone_stats), (batched, stats) = asyncio.run(evaluate(1, 0)), asyncio.run(evaluate(32, 64))
+    # The wide engine really batched: many rows at once, second turns resumed from kept caches.
+    assert alone_stats.max_rows_in_batch == 1 and stats.max_rows_in_batch > 8
+    assert stats.resumed_rows > 0 and stats.prefill_batches < alone_stats.prefill_batches
+    means = [{t: sum(v) / len(v) for t, v in s.per_task.items()} for s in (alone, batched)]
+    differing = sum(means[0][t] != means[1][t] for t in means[0])
+    assert differing <= BATCH_SHAPE_TASKS_THAT_MAY_DIFFER * len(tasks)
+    assert abs(batched.avg_at_k - alone.avg_at_k) <= BATCH_SHAPE_AVG_DIFFERENCE
+    assert 0 < alone.avg_at_k < 1  # outcomes that differ between tasks: the comparison can fail

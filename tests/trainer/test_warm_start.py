@@ -93,21 +93,33 @@ def _solved(name: str, credit: int, extra_steps: int) -> SolvedTask:
 
 
 def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
-    """Grouped (the opening once, rows continuing its cache) and one forward per sample give one gradient."""
+    """The opening once per batch (every group continuing its cache, a lone long row too) and one forward per
+    sample give one gradient and one loss."""
     import torch
 
-    from trainer.warm_start import _group_loss, shared_groups, tokens_computed
+    from trainer.warm_start import _summed_loss, batch_backward, opening_groups, tokens_computed
 
     model, tokenizer = load_model("tiny")
     rollout = RolloutConfig(env="flights")
     names = (("Ann Lee", 800), ("Bo Chen", 120), ("Cy Diaz", 45), ("Di Wu", 9))
 
-    def gradient(batch: list, groups: list) -> torch.Tensor:
+    def gradient(batch: list, grouped: bool, compute: torch.dtype = torch.float32) -> tuple[torch.Tensor, float]:
         trained = sum(sum(s.loss_mask) for s in batch)
         model.zero_grad(set_to_none=True)
-        for group, shared in groups:
-            (_group_loss(model, group, shared, torch.device("cpu")) / trained).backward()
-        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        if grouped:
+            loss = batch_backward(model, batch, torch.device("cpu"), trained, compute)
+        else:
+            loss = 0.0
+            for sample in batch:
+                alone = _summed_loss(model, sample, torch.device("cpu")) / trained
+                alone.backward()
+                loss += float(alone.detach())
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), loss
+
+    def same(batch: list) -> None:
+        (grouped, grouped_loss), (alone, alone_loss) = gradient(batch, True), gradient(batch, False)
+        assert torch.allclose(grouped, alone, rtol=1e-4, atol=1e-7)
+        assert grouped_loss == pytest.approx(alone_loss, rel=1e-5)
 
     def length(sample) -> int:
         return len(sample.prompt_ids) + len(sample.response_ids)
@@ -116,25 +128,30 @@ def test_a_batch_computes_its_common_opening_once_with_the_same_gradient():
                                    add_special_tokens=False))
     # Rows of about one length: one group, its opening (the system turn and the user turn's header) run once.
     alike = [render(_solved(n, c, 0), tokenizer, rollout)[0] for n, c in names]
-    [(group, shared)] = shared_groups(alike, budget=4096)
+    shared, [group] = opening_groups(alike, budget=4096)
     assert len(group) == 4 and shared >= opening
-    assert torch.allclose(gradient(alike, [(group, shared)]), gradient(alike, [([s], 0) for s in alike]),
-                          rtol=1e-4, atol=1e-7)
+    same(alike)
     # A budget of two rows' padded tokens cuts them in pairs, each within it.
     budget = shared + 2 * max(length(s) - shared for s in alike)
-    pairs = shared_groups(alike, budget=budget)
-    assert [len(g) for g, _ in pairs] == [2, 2]
-    assert all(shared + len(g) * (max(map(length, g)) - shared) <= budget for g, shared in pairs)
-    # Rows of other lengths: the cut computes fewest tokens; a lone row runs alone, unpadded.
-    mixed = [render(_solved(n, c, x), tokenizer, rollout)[0] for (n, c), x in zip(names, (0, 3, 0, 1), strict=True)]
-    groups = shared_groups(mixed, budget=4096)
-    assert sorted(len(g) for g, _ in groups) == [1, 1, 2] and all(shared == 0 for g, shared in groups if len(g) == 1)
-    assert tokens_computed(groups) < sum(map(length, mixed))
-    assert torch.allclose(gradient(mixed, groups), gradient(mixed, [([s], 0) for s in mixed]), rtol=1e-4, atol=1e-7)
-    # No common opening worth sharing (other system prompts): one forward per sample, as before.
+    _, pairs = opening_groups(alike, budget=budget)
+    assert [len(g) for g in pairs] == [2, 2]
+    assert all(shared + len(g) * (max(map(length, g)) - shared) <= budget for g in pairs)
+    # Rows of other lengths: a long row continues the opening alone; fewer tokens than every sample alone.
+    mixed = [render(_solved(n, c, x), tokenizer, rollout)[0] for (n, c), x in zip(names, (0, 6, 0, 1), strict=True)]
+    shared, groups = opening_groups(mixed, budget=shared + 2 * max(length(s) - shared for s in alike))
+    assert shared >= opening and sorted(map(id, (s for g in groups for s in g))) == sorted(map(id, mixed))
+    assert [len(g) for g in groups][-1] == 1 and groups[-1][0] is max(mixed, key=length)
+    assert tokens_computed(shared, groups) < sum(map(length, mixed)) - (len(groups) - 1) * shared
+    same(mixed)
+    # bf16 autocast (warm_start.dtype): the same gradient's direction and loss, to bf16 rounding.
+    (half, half_loss), (full, full_loss) = gradient(mixed, True, torch.bfloat16), gradient(mixed, True)
+    assert float(torch.nn.functional.cosine_similarity(half, full, dim=0)) > 0.99
+    assert half_loss == pytest.approx(full_loss, rel=0.02) and not torch.equal(half, full)
+    # No common opening worth sharing (other system prompts): one forward per sample.
     other = render(SolvedTask("o", [{"role": "system", "content": "Different."}, OPENING[1]], [(CALL, None)]),
                    tokenizer, rollout)[0]
-    assert shared_groups([alike[0], other]) == [([alike[0]], 0), ([other], 0)]
+    assert opening_groups([alike[0], other]) == (0, [[alike[0]], [other]])
+    same([alike[0], other])
 
 
 def test_fine_tuning_trains_then_keeps_no_gradient_or_optimizer_state():
