@@ -44,16 +44,23 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
-        if self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, sig, timeout)
+
+
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15,
+               kill_timeout: float = 10) -> None:
+    """Send `sig` to the process group of `proc` (started with start_new_session) if it still runs, and SIGKILL it
+    when it has not ended `timeout` seconds later."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=kill_timeout)
+    except ProcessLookupError:
+        pass
 
 
 @contextmanager
