@@ -10,12 +10,13 @@ A script run as a file (`python benchmarks/<area>/<name>.py`) puts the repositor
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,23 @@ def start_launcher(conf: Path, log: Path) -> subprocess.Popen:
     with log.open("wb") as out:
         return subprocess.Popen([sys.executable, "launcher.py", "--conf", str(conf)], cwd=REPO, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def write_result(args: argparse.Namespace, result: dict[str, Any]) -> Path:
+    """`result` and the load averages now, as `<args.out>/<args.name>.json` (indented, the folder made). A run of
+    phases calls it after each, so that one cut short keeps what it measured."""
+    path = Path(args.out) / f"{args.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**result, "load_avg_now": load_avg()}, indent=1) + "\n")
+    return path
+
+
+def run_and_write(parser: argparse.ArgumentParser,
+                  run: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """Parse `parser`'s flags (`--name` and `--out` among them), run `run(args)` to the end, write its result
+    (`write_result`) and print it as one JSON line."""
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    write_result(args, result)
+    print(json.dumps(result))
+    return result

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 # A two-turn `signal` environment in a few words (look, then answer the signal word): tests whose expected ids or
@@ -108,6 +109,23 @@ def run_service(module: str, args: Sequence[str] = (), *, env: dict[str, str] | 
         yield service
     finally:
         service.stop()
+
+
+@contextmanager
+def plugin_env_service(folder: Path, plugins: dict[str, str], environments: dict[str, Any]) -> Iterator[ServiceProcess]:
+    """`python -m env_service` serving `environments` from `plugins` (module:Class, importable from the repository)
+    and the scaffold's `shelves` plugin project (`env_service.new`), written into `folder` as a user's would be."""
+    from env_service.new import project_files
+
+    for path, text in project_files("shelves", "plugin").items():
+        if path.endswith(".py") and not path.startswith("test_"):
+            (folder / path).write_text(text)
+    conf = folder / "env.yaml"
+    conf.write_text(yaml.safe_dump({"env_service": {
+        "plugins": {**plugins, "shelves": "shelves_env:ShelvesEnvironment"}, "environments": environments}}))
+    with run_service("env_service", ["--conf", str(conf)],
+                     env={"PYTHONPATH": os.pathsep.join([str(folder), str(REPO)])}) as service:
+        yield service
 
 
 class InProcessServer:

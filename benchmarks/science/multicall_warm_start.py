@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
 
+from benchmarks.harness import add_probe_arguments, run_and_write, write_result  # noqa: E402
 from common.schemas import Task  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
@@ -191,17 +192,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             result[phase]["eval"] = await evaluate(model, tokenizer, env, kinds, eval_tasks, args)
                         result["table"] = table(result)
                         _say(phase, result["table"])
-                        _write(args, result)  # what is done so far survives a run cut short
+                        write_result(args, result)  # what is done so far survives a run cut short
                 finally:
                     await env.aclose()
     result["load_avg_end"] = os.getloadavg()
     return result
-
-
-def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({**result, "load_avg_now": os.getloadavg()}, indent=1) + "\n")
 
 
 def _say(what: str, value: Any) -> None:
@@ -226,21 +221,14 @@ def main() -> None:
     parser.add_argument("--train-tasks", type=int, default=240)
     parser.add_argument("--validation-tasks", type=int, default=40)
     parser.add_argument("--test-tasks", type=int, default=80)
-    parser.add_argument("--eval-tasks", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-turns", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--max-context", type=int, default=2048)
-    parser.add_argument("--max-batch", type=int, default=40)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    add_probe_arguments(parser, max_batch=40)
+    # multi-call episodes are longer than the probes' single lookups
+    parser.set_defaults(max_turns=8, max_new_tokens=96, max_context=2048)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_start"))
-    args = parser.parse_args()
-    result = asyncio.run(run(args))
-    _write(args, result)
-    print(json.dumps(result))
+    run_and_write(parser, run)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.harness import REPO, add_probe_arguments, load_1m, load_avg  # noqa: E402
+from benchmarks.harness import REPO, add_probe_arguments, load_1m, load_avg, run_and_write, write_result  # noqa: E402
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -171,20 +171,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             model, tokenizer, report = await warm_started(phase, env, tm.url, args)
                             _say(args, f"{phase} data", report)
                             result[phase] = {"warm_start": report}
-                            _write(args, result)
+                            write_result(args, result)
                             result[phase]["eval"] = await evaluate(model, tokenizer, env, flights, eval_tasks, args)
                             _say(args, phase, result[phase]["eval"])
-                        _write(args, result)  # what is done so far survives a run cut short
+                        write_result(args, result)  # what is done so far survives a run cut short
                 finally:
                     await env.aclose()
     result["load_avg_end"] = load_avg()
     return result
-
-
-def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({**result, "load_avg_now": load_avg()}, indent=1) + "\n")
 
 
 def _say(args: argparse.Namespace, what: str, value: dict[str, Any]) -> None:
@@ -207,10 +201,7 @@ def main() -> None:
                         help="synthesis.lookup_kinds (train: only the kinds and query forms the train tasks ask)")
     add_probe_arguments(parser, max_batch=40)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_start"))
-    args = parser.parse_args()
-    result = asyncio.run(run(args))
-    _write(args, result)
-    print(json.dumps(result))
+    run_and_write(parser, run)
 
 
 if __name__ == "__main__":
