@@ -123,3 +123,24 @@ def run_and_write(parser: argparse.ArgumentParser,
     write_result(args, result)
     print(json.dumps(result))
     return result
+
+
+async def greedy_rollouts(model: Any, tokenizer: Any, env: Any, tasks: list[Any], config: Any,
+                          args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    """One greedy episode per task of the in-process `model` on the CPU (`args.max_batch` rows at once,
+    `args.threads` threads, seeded by `args.seed`): the evaluation summary and the rollouts, by task id."""
+    import torch
+
+    from trainer.local import rollout_dtype
+    from trainer.policy import InProcessPolicy
+    from trainer.rollout import evaluate_policy
+
+    policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads,
+                             dtype=rollout_dtype("auto", torch.device("cpu")))
+    episodes: list[Any] = []
+    try:
+        summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True,
+                                        seed=args.seed, on_rollout=episodes.append)
+    finally:
+        await policy.aclose()
+    return summary, sorted(episodes, key=lambda r: r.trajectory.task_id)

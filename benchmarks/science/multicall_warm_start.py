@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
 
-from benchmarks.harness import add_probe_arguments, run_and_write, write_result  # noqa: E402
+from benchmarks.harness import add_probe_arguments, greedy_rollouts, run_and_write, write_result  # noqa: E402
 from common.schemas import Task  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
@@ -71,23 +71,12 @@ def rollout_config(args: argparse.Namespace) -> Any:
 async def evaluate(model: Any, tokenizer: Any, env: EnvPeer, kinds: dict[str, str], tasks: list[Task],
                    args: argparse.Namespace) -> dict[str, Any]:
     """Greedy, no experience: successes per validation kind, and each episode's actions (cut short)."""
-    import torch
+    from trainer.rollout import made_tool_call
 
-    from trainer.local import rollout_dtype
-    from trainer.policy import InProcessPolicy
-    from trainer.rollout import Rollout, evaluate_policy, made_tool_call
-
-    policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads,
-                             dtype=rollout_dtype("auto", torch.device("cpu")))
-    episodes: list[Rollout] = []
-    try:
-        summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, rollout_config(args), k=1,
-                                        greedy=True, seed=args.seed, on_rollout=episodes.append)
-    finally:
-        await policy.aclose()
+    summary, episodes = await greedy_rollouts(model, tokenizer, env, tasks, rollout_config(args), args)
     by_kind: dict[str, dict[str, int]] = {}
     rows = []
-    for rollout in sorted(episodes, key=lambda r: r.trajectory.task_id):
+    for rollout in episodes:
         trajectory = rollout.trajectory
         kind = kinds[trajectory.task_id]
         success = float(trajectory.outcome or 0.0) >= 1.0

@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.harness import REPO, add_probe_arguments, load_1m, load_avg, run_and_write, write_result  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    REPO,
+    add_probe_arguments,
+    greedy_rollouts,
+    load_1m,
+    load_avg,
+    run_and_write,
+    write_result,
+)
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -55,26 +63,15 @@ def task_manager_section(env_url: str, store: Path, lookup_kinds: str = "profile
 async def evaluate(model: Any, tokenizer: Any, env: EnvPeer, flights: FlightsEnvironment, tasks: list[Task],
                    args: argparse.Namespace) -> dict[str, Any]:
     """Greedy, no experience: success by kind and the share of episodes with a tool call."""
-    import torch
-
-    from trainer.local import rollout_dtype
-    from trainer.policy import InProcessPolicy
-    from trainer.rollout import Rollout, evaluate_policy, made_tool_call
+    from trainer.rollout import made_tool_call
     from trainer.settings import RolloutConfig
 
     config = RolloutConfig(env="flights", template="linear", max_turns=args.max_turns, max_context=args.max_context,
                            max_new_tokens=args.max_new_tokens, concurrency=args.max_batch, retries=1)
-    policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads,
-                             dtype=rollout_dtype("auto", torch.device("cpu")))
-    episodes: list[Rollout] = []
-    try:
-        summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True,
-                                        seed=args.seed, on_rollout=episodes.append)
-    finally:
-        await policy.aclose()
+    summary, episodes = await greedy_rollouts(model, tokenizer, env, tasks, config, args)
     by_kind: dict[str, dict[str, int]] = {}
     rows = []
-    for rollout in sorted(episodes, key=lambda r: r.trajectory.task_id):
+    for rollout in episodes:
         trajectory = rollout.trajectory
         kind = flights.task(trajectory.task_id).kind
         called = made_tool_call(trajectory.steps)
