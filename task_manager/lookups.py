@@ -21,7 +21,7 @@ from __future__ import annotations
 import calendar
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from common.answers import answer_alone
@@ -71,29 +71,35 @@ def written_day(value: str) -> str | None:
     return f"{calendar.month_name[int(match.group(2))]} {int(match.group(3))}, {match.group(1)}"
 
 
-def fill(template: str, record: dict[str, Any], arguments: dict[str, Any], glossary: dict[str, dict[str, str]]) -> str | None:
-    """`template` with its slots filled from the record (else the call's arguments); None when a slot has no
-    value or its filter does not know it."""
+def fill_template(template: str, slot: re.Pattern[str], value_of: Callable[[str], Any],
+                  write: Callable[[str, str | None], str | None]) -> str | None:
+    """`template` with each `slot` match (group 1 the name, group 2 its filter or None) replaced by
+    `write(str(value_of(name)), filter)`; None when a value is missing or not a scalar, or `write` gives None."""
     missing = False
 
     def value(match: re.Match[str]) -> str:
         nonlocal missing
-        name, how = match.group(1), match.group(2)
-        raw = record.get(name, arguments.get(name))
-        if raw is None or isinstance(raw, (dict, list)):
-            missing = True
-            return ""
-        text = str(raw)
-        if how is None:
-            return text
-        written = written_day(text) if how == "day" else glossary.get(how, {}).get(text)
+        raw = value_of(match.group(1))
+        written = None if raw is None or isinstance(raw, (dict, list)) else write(str(raw), match.group(2))
         if written is None:
             missing = True
             return ""
         return written
 
-    out = _SLOT.sub(value, template)
+    out = slot.sub(value, template)
     return None if missing else out
+
+
+def fill(template: str, record: dict[str, Any], arguments: dict[str, Any], glossary: dict[str, dict[str, str]]) -> str | None:
+    """`template` with its slots filled from the record (else the call's arguments); None when a slot has no
+    value or its filter does not know it."""
+
+    def write(text: str, how: str | None) -> str | None:
+        if how is None:
+            return text
+        return written_day(text) if how == "day" else glossary.get(how, {}).get(text)
+
+    return fill_template(template, _SLOT, lambda name: record.get(name, arguments.get(name)), write)
 
 
 def slot_fields(form: LookupForm) -> list[str]:

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from task_manager.envs import EnvAccess
 from task_manager.kinds import lookup_kinds
-from task_manager.lookups import pick, records_of, written_day
+from task_manager.lookups import fill_template, pick, records_of, written_day
 from task_manager.models import Call, Exploration, LookupTarget, Proposal
 from task_manager.profile import CHANGE_SLOT, EnvProfile, RecordBinding, TaskKind
 from task_manager.replay import replay
@@ -61,35 +61,22 @@ def observed_calls(exploration: Exploration) -> list[ObservedCall]:
 def fill_slots(template: str, values: dict[str, Any], profile: EnvProfile) -> str | None:
     """`template` with its `{name}` / `{name|filter}` slots filled from `values`; None when a value is missing
     or its filter does not write it (a glossary without the value, a pattern that does not match)."""
-    missing = False
 
-    def value(match: re.Match[str]) -> str:
-        nonlocal missing
-        raw = values.get(match.group(1))
-        how = match.group(2)
-        if raw is None or isinstance(raw, (dict, list)):
-            missing = True
-            return ""
-        text = str(raw)
-        written: str | None = text
+    def write(text: str, how: str | None) -> str | None:
+        if how is None:
+            return text
         if how == "day":
-            written = written_day(text)
-        elif how in profile.glossary:
-            written = profile.glossary[how].get(text)
-        elif how in profile.patterns:
+            return written_day(text)
+        if how in profile.glossary:
+            return profile.glossary[how].get(text)
+        if how in profile.patterns:
             found = re.search(profile.patterns[how], text)
-            written = found.group(1) if found and found.groups() else None
-        elif how is not None:
-            raise ValueError(f"profile {profile.name!r}: unknown slot filter {how!r} in {template!r}; filters are "
-                             f"day, the glossary's ({', '.join(profile.glossary)}) and the patterns' "
-                             f"({', '.join(profile.patterns)})")
-        if written is None:
-            missing = True
-            return ""
-        return written
+            return found.group(1) if found and found.groups() else None
+        raise ValueError(f"profile {profile.name!r}: unknown slot filter {how!r} in {template!r}; filters are "
+                         f"day, the glossary's ({', '.join(profile.glossary)}) and the patterns' "
+                         f"({', '.join(profile.patterns)})")
 
-    out = _SLOT.sub(value, template)
-    return None if missing else out
+    return fill_template(template, _SLOT, values.get, write)
 
 
 def _prefixed(name: str, fields: dict[str, Any], into: dict[str, Any]) -> None:

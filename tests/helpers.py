@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 # A two-turn `signal` environment in a few words (look, then answer the signal word): tests whose expected ids or
@@ -44,16 +45,23 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
-        if self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, sig, timeout)
+
+
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15,
+               kill_timeout: float = 10) -> None:
+    """Send `sig` to the process group of `proc` (started with start_new_session) if it still runs, and SIGKILL it
+    when it has not ended `timeout` seconds later."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=kill_timeout)
+    except ProcessLookupError:
+        pass
 
 
 @contextmanager
@@ -101,6 +109,23 @@ def run_service(module: str, args: Sequence[str] = (), *, env: dict[str, str] | 
         yield service
     finally:
         service.stop()
+
+
+@contextmanager
+def plugin_env_service(folder: Path, plugins: dict[str, str], environments: dict[str, Any]) -> Iterator[ServiceProcess]:
+    """`python -m env_service` serving `environments` from `plugins` (module:Class, importable from the repository)
+    and the scaffold's `shelves` plugin project (`env_service.new`), written into `folder` as a user's would be."""
+    from env_service.new import project_files
+
+    for path, text in project_files("shelves", "plugin").items():
+        if path.endswith(".py") and not path.startswith("test_"):
+            (folder / path).write_text(text)
+    conf = folder / "env.yaml"
+    conf.write_text(yaml.safe_dump({"env_service": {
+        "plugins": {**plugins, "shelves": "shelves_env:ShelvesEnvironment"}, "environments": environments}}))
+    with run_service("env_service", ["--conf", str(conf)],
+                     env={"PYTHONPATH": os.pathsep.join([str(folder), str(REPO)])}) as service:
+        yield service
 
 
 class InProcessServer:

@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import yaml  # noqa: E402
 
+from benchmarks.harness import add_probe_arguments, greedy_rollouts, run_and_write, write_result  # noqa: E402
 from common.schemas import Task  # noqa: E402
 from env_service.environments.flights import FlightsEnvironment  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
@@ -70,23 +71,12 @@ def rollout_config(args: argparse.Namespace) -> Any:
 async def evaluate(model: Any, tokenizer: Any, env: EnvPeer, kinds: dict[str, str], tasks: list[Task],
                    args: argparse.Namespace) -> dict[str, Any]:
     """Greedy, no experience: successes per validation kind, and each episode's actions (cut short)."""
-    import torch
+    from trainer.rollout import made_tool_call
 
-    from trainer.local import rollout_dtype
-    from trainer.policy import InProcessPolicy
-    from trainer.rollout import Rollout, evaluate_policy, made_tool_call
-
-    policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads,
-                             dtype=rollout_dtype("auto", torch.device("cpu")))
-    episodes: list[Rollout] = []
-    try:
-        summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, rollout_config(args), k=1,
-                                        greedy=True, seed=args.seed, on_rollout=episodes.append)
-    finally:
-        await policy.aclose()
+    summary, episodes = await greedy_rollouts(model, tokenizer, env, tasks, rollout_config(args), args)
     by_kind: dict[str, dict[str, int]] = {}
     rows = []
-    for rollout in sorted(episodes, key=lambda r: r.trajectory.task_id):
+    for rollout in episodes:
         trajectory = rollout.trajectory
         kind = kinds[trajectory.task_id]
         success = float(trajectory.outcome or 0.0) >= 1.0
@@ -191,17 +181,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             result[phase]["eval"] = await evaluate(model, tokenizer, env, kinds, eval_tasks, args)
                         result["table"] = table(result)
                         _say(phase, result["table"])
-                        _write(args, result)  # what is done so far survives a run cut short
+                        write_result(args, result)  # what is done so far survives a run cut short
                 finally:
                     await env.aclose()
     result["load_avg_end"] = os.getloadavg()
     return result
-
-
-def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({**result, "load_avg_now": os.getloadavg()}, indent=1) + "\n")
 
 
 def _say(what: str, value: Any) -> None:
@@ -226,21 +210,14 @@ def main() -> None:
     parser.add_argument("--train-tasks", type=int, default=240)
     parser.add_argument("--validation-tasks", type=int, default=40)
     parser.add_argument("--test-tasks", type=int, default=80)
-    parser.add_argument("--eval-tasks", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-turns", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--max-context", type=int, default=2048)
-    parser.add_argument("--max-batch", type=int, default=40)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    add_probe_arguments(parser, max_batch=40)
+    # multi-call episodes are longer than the probes' single lookups
+    parser.set_defaults(max_turns=8, max_new_tokens=96, max_context=2048)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_start"))
-    args = parser.parse_args()
-    result = asyncio.run(run(args))
-    _write(args, result)
-    print(json.dumps(result))
+    run_and_write(parser, run)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.harness import REPO, add_probe_arguments, load_1m, load_avg  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    REPO,
+    add_probe_arguments,
+    greedy_rollouts,
+    load_1m,
+    load_avg,
+    run_and_write,
+    write_result,
+)
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -55,26 +63,15 @@ def task_manager_section(env_url: str, store: Path, lookup_kinds: str = "profile
 async def evaluate(model: Any, tokenizer: Any, env: EnvPeer, flights: FlightsEnvironment, tasks: list[Task],
                    args: argparse.Namespace) -> dict[str, Any]:
     """Greedy, no experience: success by kind and the share of episodes with a tool call."""
-    import torch
-
-    from trainer.local import rollout_dtype
-    from trainer.policy import InProcessPolicy
-    from trainer.rollout import Rollout, evaluate_policy, made_tool_call
+    from trainer.rollout import made_tool_call
     from trainer.settings import RolloutConfig
 
     config = RolloutConfig(env="flights", template="linear", max_turns=args.max_turns, max_context=args.max_context,
                            max_new_tokens=args.max_new_tokens, concurrency=args.max_batch, retries=1)
-    policy = InProcessPolicy(model, tokenizer, max_batch=args.max_batch, threads=args.threads,
-                             dtype=rollout_dtype("auto", torch.device("cpu")))
-    episodes: list[Rollout] = []
-    try:
-        summary = await evaluate_policy(tasks, env, policy.generate, tokenizer, config, k=1, greedy=True,
-                                        seed=args.seed, on_rollout=episodes.append)
-    finally:
-        await policy.aclose()
+    summary, episodes = await greedy_rollouts(model, tokenizer, env, tasks, config, args)
     by_kind: dict[str, dict[str, int]] = {}
     rows = []
-    for rollout in sorted(episodes, key=lambda r: r.trajectory.task_id):
+    for rollout in episodes:
         trajectory = rollout.trajectory
         kind = flights.task(trajectory.task_id).kind
         called = made_tool_call(trajectory.steps)
@@ -171,20 +168,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             model, tokenizer, report = await warm_started(phase, env, tm.url, args)
                             _say(args, f"{phase} data", report)
                             result[phase] = {"warm_start": report}
-                            _write(args, result)
+                            write_result(args, result)
                             result[phase]["eval"] = await evaluate(model, tokenizer, env, flights, eval_tasks, args)
                             _say(args, phase, result[phase]["eval"])
-                        _write(args, result)  # what is done so far survives a run cut short
+                        write_result(args, result)  # what is done so far survives a run cut short
                 finally:
                     await env.aclose()
     result["load_avg_end"] = load_avg()
     return result
-
-
-def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({**result, "load_avg_now": load_avg()}, indent=1) + "\n")
 
 
 def _say(args: argparse.Namespace, what: str, value: dict[str, Any]) -> None:
@@ -207,10 +198,7 @@ def main() -> None:
                         help="synthesis.lookup_kinds (train: only the kinds and query forms the train tasks ask)")
     add_probe_arguments(parser, max_batch=40)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_start"))
-    args = parser.parse_args()
-    result = asyncio.run(run(args))
-    _write(args, result)
-    print(json.dumps(result))
+    run_and_write(parser, run)
 
 
 if __name__ == "__main__":

@@ -41,44 +41,11 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.harness import REPO, emit  # noqa: E402
+from benchmarks.harness import emit, full_stack_config, start_launcher  # noqa: E402
+from tests.helpers import stop_group  # noqa: E402
 
 SERVICES = ("env_service", "experience_manager", "task_manager", "judge", "llm_server")
 
-CONFIG = """
-launcher:
-  experiment: chaos
-  runs_dir: {runs}
-  services: [llm_server, env_service, task_manager, experience_manager, judge]
-  ports: {{llm_server: auto, env_service: auto, task_manager: auto, experience_manager: auto, judge: auto}}
-  threads: {{default: 1, llm_server: 1, trainer: 1}}
-  # A restart waits {backoff}s, so every outage outlasts a training step and the trainer meets it.
-  restart: {{max_restarts: 2, backoff_s: {backoff}, backoff_max_s: {backoff}, trainer: true}}
-  ray: {{enabled: false}}
-  synthesis: {{episodes: 4}}
-llm_server: {{model: {model}, max_batch: 8}}
-env_service: {{environments: {{flights: {{}}}}}}
-task_manager:
-  environments: [flights]
-  dedup: {{embeddings: false}}
-  explore: {{explorer: random, breadth_steps: 4, depth_steps: 4}}
-  synthesis: {{synthesizer: hindsight, max_goals: 2}}
-  mixture: {{synthetic_ratio: 0.5, use_original: true}}
-experience_manager: {{summary: {{mode: heuristic}}}}
-judge: {{llm: {{base_url: llm_server}}, retries: 0, max_analysis_chars: 0}}
-trainer:
-  model: {model}
-  steps: {steps}
-  tasks_per_step: 2
-  progress: false
-  tensorboard: false
-  plot: false
-  policy: {{kind: endpoint, url: llm_server}}
-  rollout: {{env: flights, n: 4, max_turns: 2, max_new_tokens: 8, max_context: 1536, experience_ratio: 0.5}}
-  advantage: {{estimator: adca_grpo}}
-  checkpoint: {{every: 1, keep: 2}}
-  eval: {{before: false, after: false, tasks: 2}}
-"""
 
 
 class StepWatch(threading.Thread):
@@ -169,14 +136,16 @@ def run_chaos(workdir: Path, *, steps: int = 40, model: str = "tiny", backoff_s:
               timeout_s: float = 900.0) -> dict[str, Any]:
     runs = workdir / "runs"
     conf = workdir / "chaos.yaml"
-    conf.write_text(CONFIG.format(runs=runs, model=model, steps=steps, backoff=backoff_s))
+    config = full_stack_config(experiment="chaos", runs=runs, model=model)
+    # A restart waits backoff_s, so every outage outlasts a training step and the trainer meets it.
+    config["launcher"].update(restart={"max_restarts": 2, "backoff_s": backoff_s, "backoff_max_s": backoff_s,
+                                       "trainer": True}, ray={"enabled": False})
+    config["trainer"]["steps"] = steps
+    conf.write_text(yaml.safe_dump(config, sort_keys=False))
     run_dir = runs / "chaos"
     log = workdir / "launcher.out"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "PASSIVE", "RAY_AUTH_MODE": "disabled"}
     started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "launcher.py", "--conf", str(conf)], cwd=REPO, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_launcher(conf, log)
     watch = StepWatch(run_dir / "trainer" / "metrics.jsonl")
     watch.start()
     kills: list[dict[str, Any]] = []
@@ -214,12 +183,7 @@ def run_chaos(workdir: Path, *, steps: int = 40, model: str = "tiny", backoff_s:
                           "outage_s": round(t_back - t_kill, 2)})
         code = proc.wait(timeout=timeout_s)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, signal.SIGINT, 60)
         time.sleep(0.3)
         watch.stop.set()
         watch.join(timeout=5)

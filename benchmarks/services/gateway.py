@@ -17,49 +17,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.helpers import ServiceProcess, run_service  # noqa: E402
+
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "search the catalogue",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
                                                           "required": ["q"], "additionalProperties": False}}}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(model: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    log = Path(tempfile.gettempdir()) / f"llm_server-gateway-bench-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "llm_server", "--port", str(port), "--model", model],
-                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"llm_server exited; see {log}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"llm_server did not become healthy; see {log}")
+def start_llm_server(model: str) -> AbstractContextManager[ServiceProcess]:
+    """`python -m llm_server --model model` on a free 127.0.0.1 port, offline; healthy on entering, stopped on
+    leaving."""
+    return run_service("llm_server", ["--model", model], env={"HF_HUB_OFFLINE": "1"}, timeout=300)
 
 
 def _timed(http: httpx.Client, path: str, body: dict) -> tuple[float, dict]:
@@ -109,16 +88,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--url", default=None, help="an llm_server already running (its model is --model)")
     args = parser.parse_args()
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = _start(args.model)
-    try:
+    with ExitStack() as stack:
+        url = args.url or stack.enter_context(start_llm_server(args.model)).url
         print(json.dumps(measure(url, args.model, args.episodes, args.calls)))
-    finally:
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

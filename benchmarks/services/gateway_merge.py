@@ -15,42 +15,28 @@ import argparse
 import asyncio
 import functools
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+from contextlib import AbstractContextManager
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.services.gateway import _free_port, _start  # noqa: E402
+from benchmarks.services.gateway import start_llm_server  # noqa: E402
 from examples.agents import openai_flights  # noqa: E402
 from llm_server.client import LLMServerClient  # noqa: E402
+from tests.helpers import ServiceProcess, run_service  # noqa: E402
 from trainer.agents import AgentRunner  # noqa: E402
 from trainer.peers import EnvPeer  # noqa: E402
 from trainer.settings import AgentConfig  # noqa: E402
 
 
-def _start_flights() -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    conf = Path(tempfile.mkdtemp()) / "env.yaml"
-    conf.write_text(f"env_service:\n  port: {port}\n  environments:\n    flights: {{version: 2, tiers: [1]}}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "env_service", "--conf", str(conf)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    raise SystemExit("env_service did not become healthy")
+def start_flights(workdir: Path) -> AbstractContextManager[ServiceProcess]:
+    """`python -m env_service` serving flights v2, tier 1, on a free 127.0.0.1 port."""
+    conf = workdir / "env.yaml"
+    conf.write_text("env_service:\n  environments:\n    flights: {version: 2, tiers: [1]}\n")
+    return run_service("env_service", ["--conf", str(conf)], timeout=120)
 
 
 async def measure(llm_url: str, env_url: str, tasks: int, k: int, max_turns: int) -> dict:
@@ -76,15 +62,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=3)
     args = parser.parse_args()
-    llm, llm_url = _start(args.model)
-    env, env_url = _start_flights()
-    try:
-        result = asyncio.run(measure(llm_url, env_url, args.tasks, args.k, args.max_turns))
+    with start_llm_server(args.model) as llm, start_flights(Path(tempfile.mkdtemp())) as env:
+        result = asyncio.run(measure(llm.url, env.url, args.tasks, args.k, args.max_turns))
         print(json.dumps({"model": args.model, **result}))
-    finally:
-        for proc in (llm, env):
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from benchmarks.harness import full_stack_config, start_launcher  # noqa: E402
+from tests.helpers import stop_group  # noqa: E402
 
 SERVICES = ("env_service", "experience_manager", "task_manager", "judge", "llm_server")
 TARGETS = (*SERVICES, "trainer", "ray_worker")
@@ -60,41 +62,6 @@ DEFAULT_WINDOW_S = 600.0
 BACK_TIMEOUT_S = 600.0
 KILL_GAP = 0.55  # of the restart window: the least time between two kills of one target
 
-CONFIG = """
-launcher:
-  experiment: soak
-  runs_dir: {runs}
-  services: [llm_server, env_service, task_manager, experience_manager, judge]
-  ports: {{llm_server: auto, env_service: auto, task_manager: auto, experience_manager: auto, judge: auto}}
-  threads: {{default: 1, llm_server: 1, trainer: 1}}
-  restart: {{max_restarts: 2, window_s: {window_s}, backoff_s: 1.0, trainer: true}}
-  ray: {{enabled: true, dashboard: false, num_cpus: 2}}
-  synthesis: {{episodes: 4}}
-llm_server: {{model: {model}, max_batch: 8}}
-env_service: {{environments: {{flights: {{}}}}}}
-task_manager:
-  environments: [flights]
-  dedup: {{embeddings: false}}
-  explore: {{explorer: random, breadth_steps: 4, depth_steps: 4}}
-  synthesis: {{synthesizer: hindsight, max_goals: 2}}
-  mixture: {{synthetic_ratio: 0.5, use_original: true}}
-experience_manager: {{summary: {{mode: heuristic}}}}
-judge: {{llm: {{base_url: llm_server}}, retries: 0, max_analysis_chars: 0}}
-trainer:
-  model: {model}
-  seed: {seed}
-  steps: 1000000
-  tasks_per_step: 2
-  progress: false
-  tensorboard: false
-  plot: false
-  policy: {{kind: endpoint, url: llm_server}}
-  rollout: {{env: flights, n: 4, max_turns: 2, max_new_tokens: 8, max_context: 1536, experience_ratio: 0.5}}
-  advantage: {{estimator: adca_grpo}}
-  experience: {{summarize: true, feedback: true}}
-  checkpoint: {{every: 1, keep: 2}}
-  eval: {{before: false, after: false, tasks: 2}}
-"""
 
 
 # ---------------------------------------------------------------- the schedule
@@ -326,25 +293,18 @@ class Soak:
 
     def start(self, window_s: float) -> None:
         conf = self.workdir / "soak.yaml"
-        conf.write_text(CONFIG.format(runs=self.workdir / "runs", model=self.model, seed=self.seed,
-                                      window_s=window_s))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "PASSIVE", "RAY_AUTH_MODE": "disabled",
-               "PYTHONPATH": str(REPO)}
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "launcher.py", "--conf", str(conf)], cwd=REPO, env=env,
-                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        config = full_stack_config(experiment="soak", runs=self.workdir / "runs", model=self.model)
+        config["launcher"].update(restart={"max_restarts": 2, "window_s": window_s, "backoff_s": 1.0, "trainer": True},
+                                  ray={"enabled": True, "dashboard": False, "num_cpus": 2})
+        config["trainer"].update(seed=self.seed, steps=1000000, experience={"summarize": True, "feedback": True})
+        conf.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.proc = start_launcher(conf, self.log)
         self.event("started", pid=self.proc.pid, window_s=window_s)
 
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
+        stop_group(self.proc, signal.SIGINT, 120, kill_timeout=30)
         self.event("stopped", code=self.proc.returncode)
         return self.proc.returncode
 

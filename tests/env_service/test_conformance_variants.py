@@ -4,15 +4,13 @@ own plugin pass. One env_service serves all six, as a user's run.yaml would."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from env_service.conformance import run_conformance
 from env_service.conformance.kit import fix_for
-from env_service.new import project_files
-from tests.helpers import REPO, ServiceProcess, run_service
+from tests.helpers import ServiceProcess, plugin_env_service
 
 FAST = {"episodes": 2, "concurrency": 2, "max_steps": 6, "timeout_s": 20.0}
 DESK = "tests.env_service.library_desk"
@@ -22,16 +20,9 @@ VARIANTS = {"library_desk": "LibraryDesk", "plain_text_crash": "PlainTextCrash",
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    folder = tmp_path_factory.mktemp("variants")
-    for path, text in project_files("shelves", "plugin").items():
-        if path.endswith(".py") and not path.startswith("test_"):
-            (folder / path).write_text(text)
-    plugins = "".join(f'    {name}: "{DESK}:{cls}"\n' for name, cls in VARIANTS.items())
-    conf = folder / "run.yaml"
-    conf.write_text("env_service:\n  plugins:\n" + plugins + '    shelves: "shelves_env:ShelvesEnvironment"\n'
-                    "  environments:\n" + "".join(f"    {name}: {{}}\n" for name in [*VARIANTS, "shelves"]))
-    env = {"PYTHONPATH": os.pathsep.join([str(folder), str(REPO)])}
-    with run_service("env_service", ["--conf", str(conf)], env=env) as service:
+    plugins = {name: f"{DESK}:{cls}" for name, cls in VARIANTS.items()}
+    environments = {name: {} for name in [*VARIANTS, "shelves"]}
+    with plugin_env_service(tmp_path_factory.mktemp("variants"), plugins, environments) as service:
         yield service
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, stop_group
 
 HERE = Path(__file__).resolve().parent
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -80,13 +80,7 @@ class LaunchedRun:
             pytest.fail(f"the launcher did not finish within {timeout}s:\n{self.output()[-4000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc, signal.SIGTERM, 30)
 
 
 @pytest.fixture(scope="session")

@@ -8,35 +8,25 @@ task managers over HTTP."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 
 import pytest
 import yaml
 
-from env_service.new import project_files
 from evolver_launcher.synthesis import SynthesisFailed, SynthesisGate, _no_task_line
 from task_manager.client import TaskClient
 from task_manager.protocol import Failures
-from tests.helpers import REPO, ServiceProcess, run_service
+from tests.helpers import ServiceProcess, plugin_env_service, run_service
 
 DESK = "tests.env_service.library_desk"
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    folder = tmp_path_factory.mktemp("env")
-    for path, text in project_files("shelves", "plugin").items():
-        if path.endswith(".py") and not path.startswith("test_"):
-            (folder / path).write_text(text)
-    conf = folder / "env.yaml"
-    conf.write_text(yaml.safe_dump({"env_service": {
-        "plugins": {"library_desk": f"{DESK}:LibraryDesk", "dict_content": f"{DESK}:DictContent",
-                    "shelves": "shelves_env:ShelvesEnvironment"},
-        "environments": {"library_desk": {}, "dict_content": {}, "signal": {},
-                         "shelves": {"tasks_per_split": 16, "fallback_moves": True}}}}))  # as its run.yaml
-    with run_service("env_service", ["--conf", str(conf)],
-                     env={"PYTHONPATH": os.pathsep.join([str(folder), str(REPO)])}) as service:
+    plugins = {"library_desk": f"{DESK}:LibraryDesk", "dict_content": f"{DESK}:DictContent"}
+    environments = {"library_desk": {}, "dict_content": {}, "signal": {},
+                    "shelves": {"tasks_per_split": 16, "fallback_moves": True}}  # as its run.yaml
+    with plugin_env_service(tmp_path_factory.mktemp("env"), plugins, environments) as service:
         yield service
 
 

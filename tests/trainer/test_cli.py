@@ -55,6 +55,15 @@ def start(conf: Path, log: Path) -> subprocess.Popen:
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def wait_for_file(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:
+    """Poll until the running trainer writes `path`; fail with its log if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {path} after {timeout}s"
+        time.sleep(0.02)
+
+
 def batches(out: Path) -> dict[int, dict]:
     """The last record of each step (a killed run may have logged a step it then redid)."""
     records = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
@@ -72,11 +81,7 @@ def test_killed_run_resumes_at_the_checkpointed_step_and_cursor(env_url, tmp_pat
     conf = tmp_path / "killed.yaml"
     conf.write_text(trainer_yaml(killed, env_url, steps=5, evals=True))
     proc = start(conf, tmp_path / "killed.log")
-    deadline = time.monotonic() + 240
-    while not (killed / "checkpoints" / "step_000002.pt").exists():
-        assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_file(killed / "checkpoints" / "step_000002.pt", proc, tmp_path / "killed.log")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     checkpoint_step = int((killed / "checkpoints" / "latest").read_text().strip()[5:11])
@@ -136,11 +141,7 @@ def test_the_trainer_stops_on_a_full_disk_and_resumes_once_there_is_space(env_ur
     conf = tmp_path / "run.yaml"
     conf.write_text(trainer_yaml(out, env_url, steps=2).replace("every: 2", "every: 1"))
     proc = start(conf, tmp_path / "full.log")
-    deadline = time.monotonic() + 240
-    while not (out / "checkpoints" / "step_000001.pt").exists():
-        assert proc.poll() is None, (tmp_path / "full.log").read_text()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for_file(out / "checkpoints" / "step_000001.pt", proc, tmp_path / "full.log")
     flag.touch()
     assert proc.wait(timeout=240) == 5, (tmp_path / "full.log").read_text()[-3000:]
     log = (tmp_path / "full.log").read_text()
