@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import hmac
 import inspect
-import ipaddress
 import os
 import re
 import socket
@@ -32,6 +31,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.addresses import is_loopback
 from common.config import ConfigError, StrictModel, apply_flags, load_config, load_dotenv_file
 from common.faults import disk_full_message, is_disk_full
 from common.jsonguard import DEFAULT_MAX_DEPTH, find_unrepresentable, is_json_content
@@ -61,17 +61,6 @@ class ServiceSettings(StrictModel):
 
 
 TOKEN_VARIABLE = "EVOLVER_API_TOKEN"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost). A wildcard
-    (0.0.0.0, ::, "") or any other name or address is not."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def missing_token_problem(name: str, host: str, environ: dict[str, str] | None = None) -> str | None:

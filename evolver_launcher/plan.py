@@ -21,8 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from common.addresses import is_loopback
 from common.config import ConfigError, validate
-from common.service import TOKEN_VARIABLE, is_loopback
+from common.service import TOKEN_VARIABLE
 from env_service.settings import EnvServiceSettings
 from evolver_launcher.preflight import check_environment_section, check_served
 from evolver_launcher.settings import (

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 Label = Literal["GOOD", "BAD"]
-FIXTURES = Path(__file__).resolve().parents[2] / "benchmarks" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures"
 DEFAULT_FIXTURE = FIXTURES / "judge_step_labels_v1.jsonl"
 
 

@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
+from common.addresses import is_loopback
 from common.config import StrictModel
-from common.service import is_loopback
 from engine.device import DEVICE_PATTERN
 from estimators import STEP_CREDIT_ESTIMATORS, AdvantageConfig
 from trainer.settings import (

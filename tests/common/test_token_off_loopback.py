@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from common.service import is_loopback, missing_token_problem
+from common.addresses import is_loopback
+from common.service import missing_token_problem
 from tests.env_service.service_support import write_conf
 from tests.helpers import REPO, free_port, run_service
 

@@ -68,7 +68,9 @@ def test_a_step_that_raises_is_a_failed_final_step(host):
     host.create("i1", "brittle", "step", {})
     result = host.step("i1", ChatMessage(role="assistant", content="go"))
     assert result.done and result.reward == 0.0
-    assert result.info["error"] == {"code": "environment_error", "message": "RuntimeError: step broke"}
+    # The message names where the environment raised, so a user finds the line without the service's log.
+    assert result.info["error"] == {"code": "environment_error",
+                                    "message": "RuntimeError: step broke (at test_host_errors.py:22 in _maybe)"}
     assert "step broke" in result.observation.text()
 
 

@@ -153,7 +153,7 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
             os.killpg(first.pid, signal.SIGKILL)
     assert not (results / "w_qn-seed0.json").exists()
     interrupted_at = sorted(p.name for p in checkpoints.glob("step_*.pt"))[-1]
-    assert interrupted_at != "step_000003.pt", "the run must be interrupted before its last step"
+    assert interrupted_at != "step_000005.pt", "the run must be interrupted before its last step"
     assert (results / "base-seed0.json").is_file()  # the start evaluation is kept, not redone
     interrupted_for = float((runs / "w_qn-seed0.seconds").read_text())  # the interrupted invocation counts
     assert interrupted_for > 0
@@ -180,10 +180,10 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
 
     base = json.loads((results / "base-seed0.json").read_text())
     assert run["git"]["commit"] and run["protocol"]["frozen"] is True and run["row"] == "w_qn"
-    assert run["train"]["steps"] == 3 and run["train"]["resumes"] == 1
+    assert run["train"]["steps"] == 5 and run["train"]["resumes"] == 1
     assert run["train"]["wall_s"] > round(interrupted_for, 1)  # both invocations
     assert run["train"]["curve"] == [] and "curve_start" not in base  # curve.enabled: false
-    assert len(run["train"]["signal"]["grad_norm_per_step"]) == 3
+    assert len(run["train"]["signal"]["grad_norm_per_step"]) == 5
     assert run["minutes"]["shared_warm_start"] > 0 and run["minutes"]["total"] > run["minutes"]["train"] > 0
 
     start, end = base["eval_start"], run["eval_end"]
@@ -191,7 +191,7 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
     # Evaluated as it was at the start: the same prompts, no experience, the in-process policy (no grammar).
     assert start["prompts"] == end["prompts"] and start["argv"] == end["argv"]
     assert start["experience_rollouts"] == end["experience_rollouts"] == 0
-    assert "endpoint" not in end["policy"] and end["policy"]["step"] == 3
+    assert "endpoint" not in end["policy"] and end["policy"]["step"] == 5
     assert set(end["kinds"].values()) <= {"credit_lookup", "id_lookup", "fare_lookup"}
     # Paired per task, strict (a success needs a tool call), from the raw JSON alone.
     strict = {t: [float(s >= 1 and c) for s, c in zip(end["per_task"][t], end["per_task_called"][t], strict=True)]
@@ -361,7 +361,8 @@ run:
   judge: {llm: {base_url: llm_server}, retries: 0}
   trainer:
     model: tiny
-    steps: 3                       # room to interrupt w_qn between checkpoints
+    steps: 5                       # room to interrupt w_qn between checkpoints (3 were done before a loaded
+                                   # machine's SIGTERM landed)
     tasks_per_step: 1
     progress: false
     tensorboard: false
@@ -393,13 +394,13 @@ def test_v2_rows_switch_on_what_their_table_says(tmp_path):
     assert {row: switched_on(c) for row, c in configs.items()} == {  # checked by hand against the rows
         #         warm start     shared    RL  tasks        eta  seed pool  estimator    lr      services
         "w":      ("synthetic", "-",       0, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
-        "w_q":    ("synthetic", "from w",  3, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
-        "w_qn":   ("synthetic", "from w",  3, "synthetic", 0.5, True,  "grpo",      1e-4, sorted(tm + em)),
-        "w_qa":   ("synthetic", "from w",  3, "synthetic", 0.0, False, "adca_grpo", 1e-4, sorted(tm + judge)),
-        "w_full": ("synthetic", "from w",  3, "synthetic", 0.5, True,  "adca_grpo", 1e-4, sorted(tm + em + judge)),
-        "full":   (None,        "-",       3, "synthetic", 0.5, True,  "adca_grpo", 1e-3, sorted(tm + em + judge)),
+        "w_q":    ("synthetic", "from w",  5, "synthetic", 0.0, False, "grpo",      1e-4, sorted(tm)),
+        "w_qn":   ("synthetic", "from w",  5, "synthetic", 0.5, True,  "grpo",      1e-4, sorted(tm + em)),
+        "w_qa":   ("synthetic", "from w",  5, "synthetic", 0.0, False, "adca_grpo", 1e-4, sorted(tm + judge)),
+        "w_full": ("synthetic", "from w",  5, "synthetic", 0.5, True,  "adca_grpo", 1e-4, sorted(tm + em + judge)),
+        "full":   (None,        "-",       5, "synthetic", 0.5, True,  "adca_grpo", 1e-3, sorted(tm + em + judge)),
         "env_w":  ("environment", "-",     0, "train",     0.0, False, "grpo",      1e-4, ["env_service"]),
-        "env_n":  (None,        "-",       3, "train",     0.5, False, "grpo",      1e-3,
+        "env_n":  (None,        "-",       5, "train",     0.5, False, "grpo",      1e-3,
                    ["env_service", "experience_manager"]),
     }
     assert configs["w_q"]["trainer"]["warm_start"]["from_checkpoint"] == str(shared)
