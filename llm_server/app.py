@@ -122,13 +122,7 @@ trainer = APIRouter(tags=["trainer"])
 async def update_weights(request: WeightUpdateRequest, served: Served, episodes: Episodes) -> WeightUpdateResponse:
     path = allowed_path(request.path, served.settings.weights_dir)
     tensors = await asyncio.to_thread(read_state_dict, path)
-    try:
-        await asyncio.to_thread(served.engine.check_state_dict, tensors)
-    except ValueError as exc:
-        raise ServiceError(400, "weights_mismatch", f"{request.path}: {exc}") from None
-    async with episodes.weight_swap():  # an episode samples from one policy version (llm_server.episodes)
-        version = await asyncio.wrap_future(served.engine.update_weights(tensors, request.policy_version))
-    return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path=request.path)
+    return await _load_weights(served, episodes, tensors, request.policy_version, request.path)
 
 
 @trainer.post(WEIGHTS_UPLOAD, response_model=WeightUpdateResponse, openapi_extra={"requestBody": {
@@ -145,13 +139,21 @@ async def upload_weights(request: Request, served: Served, episodes: Episodes,
             raise ServiceError(413, "payload_too_large", f"weights over the limit of "
                                f"{served.settings.max_weights_bytes} bytes (llm_server.max_weights_bytes)")
     tensors = await asyncio.to_thread(read_state_dict_bytes, bytes(body))
+    return await _load_weights(served, episodes, tensors, policy_version, "upload")
+
+
+async def _load_weights(served: ServedModel, episodes: EpisodeRegistry, tensors: dict, policy_version: int | None,
+                        source: str) -> WeightUpdateResponse:
+    """Check `tensors` against the model, then load them once no open episode still samples (an episode samples
+    from one policy version: llm_server.episodes); `source` names them in errors and the answer."""
     try:
         await asyncio.to_thread(served.engine.check_state_dict, tensors)
     except ValueError as exc:
-        raise ServiceError(400, "weights_mismatch", f"uploaded weights: {exc}") from None
-    async with episodes.weight_swap():  # the same rule as a push by path
+        raise ServiceError(400, "weights_mismatch", f"{'uploaded weights' if source == 'upload' else source}: "
+                           f"{exc}") from None
+    async with episodes.weight_swap():
         version = await asyncio.wrap_future(served.engine.update_weights(tensors, policy_version))
-    return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path="upload")
+    return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path=source)
 
 
 @trainer.get("/v1/weights")
