@@ -81,6 +81,11 @@ def describe_plan(plan) -> str:
         lines += [f"  {i}. {child.name}: {port}, {threads}, starts after: {after}, ready: {ready}",
                   f"     $ {' '.join(child.argv)}",
                   f"     log: {child.log_path}"]
+        if child.placement is not None:
+            wanted = {**child.placement.node_labels, **{k: f"{v:g}" for k, v in child.placement.resources.items()}}
+            lines.append(f"     runs in a Ray actor on a node with {wanted}, restarted by Ray up to "
+                         f"{child.placement.max_restarts} times; binds and advertises that node's address, log and "
+                         f"store on that node")
     if not launcher.trainer:
         lines.append("  no trainer (launcher.trainer=false): services run until Ctrl-C")
     return "\n".join(lines)
@@ -114,9 +119,31 @@ def _prepare_run_dir(plan) -> None:
         run_dir.rename(aside)
         print(f"[launcher] moved the previous run to {aside} (launcher.resume=true reuses it instead)")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    _write_config(plan)
+
+
+def _write_config(plan) -> None:
     plan.config_path.write_text(
         "# Resolved by launcher.py: every default filled in, ports and URLs chosen. Each child reads its section.\n"
         + yaml.safe_dump(plan.data, sort_keys=False))
+
+
+def _placed_callback(plan):
+    """What the launcher does once Ray has put a placed service on a node: every peer's URL for it names that
+    node's address, in the config the children not yet started read and in the launcher's own calls."""
+    from evolver_launcher.ray_services import fill_address, placed_host
+
+    def on_placed(name: str, address: str) -> None:
+        plan.data = fill_address(plan.data, name, address)
+        _write_config(plan)
+        for child in plan.children:
+            gate = child.gate
+            for attribute in ("url", "experience_url"):
+                value = getattr(gate, attribute, None)
+                if isinstance(value, str):
+                    setattr(gate, attribute, value.replace(placed_host(name), address))
+
+    return on_placed
 
 
 TOKEN_FILE = "api_token"
@@ -194,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
     _attach_synthesis(plan)
     supervisor = Supervisor(plan.children, restart=launcher.restart, health_timeout_s=launcher.health_timeout_s,
                             stop_timeout_s=launcher.stop_timeout_s, tail_lines=launcher.log_tail_lines,
-                            cwd=REPO_ROOT, on_all_ready=on_all_ready, launch_id=launch_id, cleanup_files=cleanup)
+                            cwd=REPO_ROOT, on_all_ready=on_all_ready, launch_id=launch_id, cleanup_files=cleanup,
+                            ray_address=plan.ray.address, experiment=plan.experiment,
+                            placed_config=lambda: plan.data, on_placed=_placed_callback(plan))
     supervisor.install_signal_handlers()
     started = time.monotonic()
     code = supervisor.run()

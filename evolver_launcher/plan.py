@@ -26,11 +26,13 @@ from common.config import ConfigError, validate
 from common.service import TOKEN_VARIABLE
 from env_service.settings import EnvServiceSettings
 from evolver_launcher.preflight import check_environment_section, check_served
+from evolver_launcher.ray_services import mentions_placed, node_store_defaults, placed_host
 from evolver_launcher.settings import (
     SERVICE_MODULES,
     SERVICE_ORDER,
     LauncherSettings,
     RunConfig,
+    ServicePlacement,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +64,9 @@ class ChildSpec:
     gate: Callable[[], bool] | None = None
     gate_owner: str | None = None  # the child whose log explains a gate that fails
     gate_note: str | None = None  # what the gate waits for, for the plan
+    # A service run as a Ray actor on the node Ray picks (`launcher.placement`): no local process; its
+    # health_url is known once the actor says where it runs.
+    placement: ServicePlacement | None = None
 
 
 @dataclass
@@ -250,18 +255,20 @@ def build_plan(raw: dict[str, Any], conf_path: str | os.PathLike | None = None, 
 
     for name in services:
         section = _section(data, name)
-        host = launcher.hosts.get(name, launcher.host)  # type: ignore[call-overload]
+        placed = name in launcher.placement
+        # A placed service binds its node's address, known once Ray has placed it.
+        host = placed_host(name) if placed else launcher.hosts.get(name, launcher.host)  # type: ignore[call-overload]
         model_field = RunConfig.model_fields[name].annotation
         default_port = _section_default_port(model_field)
         requested = launcher.ports.get(name, section.get("port", default_port))  # type: ignore[arg-type]
-        port = book.resolve(f"launcher.ports.{name}", requested, _port_check_host(host))
+        port = book.resolve(f"launcher.ports.{name}", requested, _port_check_host(launcher.host if placed else host))
         section["port"], section["host"] = port, host
         scheme = "https" if section.get("tls_certfile") else "http"
         urls[name] = f"{scheme}://{_url_host(advertised.address(name, host))}:{port}"
 
     ray = _plan_ray(launcher, book, environ)
     token = _run_token(launcher, services, environ)
-    _fill_service_state(data, services, urls, ray, run_dir)
+    _fill_service_state(data, services, urls, ray, run_dir, set(launcher.placement))
     llm = data.get("llm_server") or {}
     served = llm.get("served_model_name") or llm.get("model") or "smollm2"
     _fill_bundled_roles(data, services, urls.get("llm_server"), served, launcher.trainer, token is not None)
@@ -330,11 +337,16 @@ def _studio_child(launcher: LauncherSettings, host: str, port: int, run_dir: Pat
 
 
 def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[str, str], ray: RayPlan,
-                        run_dir: Path) -> None:
-    """Where each service keeps its state (under the run folder unless the YAML says) and whom it calls."""
+                        run_dir: Path, placed: set[str]) -> None:
+    """Where each service keeps its state (under the run folder unless the YAML says; a placed service's on
+    its own node, chosen there) and whom it calls."""
+    for name in placed:
+        for key, value in node_store_defaults(name).items():
+            _set_default(data[name], key, value)
     if "task_manager" in services:
         tm = data["task_manager"]
-        _set_default(tm, "store_dir", str(run_dir / "task_manager"))
+        if "task_manager" not in placed:
+            _set_default(tm, "store_dir", str(run_dir / "task_manager"))
         if "env_service" in services:
             _set_default(tm, "env_url", urls["env_service"])
         elif tm.get("env_url") is None:
@@ -346,10 +358,11 @@ def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[st
             _set_default(tm, "serve_training_references", True)  # the trainer's warm start reads them (POST /v1/training_references)
     if "experience_manager" in services:
         em = data["experience_manager"]
-        if em.get("qdrant_url") is None:
+        if em.get("qdrant_url") is None and "experience_manager" not in placed:
             _set_default(em, "store", str(run_dir / "experience_store"))
     if "judge" in services:
-        _set_default(data["judge"], "audit_log", str(run_dir / "judge" / "audit.jsonl"))
+        if "judge" not in placed:
+            _set_default(data["judge"], "audit_log", str(run_dir / "judge" / "audit.jsonl"))
         if "task_manager" in services:  # where reference-guided attribution fetches references
             _set_default(data["judge"], "task_manager_url", urls["task_manager"])
     if "env_service" in services and ray.address and data["env_service"].get("backend") == "ray":
@@ -481,6 +494,9 @@ def _run_token(launcher: LauncherSettings, services: list[str], environ: dict[st
     """The environment's token, or a new one when a child listens off loopback (which then requires one)."""
     if environ.get(TOKEN_VARIABLE):
         return RunToken(environ[TOKEN_VARIABLE], "environment")
+    if any(name in launcher.placement for name in services):
+        # A placed service binds whatever address its node has, which the plan cannot know: guarded anyway.
+        return RunToken(secrets.token_urlsafe(32), "generated")
     binds = [launcher.hosts.get(name, launcher.host) for name in services]  # type: ignore[call-overload]
     if launcher.studio.enabled:
         binds.append(launcher.hosts.get("studio", launcher.host))
@@ -534,9 +550,19 @@ def _children(config: RunConfig, resolved: dict[str, Any], services: list[str], 
         if name != "llm_server" and "llm_server" in services and _uses_bundled(resolved.get(name), urls):
             depends.append("llm_server")
         section = resolved[name]
+        # A service whose config names a placed peer's URL reads it once that peer's node is known.
+        depends += [peer for peer in launcher.placement if peer != name and mentions_placed(section, peer)]
         env = _base_env(threads)
-        if name == "env_service":
+        if name == "env_service" or name in launcher.placement:
             env["PYTHONPATH"] = pythonpath
+        if name in launcher.placement:
+            children.append(ChildSpec(
+                name=name, argv=[python, "-m", SERVICE_MODULES[name], "--host", "<its node's address>", "--port",
+                                 str(section["port"]), "--conf", "<the run's config, written on its node>"],
+                log_path=logs / f"{name}.log", env=env, port=section["port"], depends_on=depends, threads=threads,
+                health_url=f"{urls[name].split('://')[0]}://{placed_host(name)}:{section['port']}/healthz",
+                placement=launcher.placement[name]))  # type: ignore[index]
+            continue
         children.append(ChildSpec(
             name=name,
             argv=[python, "-m", SERVICE_MODULES[name], "--host", section["host"], "--port", str(section["port"]),

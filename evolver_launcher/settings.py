@@ -76,6 +76,31 @@ class RayLaunch(StrictModel):
     object_store_memory_mb: int = Field(default=512, ge=80, description="shared memory the object store reserves")
 
 
+PlaceableService = Literal["env_service", "task_manager", "experience_manager", "judge"]
+
+
+class ServicePlacement(StrictModel):
+    """A service run as a Ray actor on a node Ray picks, instead of a process on the launcher's machine."""
+
+    node_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "the node labels the service's node must have, e.g. {evolver/role: services} (a hard requirement)"))
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom resources the service's actor asks for, e.g. {service_node: 1}"))
+    num_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves for the service's actor")
+    max_restarts: int = Field(default=3, ge=0, description=(
+        "how often Ray restarts the service's actor after a crash (its process, or the server in it); once "
+        "spent, the run stops"))
+    store_root: str | None = Field(default=None, description=(
+        "the folder on the service's node that holds its store (task store, experience store, judge audit) "
+        "under <experiment>/<service>/ (default: the node's temporary folder, evolver-stores/)"))
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> ServicePlacement:
+        if not self.node_labels and not self.resources:
+            raise ValueError("give node_labels or resources: they say which node runs the service")
+        return self
+
+
 class SynthesisLaunch(StrictModel):
     episodes: int = Field(default=0, ge=0, description="exploration episodes per environment before training "
                                                         "(task manager synthesis job); 0: none")
@@ -120,6 +145,9 @@ class LauncherSettings(StrictModel):
     stop_timeout_s: float = Field(default=15.0, gt=0, description="SIGTERM grace before SIGKILL")
     log_tail_lines: int = Field(default=40, ge=1)
     ray: RayLaunch = Field(default_factory=RayLaunch)
+    placement: dict[PlaceableService, ServicePlacement] = Field(default_factory=dict, description=(
+        "per service: run it as a Ray actor on a node chosen by labels or resources, restarted by Ray; it binds "
+        "and advertises that node's address and keeps its store there"))
     synthesis: SynthesisLaunch = Field(default_factory=SynthesisLaunch)
     studio: StudioLaunch = Field(default_factory=StudioLaunch)
 
@@ -140,6 +168,20 @@ class LauncherSettings(StrictModel):
             if count < 1:
                 raise ValueError(f"threads.{key}: must be at least 1")
         return value
+
+    @model_validator(mode="after")
+    def _placed_services_run_here(self) -> LauncherSettings:
+        for name in self.placement:
+            if name not in self.services:
+                raise ValueError(f"placement.{name}: {name} is not in launcher.services; add it there or drop "
+                                 f"its placement")
+            if name in self.hosts:
+                raise ValueError(f"hosts.{name}: a placed service binds the address of the node Ray puts it on; "
+                                 f"drop hosts.{name} (launcher.advertise.{name} names another address for peers)")
+        if self.placement and not self.ray.enabled:
+            raise ValueError(f"placement.{next(iter(self.placement))}: placed services run as Ray actors; set "
+                             f"launcher.ray.enabled=true")
+        return self
 
     @field_validator("services")
     @classmethod

@@ -31,7 +31,8 @@ import httpx
 from common.processes import process_alive
 from evolver_launcher.leftovers import MARKER, marked_processes, stop_ray_processes, terminate
 from evolver_launcher.plan import ChildSpec
-from evolver_launcher.settings import RestartPolicy
+from evolver_launcher.ray_services import PlacedService, disconnect, placed_host
+from evolver_launcher.settings import SERVICE_MODULES, RestartPolicy
 
 WAITING, STARTING, READY, BACKOFF, DONE, FAILED, STOPPED = (
     "waiting", "starting", "ready", "backoff", "done", "failed", "stopped")
@@ -98,6 +99,8 @@ class Child:
     echo_offset: int = 0
     unavailable: str | None = None  # the reason the last /healthz gave for not being ready
     unavailable_since: float | None = None
+    placed: PlacedService | None = None  # a service run as a Ray actor (spec.placement)
+    actor_pid: int | None = None  # the placed service's actor process Ray last reported
 
     @property
     def name(self) -> str:
@@ -115,7 +118,10 @@ class Supervisor:
     def __init__(self, specs: list[ChildSpec], *, restart: RestartPolicy, health_timeout_s: float,
                  stop_timeout_s: float, tail_lines: int = 40, cwd: Path | None = None,
                  out: TextIO | None = None, on_all_ready: Callable[[], None] | None = None,
-                 launch_id: str | None = None, cleanup_files: list[Path] | None = None) -> None:
+                 launch_id: str | None = None, cleanup_files: list[Path] | None = None,
+                 ray_address: str | None = None, experiment: str = "run",
+                 placed_config: Callable[[], dict] | None = None,
+                 on_placed: Callable[[str, str], None] | None = None) -> None:
         self.children = [Child(spec) for spec in specs]
         self.restart, self.health_timeout_s, self.stop_timeout_s = restart, health_timeout_s, stop_timeout_s
         self.tail_lines, self.cwd = tail_lines, cwd
@@ -129,6 +135,12 @@ class Supervisor:
         self._http = httpx.Client(timeout=2.0, trust_env=False, verify=False)
         self.launch_id = launch_id
         self.cleanup_files = cleanup_files or []
+        # Placed services (ChildSpec.placement): the cluster their actors join, the run's config at their start
+        # (peers' addresses filled in so far), and who learns the address Ray gave each.
+        self.ray_address, self.experiment = ray_address, experiment
+        self.placed_config = placed_config or (lambda: {})
+        self.on_placed = on_placed
+        self._handlers_installed = False
 
     # ------------------------------------------------------------------ messages
 
@@ -145,6 +157,8 @@ class Supervisor:
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+        self._handler = handler
+        self._handlers_installed = True
 
     # ------------------------------------------------------------------ the loop
 
@@ -186,6 +200,8 @@ class Supervisor:
             self._start(child)
         elif child.state == BACKOFF and now >= child.next_start:
             self._start(child)
+        elif child.state in (STARTING, READY) and child.placed is not None:
+            self._watch_placed(child, now)
         elif child.state in (STARTING, READY):
             assert child.proc is not None
             code = child.proc.poll()
@@ -217,6 +233,9 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         spec = child.spec
+        if spec.placement is not None:
+            self._start_placed(child)
+            return
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = list(spec.argv) + (spec.restart_argv_extra if child.restarts else [])
         with spec.log_path.open("ab") as log:
@@ -243,6 +262,88 @@ class Supervisor:
             self._mark_ready(child)
         else:
             child.state = STARTING
+
+    # ------------------------------------------------------------------ placed services (Ray actors)
+
+    def _start_placed(self, child: Child) -> None:
+        spec = child.spec
+        assert spec.placement is not None and spec.port is not None
+        child.placed = PlacedService(spec.name, SERVICE_MODULES[spec.name], spec.port, spec.placement,
+                                     self.ray_address, self.experiment)
+        try:
+            child.placed.start(self.placed_config(), dict(spec.env))
+        except Exception as exc:  # Ray unreachable, a bad option: the run stops with Ray's reason
+            child.state = FAILED
+            raise RunFailed(spec.name, f"could not create its Ray actor: {exc}", spec.log_path,
+                            "(no log: nothing started)") from exc
+        if self._handlers_installed:  # ray.init, the first time, installs its own SIGTERM handler
+            signal.signal(signal.SIGINT, self._handler)
+            signal.signal(signal.SIGTERM, self._handler)
+        child.started_at, child.last_health_check, child.state = time.monotonic(), 0.0, STARTING
+        self._started_order.append(child)
+        self.say(f"started {spec.name} as {child.placed.describe()} on port {spec.port}")
+
+    def _watch_placed(self, child: Child, now: float) -> None:
+        """Through Ray: the actor's state and where it runs; then /healthz at its node's address."""
+        if now - child.last_health_check < HEALTH_EVERY_S:
+            return
+        child.last_health_check = now
+        assert child.placed is not None
+        seen = child.placed.poll()
+        if seen.state == "dead":
+            child.state = FAILED
+            raise RunFailed(child.name, f"its Ray actor is gone and Ray will not restart it: {seen.error}",
+                            child.spec.log_path, child.placed.log_tail(self.tail_lines))
+        if seen.state == "restarting":
+            if child.state == READY:
+                self.say(f"{child.name}: its Ray actor died ({seen.error}); Ray is restarting it")
+                child.state, child.started_at = STARTING, now
+            return
+        if seen.state != "up" or seen.where is None:  # no fresh answer yet: readiness waits for one
+            if child.state == STARTING:
+                self._placed_timeout(child, now)
+            return
+        where = seen.where
+        if child.actor_pid != where["actor_pid"]:
+            self._placed_at(child, where)
+        if child.state == READY:
+            return
+        if self._healthy(child):
+            self._mark_ready(child)
+        else:
+            self._placed_timeout(child, now)
+
+    def _placed_at(self, child: Child, where: dict) -> None:
+        """The actor's first report, or its first after Ray restarted it."""
+        spec = child.spec
+        if child.actor_pid is not None:
+            child.restarts += 1
+            self.say(f"{child.name}: Ray restarted its actor (restart {child.restarts}) on node "
+                     f"{where['node_id'][:12]} ({where['node_ip']}), pid {where['actor_pid']}")
+            if child.state == READY:
+                child.state, child.started_at = STARTING, time.monotonic()
+        else:
+            self.say(f"{child.name} placed by Ray on node {where['node_id'][:12]} ({where['node_ip']}), actor pid "
+                     f"{where['actor_pid']}, store {where['store']}, log {where['log']}")
+        address = where["node_ip"]
+        if spec.health_url is not None and placed_host(spec.name) in spec.health_url:
+            spec.health_url = spec.health_url.replace(placed_host(spec.name), address)
+            spec.log_path = Path(where["log"])  # on that node: readable here when it is this machine
+            if self.on_placed:
+                self.on_placed(spec.name, address)
+        elif spec.health_url is not None and f"//{address}:" not in spec.health_url:
+            self.say(f"{child.name}: now on {address}, but its peers were given {spec.health_url}; pin it to one "
+                     f"node (launcher.placement.{child.name}.node_labels) so a restart keeps its address")
+        child.actor_pid = where["actor_pid"]
+
+    def _placed_timeout(self, child: Child, now: float) -> None:
+        if now - child.started_at > self.health_timeout_s:
+            child.state = FAILED
+            assert child.placed is not None
+            where = "no node Ray could place it on, or its server never answered"
+            raise RunFailed(child.name, f"not healthy after {self.health_timeout_s:.0f}s ({where}: "
+                            f"{self._health_target(child)})", child.spec.log_path,
+                            child.placed.log_tail(self.tail_lines))
 
     def _check_health(self, child: Child, now: float) -> None:
         if now - child.last_health_check < HEALTH_EVERY_S:
@@ -368,6 +469,14 @@ class Supervisor:
     def stop_all(self) -> None:
         """SIGTERM each started group in reverse start order, wait, SIGKILL the rest; reap everything."""
         for child in reversed(self._started_order):
+            if child.placed is not None:
+                self.say(f"stopping {child.name} (its Ray actor)")
+                child.placed.stop(min(self.stop_timeout_s, child.spec.stop_timeout_s or self.stop_timeout_s))
+                if child.state not in (DONE, FAILED):
+                    child.state = STOPPED
+                continue
+            if child.spec.ray_head:
+                disconnect()  # the launcher's own Ray driver, if placed services made one, before its head stops
             if child.pgid is None or not process_alive(child.pgid, group=True):
                 self._reap(child)
                 continue
@@ -395,6 +504,7 @@ class Supervisor:
             self._reap(child)
             if child.state not in (DONE, FAILED):
                 child.state = STOPPED
+        disconnect()
         if self.launch_id:
             strays = marked_processes(self.launch_id)
             if strays:
@@ -413,4 +523,5 @@ class Supervisor:
 
     def status(self) -> list[dict]:
         return [{"name": c.name, "state": c.state, "restarts": c.restarts, "exit_codes": c.exit_codes,
-                 "ready_s": c.ready_s, "pid": c.proc.pid if c.proc else None} for c in self.children]
+                 "ready_s": c.ready_s, "pid": c.proc.pid if c.proc else None,
+                 **({"ray_actor": c.placed.where} if c.placed else {})} for c in self.children]
