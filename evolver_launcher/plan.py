@@ -84,7 +84,10 @@ class RayPlan:
         """What a worker node runs to join a head this launch starts (None when it starts none)."""
         if self.mode != "start":
             return None
-        return f"RAY_AUTH_MODE=disabled ray start --address={self.address} --num-cpus=<cores>"
+        # The node's own address, said: Ray's guess on a machine with several interfaces may not be the one the
+        # head reaches.
+        return (f"RAY_AUTH_MODE=disabled ray start --address={self.address} --node-ip-address=<this node's address> "
+                f"--num-cpus=<cores>")
 
     @property
     def address_file(self) -> Path | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from common.config import ConfigError, StrictModel
 from env_service.settings import EnvServiceSettings
@@ -169,19 +169,21 @@ class LauncherSettings(StrictModel):
                 raise ValueError(f"threads.{key}: must be at least 1")
         return value
 
-    @model_validator(mode="after")
-    def _placed_services_run_here(self) -> LauncherSettings:
-        for name in self.placement:
-            if name not in self.services:
-                raise ValueError(f"placement.{name}: {name} is not in launcher.services; add it there or drop "
-                                 f"its placement")
-            if name in self.hosts:
-                raise ValueError(f"hosts.{name}: a placed service binds the address of the node Ray puts it on; "
-                                 f"drop hosts.{name} (launcher.advertise.{name} names another address for peers)")
-        if self.placement and not self.ray.enabled:
-            raise ValueError(f"placement.{next(iter(self.placement))}: placed services run as Ray actors; set "
-                             f"launcher.ray.enabled=true")
-        return self
+    @field_validator("placement")
+    @classmethod
+    def _placed_services_run_here(cls, value: dict[str, ServicePlacement],
+                                  info: ValidationInfo) -> dict[str, ServicePlacement]:
+        # services, hosts and ray are declared above placement: pydantic has checked them already.
+        services, hosts, ray = info.data.get("services", []), info.data.get("hosts", {}), info.data.get("ray")
+        for name in value:
+            if name not in services:
+                raise ValueError(f"{name}: {name} is not in launcher.services; add it there or drop its placement")
+            if name in hosts:
+                raise ValueError(f"{name}: a placed service binds the address of the node Ray puts it on; drop "
+                                 f"launcher.hosts.{name} (launcher.advertise.{name} names another address for peers)")
+        if value and ray is not None and not ray.enabled:
+            raise ValueError(f"{next(iter(value))}: placed services run as Ray actors; set launcher.ray.enabled=true")
+        return value
 
     @field_validator("services")
     @classmethod

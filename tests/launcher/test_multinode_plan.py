@@ -99,3 +99,48 @@ def test_a_misnamed_host_key_is_refused_with_its_path():
     raw["launcher"]["hosts"]["trainr"] = HOST_A
     with pytest.raises(ConfigError, match=r"launcher\.hosts\.trainr"):
         build_plan(raw, QUICKSTART)
+
+
+def test_a_placed_service_waits_for_its_node_address_and_keeps_its_store_there():
+    raw = quickstart_on_two_hosts(hosts={}, placement={
+        "task_manager": {"node_labels": {"evolver/role": "services"}},
+        "judge": {"resources": {"judge_node": 1}, "store_root": "/srv/evolver"}})
+    plan = build_plan(raw, QUICKSTART, environ={})
+    urls = urls_in(plan.data)
+    # Peers' URLs for a placed service name a placeholder that the launcher fills in once Ray placed it.
+    assert urls["trainer.services.task_url"].startswith("http://task_manager.ray-placed.invalid:")
+    assert urls["judge.task_manager_url"].startswith("http://task_manager.ray-placed.invalid:")
+    assert urls["trainer.services.judge_url"].startswith("http://judge.ray-placed.invalid:")
+    # Its state paths resolve on its node; a service that reads a placed peer's URL starts after it.
+    assert plan.data["task_manager"]["store_dir"] == "<node store>/task_manager"
+    assert plan.data["judge"]["audit_log"] == "<node store>/judge/audit.jsonl"
+    assert "task_manager" in plan.child("judge").depends_on
+    assert plan.child("judge").placement.resources == {"judge_node": 1}
+    assert plan.child("experience_manager").placement is None
+    assert plan.token is not None  # a placed service binds an address the plan cannot know: guarded
+    text = describe_plan(plan)
+    assert "runs in a Ray actor on a node with {'evolver/role': 'services'}" in text
+
+
+@pytest.mark.parametrize(("placement", "message"), [
+    ({"judge": {}}, r"launcher\.placement\.judge.*give node_labels or resources"),
+    ({"judge": {"node_labels": {"a": "b"}, "max_restart": 1}}, r"launcher\.placement\.judge\.max_restart"),
+    ({"llm_server": {"node_labels": {"a": "b"}}}, r"launcher\.placement\.llm_server"),
+    ({"judge": {"node_labels": {"a": "b"}}, "task_manager": {"resources": {"x": 1}}}, None),
+])
+def test_placement_settings_are_checked_with_their_key_path(placement, message):
+    raw = quickstart_on_two_hosts(hosts={}, placement=placement)
+    if message is None:
+        assert build_plan(raw, QUICKSTART, environ={}).child("task_manager").placement is not None
+        return
+    with pytest.raises(ConfigError, match=message):
+        build_plan(raw, QUICKSTART, environ={})
+
+
+def test_a_placed_service_must_run_and_binds_no_host_of_its_own():
+    raw = quickstart_on_two_hosts(placement={"judge": {"node_labels": {"a": "b"}}})
+    with pytest.raises(ConfigError, match=r"launcher\.placement: .*judge: a placed service binds the address of the node"):
+        build_plan(raw, QUICKSTART, environ={})
+    raw = quickstart_on_two_hosts(hosts={}, services=["env_service"], placement={"judge": {"node_labels": {"a": "b"}}})
+    with pytest.raises(ConfigError, match=r"launcher\.placement: .*judge: judge is not in launcher\.services"):
+        build_plan(raw, QUICKSTART, environ={})
