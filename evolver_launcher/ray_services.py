@@ -153,11 +153,13 @@ class PlacedService:
         self._pending: Any = None
         self.where: dict[str, Any] | None = None
 
-    def describe(self) -> str:
+    def wanted(self) -> str:
         wanted = [f"{k}={v}" for k, v in self.placement.node_labels.items()]
         wanted += [f"{k}:{v:g}" for k, v in self.placement.resources.items()]
-        return (f"a Ray actor on a node with {', '.join(wanted)} (restarted by Ray up to "
-                f"{self.placement.max_restarts} times)")
+        return ", ".join(wanted)
+
+    def describe(self) -> str:
+        return f"a Ray actor on a node with {self.wanted()} (restarted by Ray up to {self.placement.max_restarts} times)"
 
     def _connect(self) -> Any:
         import ray
@@ -222,6 +224,10 @@ class PlacedService:
         import ray
 
         if self.actor is None:
+            return
+        if self.where is None:  # never placed, or never answered: nothing to stop gracefully
+            ray.kill(self.actor, no_restart=True)
+            self.actor = None
             return
         try:
             ray.get(self.actor.stop.remote(grace_s), timeout=grace_s + 5)

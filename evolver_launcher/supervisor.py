@@ -337,13 +337,18 @@ class Supervisor:
         child.actor_pid = where["actor_pid"]
 
     def _placed_timeout(self, child: Child, now: float) -> None:
-        if now - child.started_at > self.health_timeout_s:
-            child.state = FAILED
-            assert child.placed is not None
-            where = "no node Ray could place it on, or its server never answered"
-            raise RunFailed(child.name, f"not healthy after {self.health_timeout_s:.0f}s ({where}: "
-                            f"{self._health_target(child)})", child.spec.log_path,
-                            child.placed.log_tail(self.tail_lines))
+        if now - child.started_at <= self.health_timeout_s:
+            return
+        child.state = FAILED
+        placed = child.placed
+        assert placed is not None
+        if placed.where is None:
+            raise RunFailed(child.name, f"Ray placed its actor on no node within {self.health_timeout_s:.0f}s: no "
+                            f"node has {placed.wanted()} with {placed.placement.num_cpus:g} CPU free (`ray status` "
+                            f"lists the nodes; a node's labels are the --labels of its `ray start`)",
+                            child.spec.log_path, "(no log: the service never started)")
+        raise RunFailed(child.name, f"not healthy after {self.health_timeout_s:.0f}s on node {placed.where['node_ip']} "
+                        f"({self._health_target(child)})", child.spec.log_path, placed.log_tail(self.tail_lines))
 
     def _check_health(self, child: Child, now: float) -> None:
         if now - child.last_health_check < HEALTH_EVERY_S:

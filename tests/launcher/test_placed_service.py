@@ -31,6 +31,32 @@ SERVICES_HOST = "127.0.0.3"
 PLACED = re.compile(r"task_manager placed by Ray on node (\w+) \(([\d.]+)\), actor pid (\d+)")
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """The head (127.0.0.2, the trainer's node) and a node labelled for services (127.0.0.3)."""
+    ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
+    temp_dir = tempfile.mkdtemp(prefix="evolver-pl-", dir="/tmp")  # short: Ray's socket paths
+    built = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "node_ip_address": HEAD_HOST, "include_dashboard": False, "temp_dir": temp_dir,
+        "labels": {"evolver/role": "head"}})
+    try:
+        built.add_node(num_cpus=1, node_ip_address=SERVICES_HOST, labels={"evolver/role": "services"})
+        yield built
+    finally:
+        built.shutdown()
+
+
+def start(conf: Path) -> tuple[subprocess.Popen, Path]:
+    log = conf.parent / "launcher.out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("EVOLVER_API_TOKEN", None)
+    with log.open("wb") as out:
+        launcher = subprocess.Popen([sys.executable, "launcher.py", "--conf", str(conf)], cwd=REPO, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return launcher, log
+
+
 def run_yaml(tmp_path: Path, address: str, node_folder: Path) -> Path:
     path = tmp_path / "placed.yaml"
     path.write_text(f"""
@@ -71,25 +97,11 @@ def wait_until(check, launcher: subprocess.Popen, log: Path, what: str, timeout:
     raise AssertionError(f"{what} never happened:\n{log.read_text()[-4000:]}")
 
 
-def test_a_placed_service_runs_on_its_node_and_ray_restarts_it_mid_run(tmp_path):
-    ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
-    temp_dir = tempfile.mkdtemp(prefix="evolver-pl-", dir="/tmp")  # short: Ray's socket paths
-    cluster = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "node_ip_address": HEAD_HOST, "include_dashboard": False, "temp_dir": temp_dir,
-        "labels": {"evolver/role": "head"}})
-    launcher = None
+def test_a_placed_service_runs_on_its_node_and_ray_restarts_it_mid_run(tmp_path, cluster):
+    services_node = next(node for node in cluster.list_all_nodes() if node is not cluster.head_node)
+    node_folder = tmp_path / "services-node"
+    launcher, log = start(run_yaml(tmp_path, cluster.address, node_folder))
     try:
-        services_node = cluster.add_node(num_cpus=1, node_ip_address=SERVICES_HOST,
-                                         labels={"evolver/role": "services"})
-        node_folder = tmp_path / "services-node"
-        conf = run_yaml(tmp_path, cluster.address, node_folder)
-        log = tmp_path / "launcher.out"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled"}
-        env.pop("RAY_ADDRESS", None)
-        env.pop("EVOLVER_API_TOKEN", None)
-        with log.open("wb") as out:
-            launcher = subprocess.Popen([sys.executable, "launcher.py", "--conf", str(conf)], cwd=REPO, env=env,
-                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         run_dir = tmp_path / "runs" / "placed"
         placed = wait_until(lambda: PLACED.search(log.read_text()), launcher, log, "the task manager's placement")
         node_prefix, node_ip, first_pid = placed.group(1), placed.group(2), int(placed.group(3))
@@ -119,6 +131,20 @@ def test_a_placed_service_runs_on_its_node_and_ray_restarts_it_mid_run(tmp_path)
             httpx.get(f"{task_url}/healthz", timeout=2)
         assert cluster.head_node.remaining_processes_alive(), "the launcher stops only what it started"
     finally:
-        if launcher is not None and launcher.poll() is None:
+        if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
-        cluster.shutdown()
+
+
+def test_a_service_placed_on_no_node_stops_the_run_naming_the_labels(tmp_path, cluster):
+    conf = run_yaml(tmp_path, cluster.address, tmp_path / "nowhere")
+    conf.write_text(conf.read_text().replace("evolver/role: services", "evolver/role: gpu")
+                    .replace("health_timeout_s: 90", "health_timeout_s: 3"))
+    launcher, log = start(conf)
+    try:
+        assert launcher.wait(timeout=120) == 1
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "task_manager failed: Ray placed its actor on no node within 3s: no node has evolver/role=gpu" in text
+    assert "everything it started is stopped" in text and "started trainer" not in text
