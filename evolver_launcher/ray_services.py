@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,11 @@ def _kill_with_parent() -> None:
         pass
 
 
+def _move_aside(folder: Path) -> None:
+    if folder.is_dir() and any(folder.iterdir()):
+        folder.rename(folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}"))
+
+
 class ServiceHost:
     """A service's server on this node. Ray calls `__init__` again on a restart: same port, same store."""
 
@@ -81,8 +87,11 @@ class ServiceHost:
 
         self.service, self.port = service, port
         self.node_ip = ray.util.get_node_ip_address()
-        self.node_id = ray.get_runtime_context().get_node_id()
+        context = ray.get_runtime_context()
+        self.node_id = context.get_node_id()
         root = Path(store_root or Path(tempfile.gettempdir()) / "evolver-stores") / experiment / service
+        if not context.was_current_actor_reconstructed and not config.get("launcher", {}).get("resume"):
+            _move_aside(root)  # a new run starts from an empty store, as its run folder does; a restart reopens it
         root.mkdir(parents=True, exist_ok=True)
         config = copy.deepcopy(config)
         section = config[service]
@@ -174,8 +183,9 @@ class PlacedService:
         ray = self._connect()
         placement = self.placement
         options: dict[str, Any] = {"num_cpus": placement.num_cpus, "max_restarts": placement.max_restarts,
-                                   "max_task_retries": 0, "name": f"evolver-{self.service}",
-                                   "runtime_env": {"env_vars": {k: v for k, v in env.items() if k == "PYTHONPATH"}}}
+                                   "max_task_retries": 0, "name": f"evolver-{self.service}"}
+        if env.get("PYTHONPATH"):  # this module and the env service's plugins, imported by the actor's worker
+            options["runtime_env"] = {"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}}
         if placement.resources:
             options["resources"] = dict(placement.resources)
         if placement.node_labels:

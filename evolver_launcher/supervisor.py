@@ -293,7 +293,7 @@ class Supervisor:
         if seen.state == "dead":
             child.state = FAILED
             raise RunFailed(child.name, f"its Ray actor is gone and Ray will not restart it: {seen.error}",
-                            child.spec.log_path, child.placed.log_tail(self.tail_lines))
+                            child.spec.log_path, self._placed_log_tail(child))
         if seen.state == "restarting":
             if child.state == READY:
                 self.say(f"{child.name}: its Ray actor died ({seen.error}); Ray is restarting it")
@@ -348,7 +348,14 @@ class Supervisor:
                             f"lists the nodes; a node's labels are the --labels of its `ray start`)",
                             child.spec.log_path, "(no log: the service never started)")
         raise RunFailed(child.name, f"not healthy after {self.health_timeout_s:.0f}s on node {placed.where['node_ip']} "
-                        f"({self._health_target(child)})", child.spec.log_path, placed.log_tail(self.tail_lines))
+                        f"({self._health_target(child)})", child.spec.log_path, self._placed_log_tail(child))
+
+    def _placed_log_tail(self, child: Child) -> str:
+        """The service's log on its node: read here when that node is this machine, else asked of its actor."""
+        if child.spec.log_path.is_file():
+            return tail(child.spec.log_path, self.tail_lines)
+        assert child.placed is not None
+        return child.placed.log_tail(self.tail_lines)
 
     def _check_health(self, child: Child, now: float) -> None:
         if now - child.last_health_check < HEALTH_EVERY_S:

@@ -125,6 +125,8 @@ def test_a_placed_service_runs_on_its_node_and_ray_restarts_it_mid_run(tmp_path,
         # Its store and log sit in the node's folder, not in the run folder.
         assert Path(actor["store"]) == node_folder / "placed" / "task_manager"
         assert any((node_folder / "placed" / "task_manager" / "task_manager").iterdir())
+        # The restarted actor reopened that store: only a new run moves an old one aside.
+        assert [p.name for p in (node_folder / "placed").iterdir()] == ["task_manager"]
         assert not (run_dir / "task_manager").exists()
         # The end of the run killed the actor, and with it the server; the cluster is the test's and lives on.
         with pytest.raises(httpx.HTTPError):
