@@ -26,7 +26,7 @@ from tests.launcher.test_two_nodes import HEAD_HOST, records
 
 pytestmark = pytest.mark.slow
 
-STEPS = 6
+STEPS = 10  # enough steps after the kill that the run is still going when Ray brings the actor back
 SERVICES_HOST = "127.0.0.3"
 PLACED = re.compile(r"task_manager placed by Ray on node (\w+) \(([\d.]+)\), actor pid (\d+)")
 
