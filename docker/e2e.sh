@@ -47,6 +47,8 @@ export EVOLVER_BUILD_CONTEXT=$CONTEXT EVOLVER_COMPOSE_FILE=$CONTEXT/docker/docke
 export EVOLVER_HOST_CA=${E2E_HOST_CA:-0} EVOLVER_TRAIN=${E2E_TRAIN:-1} EVOLVER_RUN_NAME=$RUN_NAME
 export EVOLVER_LLM_MODEL=${E2E_MODEL:-smollm2} EVOLVER_POLICY_MODEL=${E2E_MODEL:-smollm2}
 export JUDGE_MODEL=${E2E_MODEL:-smollm2} EVOLVER_TRAIN_STEPS=$STEPS
+# The services listen off loopback inside compose and require a token: the check's own, unless one is given.
+export EVOLVER_API_TOKEN=${EVOLVER_API_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')}
 # Host ports that cannot collide with anything else on this machine.
 for svc in "${SERVICES[@]}"; do
     export "${PORT_VARS[$svc]}=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
