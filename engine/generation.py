@@ -252,6 +252,11 @@ class Engine:
             raise ValueError("weights do not fit the served model: " + "; ".join(problems))
 
     @property
+    def prefix_cache_held_bytes(self) -> int:
+        """Bytes the kept caches hold now (at most `prefix_cache_bytes`)."""
+        return self._kept_bytes
+
+    @property
     def queued(self) -> int:
         return self._inbox.qsize() + len(self._pending)
 

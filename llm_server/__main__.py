@@ -8,6 +8,11 @@ import os
 # (measured: SmolLM2 at 2 tok/s instead of 18 with 2 threads while other processes ran).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local files only, never a hub
+# oneDNN keeps each compiled bf16 matmul kernel (one per shape, ~0.7 MB) in two caches of 1024 entries, which a
+# long run's ever-new prompt lengths fill (~0.7 GB). Capped, a decode step's kernels stay (in use every step,
+# least recently used goes first), and a prompt's one-off shapes were compiled anyway.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
+os.environ.setdefault("LRU_CACHE_CAPACITY", "256")
 
 import argparse  # noqa: E402
 import sys  # noqa: E402

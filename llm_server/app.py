@@ -179,6 +179,7 @@ async def stats(served: Served, episodes: Episodes) -> dict:
         "prefill_tokens": s.prefill_tokens, "shared_prefix_tokens": s.shared_prefix_tokens,
         "prefill_seconds": round(s.prefill_seconds, 6), "decode_seconds": round(s.decode_seconds, 6),
         "resumed_rows": s.resumed_rows, "reused_prefix_tokens": s.reused_prefix_tokens,
+        "prefix_cache_bytes": engine.prefix_cache_held_bytes, "prefix_cache_limit_bytes": engine.prefix_cache_bytes,
         "structured_outputs": structured_stats(served), "gateway": episodes.stats(),
     }
 

@@ -163,6 +163,14 @@ class Ledger:
         return {"experiences": len(self.experiences), "tasks": len(self.tasks), "rollouts": len(self.rollouts),
                 "labels": len(self.labels)}
 
+    def prefix_cache_mb(self) -> float | None:
+        """What llm_server's kept caches hold now (MiB); None while it restarts."""
+        try:
+            stats = self.http.get(f"{self.urls['llm_server']}/v1/stats", timeout=10).json()
+            return round(stats["prefix_cache_bytes"] / 2**20, 1)
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+
     def probe(self) -> str:
         """One experience the manager acknowledges now."""
         body = {"when_to_use": f"soak probe {uuid.uuid4().hex[:8]}", "content": "written by the soak",
@@ -335,6 +343,8 @@ class Soak:
             error = f"{type(exc).__name__}: {exc}"
         row = {"t": round(self.now(), 1), "step": self.poll_steps(), "processes": processes,
                "ledger": ledger.sizes(), "ledger_error": error}
+        if "llm_server" in processes:  # its kept caches grow by design up to llm_server.prefix_cache_mb
+            processes["llm_server"]["prefix_cache_mb"] = ledger.prefix_cache_mb()
         self.samples.append(row)
         self.event("sample", **{k: v for k, v in row.items() if k != "t"})
 
@@ -487,6 +497,11 @@ def resource_growth(samples: list[dict[str, Any]], baseline_t: float) -> dict[st
         row["rss_growth_pct"] = round(100 * (b["rss_mb"] / a["rss_mb"] - 1), 1) if a and b and a["rss_mb"] else None
         row["fds_growth_pct"] = round(100 * (b["fds"] / a["fds"] - 1), 1) if a and b and a["fds"] else None
         row["same_process"] = bool(a and b and "pid" in a and a.get("pid") == b.get("pid"))
+        if a and b and a.get("prefix_cache_mb") is not None and b.get("prefix_cache_mb") is not None:
+            # llm_server's RSS less what its kept caches hold: the growth a leak would show
+            net_a, net_b = a["rss_mb"] - a["prefix_cache_mb"], b["rss_mb"] - b["prefix_cache_mb"]
+            row["prefix_cache_mb_baseline"], row["prefix_cache_mb_end"] = a["prefix_cache_mb"], b["prefix_cache_mb"]
+            row["rss_growth_net_of_prefix_cache_pct"] = round(100 * (net_b / net_a - 1), 1)
         row["rss_growth_within_a_process_max_pct"] = growth_within_a_process(samples, key)
         out[key] = row
     return out

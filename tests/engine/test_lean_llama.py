@@ -7,7 +7,7 @@ import torch
 
 from engine.generation import Engine, SamplingParams
 from engine.kv_slots import ATTENTION, SlotCache
-from engine.lean_llama import LeanLlama, _can_pack, lean_support
+from engine.lean_llama import LeanLlama, _can_pack, _Weight, lean_support, linear_rows_bucket
 from engine.models import load_model
 
 
@@ -115,3 +115,22 @@ def test_bf16_lean_logits_are_as_close_to_fp32_as_the_transformers_bf16_forward(
     # bf16 itself moves these log-probs by ~0.03-0.09 (measured); the lean forward rounds in other places, not more.
     assert sum(errors["lean"]) <= 1.5 * sum(errors["hf"]), errors
     assert max(errors["lean"]) <= 0.15, errors
+
+
+def test_linear_rows_bucket_rounds_to_few_sizes() -> None:
+    assert [linear_rows_bucket(r) for r in (1, 8, 9, 64, 65, 127, 128, 129, 145, 1000, 3000)] == \
+        [8, 8, 16, 64, 72, 128, 128, 144, 160, 1024, 3072]
+    sizes = {linear_rows_bucket(r) for r in range(1, 65537)}
+    assert len(sizes) == 8 + 8 * 10  # 8 up to 64, then 8 per power of two up to 2**16
+    assert all(r <= linear_rows_bucket(r) <= max(r + 7, r * 1.125) for r in range(1, 65537))
+
+
+def test_packed_projection_of_bucketed_rows_equals_the_unpadded_one_bit_for_bit() -> None:
+    weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    if not _can_pack(weight):
+        pytest.skip("this CPU has no native bf16: projections are not prepacked, nothing is bucketed")
+    projection = _Weight(weight, pack=True)
+    for shape in [(1, 64), (3, 5, 64), (130, 64), (2, 301, 64)]:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))).to(torch.bfloat16)
+        unpadded = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, 64), projection.packed, None, "none", [], "")
+        assert torch.equal(projection(x), unpadded.view(*shape[:-1], 96))
