@@ -203,6 +203,30 @@ class RandomExplorer:
         return self.rng.choice(strings) if strings else f"{arg}_1"
 
 
+class ObservedExplorer:
+    """Plays back an agent's own tool calls, in order: the exploration is what the agent did."""
+
+    name = "observed"
+
+    def __init__(self, calls: list[Call]) -> None:
+        self.calls = list(calls)
+
+    async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
+        call = self.calls[len(view.steps)]
+        return call.render(), [call]
+
+
+async def observed_exploration(access: EnvAccess, profile: EnvProfile, env_type: str, seed_task_id: str,
+                               calls: list[Call], results: list[str]) -> Exploration:
+    """An agent's tool calls as an exploration: replayed in a fresh instance of the seed task for the states they
+    reach and whether they fail, each step's observation the result the agent's own tool gave."""
+    config = ExploreConfig(breadth_steps=len(calls), depth_steps=0)
+    exploration = await explore_episode(access, ObservedExplorer(calls), profile, env_type, seed_task_id, config)
+    for step, result in zip(exploration.steps, results, strict=False):
+        step.observation = result
+    return exploration
+
+
 class LLMExplorer:
     """An LLM role explores: the profile and tools in the system prompt, the phase decides the instructions."""
 

@@ -240,9 +240,9 @@ class TaskManager:
             raise ServiceError(400, "too_many_episodes", f"episodes={request.episodes} exceeds "
                                f"task_manager.max_episodes_per_job={self.settings.max_episodes_per_job}")
         explorer, synthesizer = self.roles(request)
-        if explorer == "llm":
+        if explorer == "llm" and request.observed is None:  # observed episodes are explored by the agent
             self.llm("explorer")
-        if request.kind == "synthesize" and synthesizer == "llm":
+        if request.kind != "explore" and synthesizer == "llm":
             self.llm("synthesizer")
         job_id = new_id("job")
         self.store.create_job(job_id, request.kind, request.model_dump(), new_progress(request.episodes))

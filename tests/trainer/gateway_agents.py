@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import openai
 
 TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {
@@ -78,3 +79,27 @@ reply = client.chat.completions.create(model="any", messages=[{"role": "user", "
 print("some log line")
 print(json.dumps({"reward": 0.25 if task["task_id"] == "a" else 0.75}))
 """
+
+
+
+async def blind_flights_agent(task: dict[str, Any], base_url: str) -> str | None:
+    """A flights agent whose tool layer is broken: every tool call answers `[]` without reaching the desk. Its runs
+    of a reference never reach it."""
+    env = task["env"]
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    async with httpx.AsyncClient(base_url=env["url"], timeout=60) as desk:
+        tools = (await desk.get(f"/v1/environments/{env['name']}/tools")).json()["tools"]
+        messages: list[dict[str, Any]] = list(env["messages"])
+        try:
+            for _ in range(4):
+                reply = (await client.chat.completions.create(model="any", messages=messages, tools=tools,
+                                                              max_tokens=64)).choices[0].message
+                messages.append(reply.model_dump(exclude_none=True))
+                if not reply.tool_calls:
+                    await desk.post(f"/v1/instances/{env['instance_id']}/step",
+                                    json={"action": {"role": "assistant", "content": reply.content or ""}})
+                    return reply.content
+                messages += [{"role": "tool", "tool_call_id": c.id, "content": "[]"} for c in reply.tool_calls]
+            return None
+        finally:
+            await client.close()
