@@ -111,9 +111,14 @@ class AgentQuestioning:
             if isinstance(result, BaseException):
                 self.report.explore_failed += 1
                 self.report.errors.append(f"explore {self.runner.task_id(task)}: {result}")
+                if not isinstance(result, AgentFailed):
+                    raise result
+            # An exploration that failed late still ran its tools: what they returned is material all the same.
+            record = result.record if isinstance(result, (Played, AgentFailed)) else None
+            if record is None:
                 continue
             calls = [ObservedToolCall(name=o.name, arguments=o.arguments if isinstance(o.arguments, dict) else {},
-                                      result=o.result) for o in result.record.observed]
+                                      result=o.result) for o in record.observed]
             self.report.observed_calls += len(calls)
             if calls:
                 observed.append(ObservedEpisode(seed_task_id=self.runner.task_id(task), calls=calls))

@@ -41,7 +41,10 @@ GraderFn = Callable[[dict[str, Any], Any], Any]
 
 
 class AgentFailed(RuntimeError):
-    """The agent crashed, timed out or gave nothing to grade: its episode fails."""
+    """The agent crashed, timed out or gave nothing to grade: its episode fails. `record`: what the gateway
+    recorded of it until then (None when no episode was opened)."""
+
+    record: EpisodeRecord | None = None
 
 
 def import_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -247,12 +250,14 @@ class AgentRunner:
                     raise AgentFailed("the agent made no model call through its base_url")
                 outcome = await self._outcome(task, returned, instance_id, record) if grade else None
             except Exception as exc:
-                if episode_id is not None:  # its calls so far are closed and never trained
-                    await self.gateway.end_episode(episode_id)
+                # Its calls so far are closed and never trained (exploration still reads what its tools returned).
+                record = await self.gateway.end_episode(episode_id) if episode_id is not None else None
                 error = (f"timed out after {self.config.timeout_s} s" if isinstance(exc, asyncio.TimeoutError)
                          else str(exc) if isinstance(exc, AgentFailed) else f"{type(exc).__name__}: {exc}")
                 self.stats.failed(task_id, error)
-                raise exc if isinstance(exc, AgentFailed) else AgentFailed(error) from exc
+                failure = exc if isinstance(exc, AgentFailed) else AgentFailed(error)
+                failure.record = record
+                raise failure from (None if failure is exc else exc)
             finally:
                 if instance_id is not None and self.env is not None:
                     try:

@@ -13,16 +13,20 @@ TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {
     "additionalProperties": False}}}]
 
 
-async def _loop(task: dict[str, Any], base_url: str, *, rewrite: bool) -> dict[str, Any]:
+async def _loop(task: dict[str, Any], base_url: str, *, rewrite: bool, tool_choice: str = "required"
+                ) -> dict[str, Any]:
     """Two forced tool calls (a random model calls no tool by itself), then a reply; the answer is where it moved.
-    `rewrite`: before each call the history is folded into one user message, as summarising agents do."""
+    `rewrite`: before each call the history is folded into one user message, as summarising agents do.
+    `tool_choice` auto: the model decides (the loop ends at its first reply without a call)."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You move."},
                                       {"role": "user", "content": task["query"]}]
     moves: list[str] = []
     for _ in range(2):
         reply = (await client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
-                                                      tool_choice="required", max_tokens=40)).choices[0].message
+                                                      tool_choice=tool_choice, max_tokens=40)).choices[0].message
+        if not reply.tool_calls:
+            break
         call = reply.tool_calls[0]
         moves.append("left" if "left" in call.function.arguments else "right")
         if rewrite:
@@ -37,6 +41,11 @@ async def _loop(task: dict[str, Any], base_url: str, *, rewrite: bool) -> dict[s
 
 async def agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
     return await _loop(task, base_url, rewrite=False)
+
+
+async def auto_agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
+    """Leaves the choice of a tool to the model (`tool_choice: auto`), as most agents do."""
+    return await _loop(task, base_url, rewrite=False, tool_choice="auto")
 
 
 async def rewriting_agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
