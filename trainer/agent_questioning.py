@@ -71,6 +71,7 @@ class QuestioningReport:
     job_id: str | None = None
     job_status: str | None = None
     job_error: str | None = None
+    job_failures: Failures = field(default_factory=Failures)  # explorations that gave no verified task, by reason
     by_kind: dict[str, KindFunnel] = field(default_factory=dict)
     kept: list[KeptTask] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -81,7 +82,7 @@ class QuestioningReport:
     def summary(self) -> dict[str, Any]:
         return {"explored_episodes": self.explored_episodes, "explore_failed": self.explore_failed,
                 "observed_calls": self.observed_calls, "job_id": self.job_id, "job_status": self.job_status,
-                "job_error": self.job_error, "kept": len(self.kept),
+                "job_error": self.job_error, "job_failures": self.job_failures.model_dump(), "kept": len(self.kept),
                 "by_kind": {k: f.summary() for k, f in sorted(self.by_kind.items())}, "errors": self.errors[-10:]}
 
 
@@ -130,6 +131,7 @@ class AgentQuestioning:
         job = await self.tasks.wait_job(job.job_id, timeout=self.config.job_timeout_s)
         report = self.report
         report.job_id, report.job_status, report.job_error = job.job_id, job.status, job.error
+        report.job_failures = Failures.model_validate(job.progress.get("failures") or {})
         for kind, row in (job.progress.get("by_kind") or {}).items():
             funnel = report.kind(kind)
             funnel.proposed += int(row.get("proposed", 0))

@@ -16,7 +16,7 @@ import yaml
 
 from engine.models import load_model
 from llm_server.client import LLMServerClient
-from task_manager.protocol import ObservedEpisode, ObservedToolCall
+from task_manager.protocol import JobRequest, ObservedEpisode, ObservedToolCall
 from tests.helpers import ServiceProcess, run_service
 from tests.trainer import gateway_agents
 from trainer.agent_questioning import AgentQuestioning, warm_start_segments
@@ -121,6 +121,7 @@ async def test_tasks_from_observed_tool_results_are_kept_only_where_the_agent_re
             assert closing.startswith("The answer is ") and closing[len("The answer is "):-1] in answers
         summary = report.summary()
         assert summary["kept"] == len(report.kept) and set(summary["by_kind"]) == set(funnel)
+        assert summary["job_status"] == "done" and summary["job_failures"]["by_reason"] == {}
 
     # The warm start trains on the kept runs as the gateway recorded them: exactly the reference's calls and the
     # closing answer, rendered into the agent's own episode, under the loss mask.
@@ -169,3 +170,26 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
     assert result["agent"]["episodes"] == 4  # the RL episodes only: exploration ran on its own runner
     (shard,) = (tmp_path / "run" / "rollouts").glob("shard-*.jsonl")
     assert sum(1 for _ in shard.open()) == 4
+
+
+def test_the_example_yaml_plans_questioning_and_bad_settings_name_what_to_fix() -> None:
+    from tests.launcher.test_config import plan_for
+
+    plan = plan_for(Path("examples/agents/flights_openai.yaml"))
+    assert plan.data["task_manager"]["serve_training_references"] is True  # the agent's references are played
+    trainer = TrainerConfig.model_validate(plan.data["trainer"])
+    assert trainer.agent is not None and trainer.agent.questioning is not None and trainer.warm_start.enabled
+    base = {"model": "tiny", "rollout": {"env": "flights"}, "policy": {"kind": "endpoint", "url": "http://127.0.0.1:1"},
+            "services": {"env_url": "http://127.0.0.1:2"},
+            "agent": {"callable": "m:f", "tasks": "t.jsonl", "env": "flights", "questioning": {}}}
+    with pytest.raises(ValueError, match="agent.questioning synthesizes through the task manager"):
+        TrainerConfig.model_validate(base)
+    with pytest.raises(ValueError, match="set agent.env"):
+        AgentConfig(callable="m:f", tasks="t.jsonl", questioning=AgentQuestioningConfig())
+    with pytest.raises(ValueError, match="warm-starts only on the synthetic tasks its own runs reached"):
+        TrainerConfig.model_validate({**base, "agent": {"callable": "m:f", "tasks": "t.jsonl"},
+                                      "warm_start": {"enabled": True}})
+    with pytest.raises(ValueError, match="observed: give it exactly when kind is 'observed'"):
+        JobRequest(env="flights", kind="observed")
+    assert JobRequest(env="flights", kind="observed", observed=[ObservedEpisode(seed_task_id=SEED, calls=[
+        ObservedToolCall(name="search_flight", result="[]")])] * 3).episodes == 3
