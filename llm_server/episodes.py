@@ -162,6 +162,8 @@ class GatewayCounters:
     calls: int = 0
     continued_calls: int = 0  # calls whose context continued an earlier call's sampled ids
     late_calls: int = 0  # calls that finished after their episode ended: answered 409, not recorded
+    forced_calls: int = 0  # calls of forced-tools (exploration) episodes: off-policy
+    scripted_calls: int = 0  # calls of scripted episodes (a reference played through the agent): off-policy
 
 
 class EpisodeRegistry:
@@ -224,6 +226,8 @@ class EpisodeRegistry:
         episode.add(call)
         self.counters.calls += 1
         self.counters.continued_calls += call.extends is not None
+        self.counters.forced_calls += episode.mode == "forced"
+        self.counters.scripted_calls += episode.mode == "scripted"
 
     async def end(self, episode_id: str, reason: str = "ended") -> Episode:
         episode = self.find(episode_id)

@@ -236,5 +236,7 @@ def test_a_scripted_episode_gives_its_replies_as_the_model_would_write_them(tiny
     for call, text in zip(record.calls, script, strict=True):
         assert call.token_ids == tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
     assert [(o.name, o.arguments, o.result) for o in record.observed] == [("move", {"to": "left"}, "you are left")]
+    stats = httpx.get(f"{tiny_server.url}/v1/stats", timeout=30).json()["gateway"]
+    assert stats["scripted_calls"] >= 2 and stats["forced_calls"] >= 3
     both = httpx.post(f"{tiny_server.url}/v1/episodes", json={"force_tools": True, "script": ["x"]}, timeout=30)
     assert both.status_code == 422 and "force_tools or script" in both.text
