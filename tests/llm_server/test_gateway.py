@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from common.service import ServiceError
-from engine.models import load_model
+from engine.models import load_model, load_tokenizer
 from llm_server.episodes import EpisodeRegistry
 from llm_server.protocol import EpisodeOpen, EpisodeRecord
 from tests.helpers import ServiceProcess
@@ -107,7 +107,7 @@ def test_streaming_tool_calls_through_the_sdk_and_the_header(tiny_server: Servic
 
 
 def test_experience_is_shown_and_never_in_a_training_context(tiny_server: ServiceProcess) -> None:
-    tokenizer = load_model("tiny")[1]
+    tokenizer = load_tokenizer("tiny")
     episode = _open(tiny_server, experience="Always move left first.")
     client = _client(tiny_server, episode)
     messages = [dict(m) for m in START]
@@ -218,7 +218,7 @@ def test_a_forced_episode_calls_a_tool_every_time_and_records_what_came_back(tin
 
 
 def test_a_scripted_episode_gives_its_replies_as_the_model_would_write_them(tiny_server: ServiceProcess) -> None:
-    tokenizer = load_model("tiny")[1]
+    tokenizer = load_tokenizer("tiny")
     script = ['<tool_call>{"name": "move", "arguments": {"to": "left"}}</tool_call>', "The answer is left."]
     episode = _open(tiny_server, script=script)
     client = _client(tiny_server, episode)
