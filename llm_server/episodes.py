@@ -95,6 +95,7 @@ class Episode:
     ended_reason: str | None = None
     mode: EpisodeMode = "policy"
     script: list[str] = field(default_factory=list)  # a scripted episode's replies, in order
+    tool_arguments: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # a forced call's values
 
     def start_call(self) -> int:
         index, self.next_index = self.next_index, self.next_index + 1
@@ -189,7 +190,7 @@ class EpisodeRegistry:
                                                           "a new episode_id or leave episode_id out")
             mode: EpisodeMode = "forced" if request.force_tools else "scripted" if request.script else "policy"
             episode = Episode(episode_id, request.experience, dict(request.metadata), mode=mode,
-                              script=list(request.script or []))
+                              script=list(request.script or []), tool_arguments=dict(request.tool_arguments or {}))
             self.open[episode_id] = episode
             self.counters.opened += 1
             return episode

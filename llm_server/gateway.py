@@ -105,7 +105,13 @@ async def recorded_chat(served: ServedModel, episodes: EpisodeRegistry, episode_
         raise ServiceError(409, "script_ended", f"episode {episode_id!r} scripts {len(episode.script)} replies and "
                                                 "this is one call more: the agent called more often than the "
                                                 "script has turns")
-    grammar = await constraint(served, request, chat=True) if episode.mode != "scripted" else None
+    grammar = None
+    if episode.mode != "scripted":
+        # A forced call's listed arguments take one of their values (the grammar only: the prompt shows the tools
+        # as the agent sent them).
+        constrained = (request.model_copy(update={"tools": grounded(request.tools, episode.tool_arguments)})
+                       if episode.mode == "forced" and episode.tool_arguments and request.tools else request)
+        grammar = await constraint(served, constrained, chat=True)
     index = episode.start_call()
     generation_ids, train_ids, extends, glue = _contexts(served, episode, request)
     if episode.mode == "scripted":
@@ -162,6 +168,30 @@ def _glue(served: ServedModel, call: GatewayCall, messages: list[dict[str, Any]]
     ended_with_eos = bool(call.token_ids) and call.token_ids[-1] in served.engine.eos_ids
     closing = body[end + len(eos):] if ended_with_eos else body[end:]
     return served.tokenizer.encode(closing + full[len(turn):], add_special_tokens=False)
+
+
+def grounded(tools: list[dict[str, Any]], values: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
+    """The tools a forced call may use, each argument an `enum` of its listed values: arguments without values
+    are left out, a tool whose required argument has none is left out (its call could only be refused), and a call
+    names at least one argument. The tools as given when that leaves none."""
+    out = []
+    for tool in tools:
+        function = tool.get("function") or {}
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        known = {arg: list(v) for arg, v in values.get(function.get("name", ""), {}).items() if v and arg in properties}
+        required = list(parameters.get("required") or [])
+        if not properties:
+            out.append(tool)
+            continue
+        if not known or any(arg not in known for arg in required):
+            continue
+        schema = {"type": "object", "properties": {arg: {"enum": v} for arg, v in known.items()},
+                  "required": required, "additionalProperties": False}
+        if not required:
+            schema["minProperties"] = 1
+        out.append({**tool, "function": {**function, "parameters": schema}})
+    return out or tools
 
 
 def _scripted(served: ServedModel, reply: str, prompt_ids: list[int]) -> GenerationResult:

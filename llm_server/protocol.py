@@ -175,6 +175,9 @@ class EpisodeOpen(StrictModel):
     force_tools: bool = Field(default=False, description=(
         "exploration: every call that offers tools is answered with a valid call of one of them (as with "
         "tool_choice 'required'), so the agent's tools run before the policy would call one; off-policy"))
+    tool_arguments: dict[str, dict[str, list[Any]]] | None = Field(default=None, description=(
+        "with force_tools: per tool and argument, the values a forced call may take (an argument listed takes one "
+        "of them): grounds the calls of a model that writes no sensible argument"))
     script: list[str] | None = Field(default=None, min_length=1, description=(
         "replies given in order instead of sampling, in the model's own text format (a `<tool_call>` block for a "
         "tool call): a reference played through the agent's own code; off-policy"))
@@ -183,6 +186,8 @@ class EpisodeOpen(StrictModel):
     def _one_mode(self) -> EpisodeOpen:
         if self.force_tools and self.script is not None:
             raise ValueError("give force_tools or script, not both: a scripted reply is not sampled")
+        if self.tool_arguments is not None and not self.force_tools:
+            raise ValueError("tool_arguments grounds forced calls: set force_tools too")
         return self
 
 

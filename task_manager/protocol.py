@@ -63,6 +63,20 @@ class ObservedEpisode(WireModel):
     calls: list[ObservedToolCall] = Field(min_length=1, max_length=200)
 
 
+class ArgumentValuesRequest(WireModel):
+    """What a forced exploration call of the seed task's tools may take (an agent's exploration through a gateway)."""
+
+    env: str = Field(min_length=1)
+    seed_task_id: str = Field(min_length=1)
+
+
+class ArgumentValuesResponse(WireModel):
+    env: str
+    seed_task_id: str
+    # tool -> argument -> the values an episode of the task knows at its start (its request, the tool docs)
+    tools: dict[str, dict[str, list[Any]]]
+
+
 class JobRequest(WireModel):
     # synthesize: explore, propose, verify, dedup, store; explore: store explorations; observed: the same as
     # synthesize, its explorations the given agent episodes' tool calls (replayed for the states they reach, the

@@ -2,8 +2,9 @@
 the gateway, are the material; the task manager's synthesizers (the same code as in-loop) write the tasks.
 
 1. Explore: `explore_episodes` forced episodes (`force_tools`) on each of the first `explore_tasks` tasks. The
-   gateway answers every call that offers tools with a valid call of one of them, so the agent's own tools run
-   even where the policy would call none, and it records each call with the result the agent sent back.
+   gateway answers every call that offers tools with a valid call of one of them, its arguments taking values the
+   task's opening shows (`tool_arguments`, from the task manager), so the agent's own tools run even where the
+   policy would call none, and it records each call with the result the agent sent back.
    Forced episodes are off-policy: they feed synthesis, never the RL update.
 2. Synthesize: those (call, result) records go to the task manager as an `observed` job: each episode becomes an
    exploration (replayed for the states it reaches; the results are the ones the agent saw), then the same
@@ -102,9 +103,15 @@ class AgentQuestioning:
             await self.keep_reached()
         return self.report
 
-    async def explore(self, seed_tasks: list[dict[str, Any]]) -> list[ObservedEpisode]:
-        plays = [(task, self.runner.play(task, force_tools=True, grade=False, metadata={"purpose": "explore"}))
-                 for task in seed_tasks for _ in range(self.config.explore_episodes)]
+    async def explore(self, seed_tasks: list[dict[str, Any]], *, grounded: bool = True) -> list[ObservedEpisode]:
+        """`grounded`: each forced call's arguments take values the task's opening shows (the task manager's
+        `argument_values`: its request's route, dates and names, the tool docs' examples), so that a model that
+        writes no sensible argument still calls the tools in ways that return records."""
+        values = ([(await self.tasks.argument_values(self.env, self.runner.task_id(t))).tools for t in seed_tasks]
+                  if grounded else [None] * len(seed_tasks))
+        plays = [(task, self.runner.play(task, force_tools=True, tool_arguments=known, grade=False,
+                                         metadata={"purpose": "explore"}))
+                 for task, known in zip(seed_tasks, values, strict=True) for _ in range(self.config.explore_episodes)]
         results = await asyncio.gather(*(p for _, p in plays), return_exceptions=True)
         observed = []
         for (task, _), result in zip(plays, results, strict=True):

@@ -220,6 +220,7 @@ class AgentRunner:
 
     async def play(self, task: dict[str, Any], *, shared: GroupExperience | None = None,
                    metadata: dict[str, Any] | None = None, force_tools: bool = False,
+                   tool_arguments: dict[str, dict[str, list[Any]]] | None = None,
                    script: list[str] | None = None, grade: bool = True) -> Played:
         """One episode of the agent on `task` (its own environment instance when `agent.env` is set), graded unless
         `grade` is false; `force_tools` / `script` make it an off-policy episode (exploration, a reference played
@@ -239,7 +240,8 @@ class AgentRunner:
                 experience = await shared.get(self.query(payload)) if shared is not None else None
                 opened = await self.gateway.open_episode(experience.text if experience else None,
                                                          {"task_id": task_id, **(metadata or {})},
-                                                         force_tools=force_tools, script=script)
+                                                         force_tools=force_tools, tool_arguments=tool_arguments,
+                                                         script=script)
                 episode_id = opened.episode_id
                 returned = await asyncio.wait_for(self.agent(payload, self.gateway.episode_url(episode_id)),
                                                   self.config.timeout_s)

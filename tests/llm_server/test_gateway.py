@@ -215,6 +215,17 @@ def test_a_forced_episode_calls_a_tool_every_time_and_records_what_came_back(tin
         (c["id"], "move", f"result {turn}.{i}") for turn, call in enumerate(record.calls[:2])
         for i, c in enumerate(call.tool_calls)]
     assert all(o.arguments["to"] in ("left", "right") for o in record.observed) and len(issued) == len(record.observed)
+    # Grounded: a listed argument takes one of its values (the tools shown in the prompt stay as the agent sent them).
+    grounded = _open(tiny_server, force_tools=True, tool_arguments={"move": {"to": ["right"]}})
+    client = _client(tiny_server, grounded)
+    for _ in range(3):
+        reply = client.chat.completions.create(model="tiny", messages=START, tools=TOOLS, max_tokens=60,
+                                               temperature=1.0).choices[0].message
+        assert [(c.function.name, c.function.arguments) for c in reply.tool_calls] == [("move", '{"to": "right"}')]
+    assert _end(tiny_server, grounded).calls[0].tools == TOOLS
+    alone = httpx.post(f"{tiny_server.url}/v1/episodes", json={"tool_arguments": {"move": {"to": ["left"]}}},
+                       timeout=30)
+    assert alone.status_code == 422 and "set force_tools too" in alone.text
 
 
 def test_a_scripted_episode_gives_its_replies_as_the_model_would_write_them(tiny_server: ServiceProcess) -> None:

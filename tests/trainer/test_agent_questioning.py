@@ -77,13 +77,18 @@ async def test_tasks_from_observed_tool_results_are_kept_only_where_the_agent_re
                             gateway, gateway_agents.auto_agent)
         assert not (await moves.play({"task_id": "a", "query": "go left"}, grade=False)).record.calls[0].tool_calls
         (explored,) = await AgentQuestioning(config, moves, tasks.client, "agent").explore(
-            [{"task_id": "a", "query": "go left"}])
+            [{"task_id": "a", "query": "go left"}], grounded=False)
         assert explored.seed_task_id == "a" and [c.name for c in explored.calls] == ["move", "move"]
         assert all(c.result == f"you are {c.arguments['to']}" for c in explored.calls)
         forced = await moves.play({"task_id": "a", "query": "go left"}, force_tools=True, grade=False)
         assert forced.record.mode == "forced" and all(c.tool_calls for c in forced.record.calls[:2])
         with pytest.raises(ValueError, match="never trains the RL update"):  # off-policy: never an RL rollout
             rollout_from_record(forced.record, task_id="a", outcome=0.0, group_id="g")
+
+        # What a grounded forced call of the seed task may take: its request's own values where it has some.
+        known = (await tasks.client.argument_values("flights", SEED)).tools
+        origins = set(known["search_flight"]["origin"])  # the request's codes ("USD" is in it too), not the docs' JFK
+        assert {"SFO", "ORD"} <= origins and "JFK" not in origins and "2025-06-06" in known["search_flight"]["date"]
 
         # What an agent that searched the seed task's route observed: the task manager's lookup synthesizer writes
         # tasks from those results (answers taken from them), verified by replay, stored.
