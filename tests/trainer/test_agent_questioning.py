@@ -150,8 +150,8 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
                                                                tmp_path: Path) -> None:
     """`trainer.agent.questioning` in a run: forced exploration before RL, its report in the summary beside the
     in-loop mechanism counters, forced episodes not rollouts (only the RL episodes are recorded). The random model's
-    forced flights calls never complete (it writes argument strings until the agent's max_tokens), so nothing comes
-    back to synthesize from: the run says so, skips the warm start and trains on the tasks file."""
+    forced flights calls here end before a result comes back (cut by the agent's 48-token budget), so there is
+    nothing to synthesize from: the run says so, skips the warm start and trains on the tasks file."""
     env, tm = services
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps({"task_id": f"train-t1-000{i}"}) for i in range(2)) + "\n")
