@@ -356,9 +356,13 @@ def _fill_service_state(data: dict[str, Any], services: list[str], urls: dict[st
             raise ConfigError("task_manager.env_url: no env_service in launcher.services, so give its URL")
         if "experience_manager" in services:  # where pool seeding writes (launcher.synthesis.seed_experience)
             _set_default(tm, "experience_url", urls["experience_manager"])
-        warm_start = (data.get("trainer") or {}).get("warm_start") or {}
-        if warm_start.get("enabled") and warm_start.get("source", "synthetic") == "synthetic":
-            _set_default(tm, "serve_training_references", True)  # the trainer's warm start reads them (POST /v1/training_references)
+        trainer = data.get("trainer") or {}
+        warm_start = trainer.get("warm_start") or {}
+        if ((warm_start.get("enabled") and warm_start.get("source", "synthetic") == "synthetic")
+                or ((trainer.get("agent") or {}).get("questioning") is not None)):
+            # The trainer's warm start reads them, and an agent's questioning plays them through the agent
+            # (POST /v1/training_references).
+            _set_default(tm, "serve_training_references", True)
     if "experience_manager" in services:
         em = data["experience_manager"]
         if em.get("qdrant_url") is None and "experience_manager" not in placed:

@@ -49,9 +49,18 @@ class LLMServerClient(ServiceClient):
         return await self.post("/v1/weights", json=body, model=WeightUpdateResponse, idempotent=True)
 
     async def open_episode(self, experience: str | None = None, metadata: dict[str, Any] | None = None,
-                           episode_id: str | None = None) -> EpisodeRecord:
-        """A gateway episode: its agent calls `<url>/v1/episodes/{episode_id}/chat/completions`."""
+                           episode_id: str | None = None, *, force_tools: bool = False,
+                           tool_arguments: dict[str, dict[str, list[Any]]] | None = None,
+                           script: list[str] | None = None) -> EpisodeRecord:
+        """A gateway episode: its agent calls `<url>/v1/episodes/{episode_id}/chat/completions`. `force_tools`
+        (exploration) and `script` (replies given, not sampled) make it off-policy."""
         body: dict[str, Any] = {"metadata": metadata or {}}
+        if force_tools:
+            body["force_tools"] = True
+        if tool_arguments:
+            body["tool_arguments"] = tool_arguments
+        if script is not None:
+            body["script"] = script
         if experience:
             body["experience"] = experience
         if episode_id:

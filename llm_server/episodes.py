@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.service import ServiceError
-from llm_server.protocol import EpisodeOpen, EpisodeRecord, GatewayCall
+from llm_server.protocol import EpisodeMode, EpisodeOpen, EpisodeRecord, GatewayCall, ObservedToolResult
 
 EXP_OPEN, EXP_CLOSE = "<EXP>", "</EXP>"  # the markers in-loop rollouts use (trainer.templates)
 
@@ -93,6 +93,9 @@ class Episode:
     issued: dict[str, int] = field(default_factory=dict)  # tool-call id -> the call that issued it
     next_index: int = 0
     ended_reason: str | None = None
+    mode: EpisodeMode = "policy"
+    script: list[str] = field(default_factory=list)  # a scripted episode's replies, in order
+    tool_arguments: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # a forced call's values
 
     def start_call(self) -> int:
         index, self.next_index = self.next_index, self.next_index + 1
@@ -134,10 +137,22 @@ class Episode:
     def calls_by_index(self) -> dict[int, GatewayCall]:
         return {c.index: c for c in self.calls}
 
+    def observed(self) -> list[ObservedToolResult]:
+        """Each tool call the episode's replies made whose result the agent sent back in a later call."""
+        results: dict[str, str] = {}
+        for call in self.calls:
+            for message in call.messages:
+                if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
+                    results.setdefault(message["tool_call_id"], _text(message.get("content")))
+        return [ObservedToolResult(call_index=call.index, tool_call_id=issued["id"], name=issued["function"]["name"],
+                                   arguments=_arguments(issued["function"].get("arguments")),
+                                   result=results[issued["id"]])
+                for call in self.calls for issued in call.tool_calls if issued.get("id") in results]
+
     def record(self) -> EpisodeRecord:
         return EpisodeRecord(episode_id=self.episode_id, status="open" if self.ended_reason is None else "ended",
                              ended_reason=self.ended_reason, with_experience=self.experience is not None,
-                             metadata=self.metadata, calls=list(self.calls))
+                             mode=self.mode, observed=self.observed(), metadata=self.metadata, calls=list(self.calls))
 
 
 @dataclass
@@ -148,6 +163,8 @@ class GatewayCounters:
     calls: int = 0
     continued_calls: int = 0  # calls whose context continued an earlier call's sampled ids
     late_calls: int = 0  # calls that finished after their episode ended: answered 409, not recorded
+    forced_calls: int = 0  # calls of forced-tools (exploration) episodes: off-policy
+    scripted_calls: int = 0  # calls of scripted episodes (a reference played through the agent): off-policy
 
 
 class EpisodeRegistry:
@@ -171,7 +188,9 @@ class EpisodeRegistry:
             if episode_id in self.open or episode_id in self.ended or episode_id in self.forgotten:
                 raise ServiceError(409, "episode_exists", f"episode {episode_id!r} already exists; open it under "
                                                           "a new episode_id or leave episode_id out")
-            episode = Episode(episode_id, request.experience, dict(request.metadata))
+            mode: EpisodeMode = "forced" if request.force_tools else "scripted" if request.script else "policy"
+            episode = Episode(episode_id, request.experience, dict(request.metadata), mode=mode,
+                              script=list(request.script or []), tool_arguments=dict(request.tool_arguments or {}))
             self.open[episode_id] = episode
             self.counters.opened += 1
             return episode
@@ -208,6 +227,8 @@ class EpisodeRegistry:
         episode.add(call)
         self.counters.calls += 1
         self.counters.continued_calls += call.extends is not None
+        self.counters.forced_calls += episode.mode == "forced"
+        self.counters.scripted_calls += episode.mode == "scripted"
 
     async def end(self, episode_id: str, reason: str = "ended") -> Episode:
         episode = self.find(episode_id)

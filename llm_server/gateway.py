@@ -1,11 +1,14 @@
 """The gateway: an agent's OpenAI chat calls, attributed to an episode and recorded token for token.
 
-- `POST /v1/episodes` `{"episode_id"?, "experience"?, "metadata"?}`: open one (201, its record).
+- `POST /v1/episodes` `{"episode_id"?, "experience"?, "metadata"?, "force_tools"?, "script"?}`: open one (201, its
+  record). `force_tools`: every call offering tools is constrained to a call of one of them (exploration);
+  `script`: the replies are given, not sampled (a reference played through the agent). Both are off-policy.
 - `POST /v1/episodes/{id}/chat/completions`: OpenAI chat, streaming or not, tools included; an unchanged
   SDK client needs only `base_url=<server>/v1/episodes/{id}` (any `model` name: the policy answers). `POST /v1/chat/completions` with the
   `X-Evolver-Episode: {id}` header is the same call.
 - `POST /v1/episodes/{id}/end`: end it (idempotent) and get its record; `GET /v1/episodes/{id}`: the record.
-- Unknown episode: 404; a call after the episode ended: 409; a malformed body: 422 naming the field.
+- Unknown episode: 404; a call after the episode ended, or past a script's last reply: 409; a malformed body:
+  422 naming the field.
 
 How calls continue each other and the weight-update rule: `llm_server.episodes`.
 """
@@ -21,6 +24,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
 from common.service import ServiceError, from_app_state
+from engine.generation import Completion, GenerationResult
 from llm_server.episodes import Episode, EpisodeRegistry, with_experience
 from llm_server.protocol import ChatCompletionRequest, EpisodeOpen, EpisodeRecord, GatewayCall
 from llm_server.serving import (
@@ -95,11 +99,26 @@ async def recorded_chat(served: ServedModel, episodes: EpisodeRegistry, episode_
     if request.continue_final_message or not request.add_generation_prompt:
         raise ServiceError(400, "invalid_request", "continue_final_message / add_generation_prompt: an episode call "
                                                    "always starts a new assistant turn")
-    grammar = await constraint(served, request, chat=True)
+    if episode.mode == "forced" and request.tools and request.tool_choice in (None, "auto"):
+        request = request.model_copy(update={"tool_choice": "required"})
+    if episode.mode == "scripted" and episode.next_index >= len(episode.script):
+        raise ServiceError(409, "script_ended", f"episode {episode_id!r} scripts {len(episode.script)} replies and "
+                                                "this is one call more: the agent called more often than the "
+                                                "script has turns")
+    grammar = None
+    if episode.mode != "scripted":
+        # A forced call's listed arguments take one of their values (the grammar only: the prompt shows the tools
+        # as the agent sent them).
+        constrained = (request.model_copy(update={"tools": grounded(request.tools, episode.tool_arguments)})
+                       if episode.mode == "forced" and episode.tool_arguments and request.tools else request)
+        grammar = await constraint(served, constrained, chat=True)
     index = episode.start_call()
     generation_ids, train_ids, extends, glue = _contexts(served, episode, request)
-    result = await generate(served, request, generation_ids, request.max_completion_tokens or request.max_tokens,
-                            _top(request), grammar)
+    if episode.mode == "scripted":
+        result = _scripted(served, episode.script[index], generation_ids)
+    else:
+        result = await generate(served, request, generation_ids,
+                                request.max_completion_tokens or request.max_tokens, _top(request), grammar)
     completion = result.completions[0]
     choice = chat_choice(served, 0, completion, request.logprobs, _parse_tools(request), episode.call_ids(index))
     message = choice["message"]
@@ -149,6 +168,39 @@ def _glue(served: ServedModel, call: GatewayCall, messages: list[dict[str, Any]]
     ended_with_eos = bool(call.token_ids) and call.token_ids[-1] in served.engine.eos_ids
     closing = body[end + len(eos):] if ended_with_eos else body[end:]
     return served.tokenizer.encode(closing + full[len(turn):], add_special_tokens=False)
+
+
+def grounded(tools: list[dict[str, Any]], values: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
+    """The tools a forced call may use, each argument an `enum` of its listed values: arguments without values
+    are left out, a tool whose required argument has none is left out (its call could only be refused), and a call
+    names at least one argument. The tools as given when that leaves none."""
+    out = []
+    for tool in tools:
+        function = tool.get("function") or {}
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        known = {arg: list(v) for arg, v in values.get(function.get("name", ""), {}).items() if v and arg in properties}
+        required = list(parameters.get("required") or [])
+        if not properties:
+            out.append(tool)
+            continue
+        if not known or any(arg not in known for arg in required):
+            continue
+        schema = {"type": "object", "properties": {arg: {"enum": v} for arg, v in known.items()},
+                  "required": required, "additionalProperties": False}
+        if not required:
+            schema["minProperties"] = 1
+        out.append({**tool, "function": {**function, "parameters": schema}})
+    return out or tools
+
+
+def _scripted(served: ServedModel, reply: str, prompt_ids: list[int]) -> GenerationResult:
+    """A scripted reply as if sampled: its ids as the tokenizer writes it, then the end of the turn (log-probs 0:
+    nothing was sampled)."""
+    ids = served.tokenizer.encode(reply, add_special_tokens=False) + [served.tokenizer.eos_token_id]
+    completion = Completion(token_ids=ids, token_logprobs=[0.0] * len(ids), top_logprobs=None, text=reply,
+                            finish_reason="stop")
+    return GenerationResult(prompt_ids, [completion], served.engine.policy_version)
 
 
 def _top(request: ChatCompletionRequest) -> int:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.config import StrictModel
 
@@ -172,6 +172,36 @@ class EpisodeOpen(StrictModel):
         "text put into the system message of every call for generation only: the recorded training "
         "contexts leave it out"))
     metadata: dict[str, Any] = Field(default_factory=dict, description="kept with the record (task id, group)")
+    force_tools: bool = Field(default=False, description=(
+        "exploration: every call that offers tools is answered with a valid call of one of them (as with "
+        "tool_choice 'required'), so the agent's tools run before the policy would call one; off-policy"))
+    tool_arguments: dict[str, dict[str, list[Any]]] | None = Field(default=None, description=(
+        "with force_tools: per tool and argument, the values a forced call may take (an argument listed takes one "
+        "of them): grounds the calls of a model that writes no sensible argument"))
+    script: list[str] | None = Field(default=None, min_length=1, description=(
+        "replies given in order instead of sampling, in the model's own text format (a `<tool_call>` block for a "
+        "tool call): a reference played through the agent's own code; off-policy"))
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> EpisodeOpen:
+        if self.force_tools and self.script is not None:
+            raise ValueError("give force_tools or script, not both: a scripted reply is not sampled")
+        if self.tool_arguments is not None and not self.force_tools:
+            raise ValueError("tool_arguments grounds forced calls: set force_tools too")
+        return self
+
+
+EpisodeMode = Literal["policy", "forced", "scripted"]
+
+
+class ObservedToolResult(BaseModel):
+    """A tool call the gateway issued and the result the agent sent back for it in a later call."""
+
+    call_index: int = Field(description="the call whose reply held the tool call")
+    tool_call_id: str
+    name: str
+    arguments: dict[str, Any] | str = Field(description="the arguments, parsed (the raw text when not JSON)")
+    result: str
 
 
 class GatewayCall(BaseModel):
@@ -200,5 +230,9 @@ class EpisodeRecord(BaseModel):
     status: Literal["open", "ended"]
     ended_reason: str | None = None  # "ended" (by the caller) or "weight_update" (cut by the drain timeout)
     with_experience: bool = False
+    # policy: sampled by the policy, what RL trains on; forced (tools forced) and scripted: off-policy.
+    mode: EpisodeMode = "policy"
+    observed: list[ObservedToolResult] = Field(default_factory=list, description=(
+        "the tool calls of the episode's replies whose results came back in a later call, in order"))
     metadata: dict[str, Any] = Field(default_factory=dict)
     calls: list[GatewayCall] = Field(default_factory=list)

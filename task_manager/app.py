@@ -25,6 +25,8 @@ from fastapi import APIRouter, Depends, FastAPI, Query
 
 from common.service import create_app, from_app_state
 from task_manager.protocol import (
+    ArgumentValuesRequest,
+    ArgumentValuesResponse,
     BatchRequest,
     BatchResponse,
     FeedbackRequest,
@@ -141,6 +143,11 @@ async def seed_experience(body: SeedRequest, manager: Manager) -> Any:
 @training.post("/v1/training_references", response_model=TrainingReferencesResponse)
 async def training_references(body: TrainingReferencesRequest, manager: Manager) -> Any:
     return await manager.training_references(body)
+
+
+@training.post("/v1/argument_values", response_model=ArgumentValuesResponse)
+async def argument_values(body: ArgumentValuesRequest, manager: Manager) -> Any:
+    return await manager.argument_values(body)
 
 
 judge = APIRouter(tags=["judge"])

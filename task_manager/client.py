@@ -20,6 +20,7 @@ from typing import Any
 from common.http import ServiceClient
 from common.schemas import Task, Trajectory
 from task_manager.protocol import (
+    ArgumentValuesResponse,
     BatchResponse,
     GradeResponse,
     JobInfo,
@@ -113,6 +114,12 @@ class TaskClient(ServiceClient):
         manager serves them only with `serve_training_references: true`)."""
         return await self.post("/v1/training_references", json={"env": env, "limit": limit},
                                model=TrainingReferencesResponse, idempotent=True, timeout=timeout)
+
+    async def argument_values(self, env: str, seed_task_id: str) -> ArgumentValuesResponse:
+        """Per tool and argument, the values an episode of `seed_task_id` knows at its start (what a forced
+        exploration call may take)."""
+        return await self.post("/v1/argument_values", json={"env": env, "seed_task_id": seed_task_id},
+                               model=ArgumentValuesResponse, idempotent=True)
 
     async def stats(self) -> dict[str, Any]:
         return await self.get("/v1/stats")

@@ -203,6 +203,30 @@ class RandomExplorer:
         return self.rng.choice(strings) if strings else f"{arg}_1"
 
 
+class ObservedExplorer:
+    """Plays back an agent's own tool calls, in order: the exploration is what the agent did."""
+
+    name = "observed"
+
+    def __init__(self, calls: list[Call]) -> None:
+        self.calls = list(calls)
+
+    async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
+        call = self.calls[len(view.steps)]
+        return call.render(), [call]
+
+
+async def observed_exploration(access: EnvAccess, profile: EnvProfile, env_type: str, seed_task_id: str,
+                               calls: list[Call], results: list[str]) -> Exploration:
+    """An agent's tool calls as an exploration: replayed in a fresh instance of the seed task for the states they
+    reach and whether they fail, each step's observation the result the agent's own tool gave."""
+    config = ExploreConfig(breadth_steps=len(calls), depth_steps=0)
+    exploration = await explore_episode(access, ObservedExplorer(calls), profile, env_type, seed_task_id, config)
+    for step, result in zip(exploration.steps, results, strict=False):
+        step.observation = result
+    return exploration
+
+
 class LLMExplorer:
     """An LLM role explores: the profile and tools in the system prompt, the phase decides the instructions."""
 
@@ -293,21 +317,61 @@ def _names_in(text: str, tools: list[dict[str, Any]]) -> list[str]:
     return [tool_name(d) for d in tools if tool_name(d) and tool_name(d) in text]
 
 
+def opening_pool(tools: list[dict[str, Any]], messages: list[dict[str, Any]]) -> ValuePool:
+    """The values an episode knows before its first call: the tool docs' examples and the opening messages (the
+    user's request parsed as a request: its route, its dates, its names)."""
+    pool = ValuePool()
+    for doc in tools:
+        for schema in ((tool_function(doc).get("parameters") or {}).get("properties") or {}).values():
+            pool.harvest(str(schema.get("description", "")), -1)
+    for message in messages:
+        if message.get("role") == "user":
+            pool.harvest_request(str(message.get("content") or ""))
+        else:
+            pool.harvest(str(message.get("content") or ""), -1)
+    return pool
+
+
+async def argument_values(access: EnvAccess, env_type: str, seed_task_id: str) -> dict[str, dict[str, list[Any]]]:
+    """Per tool and argument, the values an episode of the seed task knows at its start (`known_values`): what a
+    forced exploration call may take, so that a model that writes no sensible argument still calls with one."""
+    tools = await access.tool_docs(env_type, seed_task_id)
+    async with access.instance(env_type, seed_task_id) as instance:
+        pool = opening_pool(tools, instance.messages)
+    out: dict[str, dict[str, list[Any]]] = {}
+    from_request: set[str] = set()  # tools whose required arguments all take values of the request
+    for doc in tools:
+        fn = tool_function(doc)
+        if not fn.get("name"):
+            continue
+        parameters = fn.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        # The request's own values alone where it has some (its route, its passenger): a model choosing among them
+        # and the tool docs' examples took the examples (measured with SmolLM2 on flights).
+        found = {}
+        for arg, schema in properties.items():
+            values = known_values(pool, arg, schema or {})
+            salient = [v for v in values if v in pool.salient]
+            if values:
+                found[arg] = salient or values
+        if not found:
+            continue
+        out[fn["name"]] = found
+        required = parameters.get("required") or []
+        if all(any(v in pool.salient for v in found.get(arg, [])) for arg in required) and (
+                required or any(v in pool.salient for values in found.values() for v in values)):
+            from_request.add(fn["name"])
+    # Only the tools the request can fill, where some can: a call on a doc example's passenger is only refused.
+    return {name: found for name, found in out.items() if name in from_request} if from_request else out
+
+
 async def explore_episode(access: EnvAccess, explorer: Explorer, profile: EnvProfile, env_type: str,
                           seed_task_id: str, config: ExploreConfig) -> Exploration:
     """Run one exploration episode in a fresh instance of `seed_task_id`."""
     tools = await access.tool_docs(env_type, seed_task_id)
     listed = [] if tools else action_schema(profile, seed_task_id)
-    pool = ValuePool()
-    for doc in tools:
-        for schema in ((tool_function(doc).get("parameters") or {}).get("properties") or {}).values():
-            pool.harvest(str(schema.get("description", "")), -1)
     async with access.instance(env_type, seed_task_id) as instance:
-        for message in instance.messages:
-            if message.get("role") == "user":
-                pool.harvest_request(str(message.get("content") or ""))
-            else:
-                pool.harvest(str(message.get("content") or ""), -1)
+        pool = opening_pool(tools, instance.messages)
         initial = await instance.snapshot()
         exploration = Exploration(env_type=env_type, seed_task_id=seed_task_id, explorer=explorer.name,
                                   initial_messages=instance.messages, initial_state=initial)

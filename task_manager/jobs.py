@@ -26,10 +26,16 @@ from loguru import logger
 
 from common.faults import disk_full_message, is_disk_full
 from common.schemas import Task
-from task_manager.explore import ExploreConfig, LLMExplorer, RandomExplorer, explore_episode
+from task_manager.explore import (
+    ExploreConfig,
+    LLMExplorer,
+    RandomExplorer,
+    explore_episode,
+    observed_exploration,
+)
 from task_manager.kinds import proposal_kind
 from task_manager.lookups import LookupSynthesizer
-from task_manager.models import Exploration, Proposal, Reference, StoredTask, canonical_hash
+from task_manager.models import Call, Exploration, Proposal, Reference, StoredTask, canonical_hash
 from task_manager.multicall import MultiCallSynthesizer, observed_calls
 from task_manager.protocol import Failures, JobRequest
 from task_manager.synthesize import HindsightSynthesizer, LLMSynthesizer, SynthesisStats, signature
@@ -152,24 +158,26 @@ class JobRunner:
         request = JobRequest.model_validate(job["params"])
         progress, cursor = job["progress"], job["cursor"]
         store.set_job(job_id, status="running")
-        seeds = request.seed_tasks or await context.access.task_ids(request.env, "train")
+        seeds = ([o.seed_task_id for o in request.observed] if request.observed is not None
+                 else request.seed_tasks or await context.access.task_ids(request.env, "train"))
         if not seeds:
             raise ValueError(f"environment {request.env!r} has no train tasks to explore from; pass seed_tasks")
         config = context.explore_config(request)
         profile = await context.profile(request.env)
         explorer_kind, synthesizer_kind = context.roles(request)
-        if request.kind == "synthesize":
+        synthesizes = _synthesizes(request)
+        if synthesizes:
             _check_kinds(request.env, context.settings.synthesis.kinds, profile)
-        index = await context.dedup_index(request.env) if request.kind == "synthesize" else None
+        index = await context.dedup_index(request.env) if synthesizes else None
         synthesis = context.settings.synthesis
-        if request.kind == "synthesize" and synthesis.lookup_kinds == "train":
+        if synthesizes and synthesis.lookup_kinds == "train":
             # What the environment's train tasks ask, by kind and form, of what the job writes (only those).
             asked = await context.asked_kinds(request.env)
             progress["asked_kinds"] = {f"{kind}/{form}": asked[(kind, form)] for what in synthesis.kinds
                                        for kind, form in _asked_of(profile, asked, what)}
         logger.info("job {}: {} on {} from episode {} of {} (explorer {}, synthesizer {})", job_id, request.kind,
                     request.env, cursor, request.episodes, explorer_kind,
-                    synthesizer_kind if request.kind == "synthesize" else "-")
+                    synthesizer_kind if synthesizes else "-")
         concurrency = context.settings.explore.concurrency
         failures_in_a_row = 0
         while cursor < request.episodes:
@@ -201,13 +209,19 @@ class JobRunner:
         rng = random.Random(f"{request.seed}:{episode}")
         seed_task = seeds[episode % len(seeds)]
         try:
-            explorer = (LLMExplorer(context.llm("explorer"), context.settings.explore.max_tokens)
-                        if explorer_kind == "llm" else RandomExplorer(rng))
-            exploration = await explore_episode(context.access, explorer, profile, request.env, seed_task, config)
+            if request.observed is not None:
+                observed = request.observed[episode]
+                exploration = await observed_exploration(
+                    context.access, profile, request.env, seed_task,
+                    [Call(name=c.name, arguments=c.arguments) for c in observed.calls], [c.result for c in observed.calls])
+            else:
+                explorer = (LLMExplorer(context.llm("explorer"), context.settings.explore.max_tokens)
+                            if explorer_kind == "llm" else RandomExplorer(rng))
+                exploration = await explore_episode(context.access, explorer, profile, request.env, seed_task, config)
             exploration.job_id, exploration.episode = job_id, episode
             exploration.exploration_id = f"expl-{canonical_hash([job_id, episode])}"
             result.exploration = exploration
-            if request.kind != "synthesize":
+            if not _synthesizes(request):
                 return result
             synthesis = context.settings.synthesis
             proposals: list[Proposal] = []
@@ -248,7 +262,7 @@ class JobRunner:
         except Exception as exc:  # one bad episode must not end the job; it is counted and logged
             logger.warning("job {} episode {} failed: {}: {}", job_id, episode, type(exc).__name__, exc)
             result.error = f"{type(exc).__name__}: {exc}"
-        if request.kind == "synthesize":
+        if _synthesizes(request):
             result.explain(context.settings.synthesis.kinds)
         elif result.error is not None:
             result.failures.add("episode_error", result.error)
@@ -368,6 +382,11 @@ class JobRunner:
                         ", ".join(t.task_id for t in kept))
 
 
+def _synthesizes(request: JobRequest) -> bool:
+    """Whether the job proposes tasks (from its own explorations, or from observed agent episodes)."""
+    return request.kind in ("synthesize", "observed")
+
+
 def _check_kinds(env: str, kinds: list[str], profile: EnvProfile) -> None:
     """Refuse a kind of task the environment's profile cannot give, naming the section it lacks."""
     if "lookup" in kinds and not any(op.lookups for op in profile.operations().values()):
@@ -386,7 +405,7 @@ def _found_nothing(request: JobRequest, progress: dict[str, Any]) -> str | None:
     errors = failures.by_reason.get("environment_error", 0) + failures.by_reason.get("episode_error", 0)
     if done and errors >= done:
         return f"every exploration failed ({done} episodes): {failures.summary()}"
-    if request.kind == "synthesize" and done and not progress.get("verified"):
+    if _synthesizes(request) and done and not progress.get("verified"):
         rejected = ", ".join(f"{why}: {n}" for why, n in sorted((progress.get("rejected") or {}).items()))
         return (f"{done} explorations gave no verified task ({progress.get('proposed', 0)} proposed"
                 + (f"; verification rejected {rejected}" if rejected else "") + f"): {failures.summary()}")

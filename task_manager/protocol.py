@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictInt, model_validator
 
 from common.schemas import Task, Trajectory, WireModel
 
-JobKind = Literal["synthesize", "explore"]
+JobKind = Literal["synthesize", "explore", "observed"]
 
 
 class Failures(WireModel):
@@ -48,8 +48,40 @@ class Failures(WireModel):
         return counts + (f"; first error: {self.first_error}" if self.first_error else "")
 
 
+class ObservedToolCall(WireModel):
+    """A tool call an agent made and the result its tool gave (as a gateway saw them)."""
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: str
+
+
+class ObservedEpisode(WireModel):
+    """An agent's tool calls in one episode on an instance of `seed_task_id`, in order."""
+
+    seed_task_id: str = Field(min_length=1)
+    calls: list[ObservedToolCall] = Field(min_length=1, max_length=200)
+
+
+class ArgumentValuesRequest(WireModel):
+    """What a forced exploration call of the seed task's tools may take (an agent's exploration through a gateway)."""
+
+    env: str = Field(min_length=1)
+    seed_task_id: str = Field(min_length=1)
+
+
+class ArgumentValuesResponse(WireModel):
+    env: str
+    seed_task_id: str
+    # tool -> argument -> the values an episode of the task knows at its start (its request, the tool docs)
+    tools: dict[str, dict[str, list[Any]]]
+
+
 class JobRequest(WireModel):
-    kind: JobKind = "synthesize"  # synthesize: explore, propose, verify, dedup, store; explore: store explorations
+    # synthesize: explore, propose, verify, dedup, store; explore: store explorations; observed: the same as
+    # synthesize, its explorations the given agent episodes' tool calls (replayed for the states they reach, the
+    # results the agent saw kept as the observations), one per episode.
+    kind: JobKind = "synthesize"
     env: str = Field(min_length=1)
     episodes: int = Field(default=20, ge=1)
     explorer: Literal["auto", "random", "llm"] | None = None
@@ -59,6 +91,16 @@ class JobRequest(WireModel):
     breadth_steps: int | None = Field(default=None, ge=0, le=200)
     depth_steps: int | None = Field(default=None, ge=0, le=200)
     window: int | None = Field(default=None, ge=1, le=50)
+    observed: list[ObservedEpisode] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _observed_episodes(self) -> JobRequest:
+        if (self.kind == "observed") != (self.observed is not None):
+            raise ValueError("observed: give it exactly when kind is 'observed' (the agent episodes to synthesize "
+                             "from)")
+        if self.observed is not None:
+            self.episodes = len(self.observed)
+        return self
 
 
 class JobInfo(WireModel):

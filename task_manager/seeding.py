@@ -89,6 +89,7 @@ async def reference_trajectory(access: EnvAccess, stored: StoredTask) -> Traject
     messages += [m for s in steps for m in (s.action, s.observation) if m is not None]
     return Trajectory(task_id=task.task_id, env_type=task.env_type, messages=messages, steps=steps, outcome=1.0,
                       metadata={"synthetic": True, "seeded_from": "reference", "query": task.query,
+                                "seed_task_id": task.seed_task_id,
                                 # the experience manager keeps one demonstration per kind, never merging kinds
                                 **({"task_kind": task.metadata["task_kind"]} if task.metadata.get("task_kind") else {})})
 

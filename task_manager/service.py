@@ -21,7 +21,7 @@ from common.service import ServiceError
 from task_manager.curriculum import sample_batch, task_key, task_kind
 from task_manager.dedup import DedupIndex
 from task_manager.envs import EnvAccess
-from task_manager.explore import ExploreConfig
+from task_manager.explore import ExploreConfig, argument_values
 from task_manager.grading import Grade, GradingError, llm_judge, state_match
 from task_manager.jobs import JobContext, JobRunner, new_progress
 from task_manager.kinds import asked_kinds, classify, lookup_kinds
@@ -29,6 +29,7 @@ from task_manager.lookups import grade_answer
 from task_manager.models import StoredTask
 from task_manager.profile import EnvProfile, load_profile_file, profile_from_env
 from task_manager.protocol import (
+    ArgumentValuesRequest,
     BatchRequest,
     Failures,
     FeedbackRequest,
@@ -240,9 +241,9 @@ class TaskManager:
             raise ServiceError(400, "too_many_episodes", f"episodes={request.episodes} exceeds "
                                f"task_manager.max_episodes_per_job={self.settings.max_episodes_per_job}")
         explorer, synthesizer = self.roles(request)
-        if explorer == "llm":
+        if explorer == "llm" and request.observed is None:  # observed episodes are explored by the agent
             self.llm("explorer")
-        if request.kind == "synthesize" and synthesizer == "llm":
+        if request.kind != "explore" and synthesizer == "llm":
             self.llm("synthesizer")
         job_id = new_id("job")
         self.store.create_job(job_id, request.kind, request.model_dump(), new_progress(request.episodes))
@@ -450,6 +451,13 @@ class TaskManager:
                 row(str(kind))["tries"] += seen[0]
                 row(str(kind))["solved"] += seen[1]
         return {kind: {**counts, **reasons.get(kind, {})} for kind, counts in sorted(rows.items())}
+
+    async def argument_values(self, request: ArgumentValuesRequest) -> dict[str, Any]:
+        if request.env not in self.settings.environments:
+            raise ServiceError(404, "unknown_environment", f"environment {request.env!r} is not served; "
+                               f"configured: {', '.join(self.settings.environments)}")
+        tools = await argument_values(self.access, request.env, request.seed_task_id)
+        return {"env": request.env, "seed_task_id": request.seed_task_id, "tools": tools}
 
     async def training_references(self, request: TrainingReferencesRequest) -> dict[str, Any]:
         """The trainable synthetic tasks (what batches sample, grown from train tasks) solved by their references;

@@ -25,6 +25,7 @@ from engine.device import resolve_device
 from engine.models import load_model
 from llm_server.client import LLMServerClient
 from trainer import lora
+from trainer.agent_questioning import AgentQuestioning, KeptTask, warm_start_segments
 from trainer.agents import AgentRunner, import_callable, make_agent
 from trainer.config import TrainerConfig
 from trainer.local import TaskCursor
@@ -44,6 +45,7 @@ from trainer.summary import (
     write_summary,
 )
 from trainer.update import PolicyUpdater
+from trainer.warm_start import fine_tune
 
 
 def read_tasks(path: str, task_id_field: str) -> list[dict[str, Any]]:
@@ -103,20 +105,58 @@ class AgentTrainer:
         self.policy.policy_version = await self.gateway.policy_version()
         self.mechanisms = Mechanisms(estimator=cfg.advantage.estimator, experience_ratio=cfg.rollout.experience_ratio,
                                      experience_url=services.experience_url, judge_url=services.judge_url,
+                                     task_url=services.task_url if agent.questioning is not None else None,
                                      experience=cfg.experience, tasks=cfg.tasks, timeout=services.timeout_s,
                                      outage=outage)
         await self.mechanisms.start()
         self.env = (EnvPeer(services.env_url, timeout=services.timeout_s, outage=outage)
                     if agent.env is not None and services.env_url else None)
         grader = import_callable(agent.grader, "agent.grader") if agent.grader else None
-        self.runner = AgentRunner(agent, self.gateway, make_agent(agent), grader=grader, env=self.env,
+        agent_fn = make_agent(agent)
+        self.runner = AgentRunner(agent, self.gateway, agent_fn, grader=grader, env=self.env,
                                   env_url=services.env_url, experience=self.mechanisms.experience,
-                                  experience_ratio=cfg.rollout.experience_ratio)
+                                  experience_ratio=cfg.rollout.experience_ratio, task_grader=self.mechanisms.tasks)
+        self.questioning: AgentQuestioning | None = None
+        if agent.questioning is not None and self.mechanisms.tasks is not None and agent.env is not None:
+            # Its own runner: exploration and reference runs are off-policy and counted apart from RL episodes.
+            explorer = AgentRunner(agent, self.gateway, agent_fn, env=self.env, env_url=services.env_url,
+                                   task_grader=self.mechanisms.tasks)
+            self.questioning = AgentQuestioning(agent.questioning, explorer, self.mechanisms.tasks.client, agent.env)
+        self.device = resolve_device(cfg.device, "trainer.device")
+        self.warm_start_report: dict[str, Any] | None = None
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
         self.records = RolloutRecords(self.out / "rollouts", self.tokenizer)
         self.run_id = uuid.uuid4().hex[:12]
         (self.out / "run_id").write_text(self.run_id)
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    async def question(self) -> None:
+        """Before RL: questioning from the agent's own tool calls, the kept tasks added to the RL tasks, and the
+        warm start on the agent's runs of their references."""
+        assert self.questioning is not None and self.agent_config.questioning is not None
+        report = await self.questioning.run(self.tasks)
+        logger.info("questioning: {} explored episodes, {} observed calls, {} tasks kept", report.explored_episodes,
+                    report.observed_calls, len(report.kept))
+        if self.agent_config.questioning.train_on_kept and report.kept:
+            for kept in report.kept:
+                self.runner.synthetic[kept.env_task.task_id] = kept.env_task
+                self.by_id[kept.env_task.task_id] = kept.task
+            self.cursor = TaskCursor(list(self.by_id), self.config.seed)
+        if self.config.warm_start.enabled:
+            await self.warm_start(report.kept)
+
+    async def warm_start(self, kept: list[KeptTask]) -> None:
+        settings = self.config.warm_start
+        samples = warm_start_segments(kept[: settings.max_tasks] if settings.max_tasks else kept)
+        if not samples:
+            # An agent at its start may reach none: RL starts from the untouched policy, and the summary says so.
+            self.warm_start_report = {"source": "agent_runs", "tasks": 0, "skipped": "no synthetic task was reached"}
+            return
+        trained = await asyncio.to_thread(fine_tune, self.model, samples, settings, self.device, self.config.seed)
+        version = await self.policy.load_weights(lora.serving_view(self.model))
+        self.warm_start_report = {"source": "agent_runs", "tasks": len(kept), "samples": len(samples),
+                                  "assistant_tokens": sum(sum(s.loss_mask) for s in samples), "policy_version": version,
+                                  **trained}
 
     async def train_step(self) -> dict[str, float]:
         cfg = self.config
@@ -159,9 +199,13 @@ class AgentTrainer:
                             last_error=stats.errors[-1] if stats.errors else "")
         mechanisms = await mechanisms_summary(self.mechanisms.tasks, self.mechanisms.experience, self.mechanisms.judge,
                                               self.config.experience.inject, groups, self.config.experience.mode)
+        if self.questioning is not None:
+            mechanisms.setdefault("self_questioning", {})["agent"] = self.questioning.report.summary()
         summary = {"status": "finished", "steps": self.step, "output_dir": str(self.out), "run_id": self.run_id,
                    "dropped_groups": stats.dropped_groups, "rollouts": groups.rollouts, "agent": stats.summary(),
                    "training": training_signal(self.metrics.records()), "mechanisms": mechanisms}
+        if self.warm_start_report is not None:
+            summary["warm_start"] = self.warm_start_report
         summary["checks"] = loop_checks(summary)
         return summary
 
@@ -169,6 +213,8 @@ class AgentTrainer:
         await self.setup()
         history = []
         try:
+            if self.questioning is not None:
+                await self.question()
             while self.step < self.config.steps:
                 metrics = await self.train_step()
                 self.metrics.log(self.step, metrics)

@@ -29,8 +29,10 @@ from loguru import logger
 
 from common.schemas import Task, new_id
 from llm_server.client import LLMServerClient
-from trainer.gateway_rollouts import rollout_from_record
+from llm_server.protocol import EpisodeRecord
+from trainer.gateway_rollouts import graded_trajectory, rollout_from_record
 from trainer.mechanisms import ExperienceSource, GroupExperience, experience_flags
+from trainer.peers import TaskPeer
 from trainer.rollout import EnvAccess, Rollout
 from trainer.settings import AgentConfig
 
@@ -39,7 +41,10 @@ GraderFn = Callable[[dict[str, Any], Any], Any]
 
 
 class AgentFailed(RuntimeError):
-    """The agent crashed, timed out or gave nothing to grade: its episode fails."""
+    """The agent crashed, timed out or gave nothing to grade: its episode fails. `record`: what the gateway
+    recorded of it until then (None when no episode was opened)."""
+
+    record: EpisodeRecord | None = None
 
 
 def import_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -113,6 +118,16 @@ def answer_of(returned: Any) -> Any:
 
 
 @dataclass
+class Played:
+    """One episode as played: the gateway's record, what the agent returned, its outcome (None: not graded)."""
+
+    record: EpisodeRecord
+    returned: Any
+    outcome: float | None
+    experience_ids: list[str] | None = None
+
+
+@dataclass
 class RunnerStats:
     """What the summary reports of gateway episodes."""
 
@@ -142,12 +157,15 @@ class AgentRunner:
 
     def __init__(self, config: AgentConfig, gateway: LLMServerClient, agent: AgentFn, *,
                  grader: GraderFn | None = None, env: EnvAccess | None = None, env_url: str | None = None,
-                 experience: ExperienceSource | None = None, experience_ratio: float = 0.0) -> None:
+                 experience: ExperienceSource | None = None, experience_ratio: float = 0.0,
+                 task_grader: TaskPeer | None = None) -> None:
         if env is None and grader is None and config.env is not None:
             raise ValueError("agent.env needs the environment service (services.env_url)")
         self.config, self.gateway, self.agent, self.grader = config, gateway, agent, grader
         self.env, self.env_url = env, env_url
         self.experience, self.experience_ratio = experience, experience_ratio
+        self.task_grader = task_grader
+        self.synthetic: dict[str, Task] = {}  # synthetic task id -> its environment task (seed and query)
         self.stats = RunnerStats()
         self._limit = asyncio.Semaphore(config.concurrency)
 
@@ -187,48 +205,12 @@ class AgentRunner:
         return list(results)  # type: ignore[arg-type]
 
     async def _episode(self, task: dict[str, Any], group_id: str, shared: GroupExperience | None) -> Rollout:
-        task_id = self.task_id(task)
         started = time.monotonic()
-        async with self._limit:
-            self.stats.episodes += 1
-            episode_id: str | None = None
-            instance_id: str | None = None
-            try:
-                payload = dict(task)
-                if self.config.env is not None and self.env is not None:
-                    created = await self.env.create(self.config.env, Task(task_id=task_id, env_type=self.config.env))
-                    instance_id = created.instance_id
-                    payload["env"] = {"url": self.env_url, "instance_id": instance_id, "name": self.config.env,
-                                      "messages": [m.model_dump(exclude_none=True) for m in created.messages]}
-                experience = await shared.get(self.query(payload)) if shared is not None else None
-                opened = await self.gateway.open_episode(experience.text if experience else None,
-                                                         {"task_id": task_id, "group_id": group_id})
-                episode_id = opened.episode_id
-                returned = await asyncio.wait_for(self.agent(payload, self.gateway.episode_url(episode_id)),
-                                                  self.config.timeout_s)
-                outcome = await self._outcome(task, returned, instance_id)
-            except Exception as exc:
-                if episode_id is not None:  # its calls so far are closed and never trained
-                    await self.gateway.end_episode(episode_id)
-                error = (f"timed out after {self.config.timeout_s} s" if isinstance(exc, asyncio.TimeoutError)
-                         else f"{type(exc).__name__}: {exc}")
-                self.stats.failed(task_id, error)
-                raise AgentFailed(error) from exc
-            finally:
-                if instance_id is not None and self.env is not None:
-                    try:
-                        await self.env.release(instance_id)
-                    except Exception as exc:  # the env service reaps it later
-                        logger.warning("release of {} failed: {}", instance_id, exc)
-            record = await self.gateway.end_episode(episode_id)
-        if record.ended_reason == "weight_update":
-            self.stats.failed(task_id, "cut by a weight update (gateway_drain_timeout_s)")
-            raise AgentFailed(f"episode {episode_id} was cut by a weight update")
-        if not record.calls:
-            self.stats.failed(task_id, "the agent made no model call")
-            raise AgentFailed(f"episode {episode_id}: the agent made no model call through its base_url")
-        built = rollout_from_record(record, task_id=task_id, outcome=outcome, group_id=group_id,
-                                    env_type=self.config.env, experience_ids=experience.ids if experience else None,
+        played = await self.play(task, shared=shared, metadata={"group_id": group_id})
+        record = played.record
+        assert played.outcome is not None
+        built = rollout_from_record(record, task_id=self.task_id(task), outcome=played.outcome, group_id=group_id,
+                                    env_type=self.config.env, experience_ids=played.experience_ids,
                                     seconds=time.monotonic() - started)
         stats = self.stats
         stats.calls += len(record.calls)
@@ -236,7 +218,72 @@ class AgentRunner:
         setattr(stats, built.shape, getattr(stats, built.shape) + 1)
         return built.rollout
 
-    async def _outcome(self, task: dict[str, Any], returned: Any, instance_id: str | None) -> float:
+    async def play(self, task: dict[str, Any], *, shared: GroupExperience | None = None,
+                   metadata: dict[str, Any] | None = None, force_tools: bool = False,
+                   tool_arguments: dict[str, dict[str, list[Any]]] | None = None,
+                   script: list[str] | None = None, grade: bool = True) -> Played:
+        """One episode of the agent on `task` (its own environment instance when `agent.env` is set), graded unless
+        `grade` is false; `force_tools` / `script` make it an off-policy episode (exploration, a reference played
+        through the agent). An agent that fails, or an episode cut or without a model call, raises AgentFailed."""
+        task_id = self.task_id(task)
+        async with self._limit:
+            self.stats.episodes += 1
+            episode_id: str | None = None
+            instance_id: str | None = None
+            try:
+                payload = dict(task)
+                if self.config.env is not None and self.env is not None:
+                    created = await self.env.create(self.config.env, self.env_task(task))
+                    instance_id = created.instance_id
+                    payload["env"] = {"url": self.env_url, "instance_id": instance_id, "name": self.config.env,
+                                      "messages": [m.model_dump(exclude_none=True) for m in created.messages]}
+                experience = await shared.get(self.query(payload)) if shared is not None else None
+                opened = await self.gateway.open_episode(experience.text if experience else None,
+                                                         {"task_id": task_id, **(metadata or {})},
+                                                         force_tools=force_tools, tool_arguments=tool_arguments,
+                                                         script=script)
+                episode_id = opened.episode_id
+                returned = await asyncio.wait_for(self.agent(payload, self.gateway.episode_url(episode_id)),
+                                                  self.config.timeout_s)
+                record = await self.gateway.end_episode(episode_id)
+                if record.ended_reason == "weight_update":
+                    raise AgentFailed("cut by a weight update (gateway_drain_timeout_s)")
+                if not record.calls:
+                    raise AgentFailed("the agent made no model call through its base_url")
+                outcome = await self._outcome(task, returned, instance_id, record) if grade else None
+            except Exception as exc:
+                # Its calls so far are closed and never trained (exploration still reads what its tools returned).
+                record = await self.gateway.end_episode(episode_id) if episode_id is not None else None
+                error = (f"timed out after {self.config.timeout_s} s" if isinstance(exc, asyncio.TimeoutError)
+                         else str(exc) if isinstance(exc, AgentFailed) else f"{type(exc).__name__}: {exc}")
+                self.stats.failed(task_id, error)
+                failure = exc if isinstance(exc, AgentFailed) else AgentFailed(error)
+                failure.record = record
+                raise failure from (None if failure is exc else exc)
+            finally:
+                if instance_id is not None and self.env is not None:
+                    try:
+                        await self.env.release(instance_id)
+                    except Exception as exc:  # the env service reaps it later
+                        logger.warning("release of {} failed: {}", instance_id, exc)
+        return Played(record, returned, outcome, experience.ids if experience else None)
+
+    def env_task(self, task: dict[str, Any]) -> Task:
+        """The environment task an episode of `task` starts: a synthetic task starts its seed task with its own
+        query."""
+        task_id = self.task_id(task)
+        assert self.config.env is not None
+        return self.synthetic.get(task_id) or Task(task_id=task_id, env_type=self.config.env)
+
+    async def _outcome(self, task: dict[str, Any], returned: Any, instance_id: str | None,
+                       record: EpisodeRecord) -> float:
+        synthetic = self.synthetic.get(self.task_id(task))
+        if synthetic is not None:  # graded against its reference by the task manager that made it
+            if self.task_grader is None:
+                raise AgentFailed(f"task {synthetic.task_id!r} is synthetic and no task manager grades it")
+            state = await self.env.state(instance_id) if instance_id is not None and self.env is not None else None
+            trajectory = graded_trajectory(record, task_id=synthetic.task_id, env_type=self.config.env)
+            return await self.task_grader.grade(synthetic, state, trajectory)
         if instance_id is not None and self.env is not None and self.grader is None:
             return float((await self.env.evaluate(instance_id)).score)
         own = reward_of(returned)

@@ -212,9 +212,16 @@ class TrainerConfig(StrictModel):
                                  "policy.url to the llm_server that serves it")
             if self.agent.env is not None and not self.services.env_url:
                 raise ValueError(f"agent.env={self.agent.env} creates an instance per episode: set services.env_url")
-            if self.warm_start.enabled or self.overlap or self.experience.mode != "group_start":
-                raise ValueError("trainer.agent runs without warm_start, overlap and experience.mode action/step "
-                                 "(they drive evolver's own agent loop): turn them off")
+            if self.overlap or self.experience.mode != "group_start":
+                raise ValueError("trainer.agent runs without overlap and experience.mode action/step (they drive "
+                                 "evolver's own agent loop): turn them off")
+            if self.agent.questioning is not None and not self.services.task_url:
+                raise ValueError("agent.questioning synthesizes through the task manager: set services.task_url")
+            if self.warm_start.enabled and (self.agent.questioning is None or self.warm_start.source != "synthetic"
+                                            or self.warm_start.from_checkpoint):
+                raise ValueError("trainer.agent warm-starts only on the synthetic tasks its own runs reached: set "
+                                 "agent.questioning and warm_start.source: synthetic (no from_checkpoint), or turn "
+                                 "warm_start off")
         if self.advantage.needs_step_labels and not self.services.judge_url:
             raise ValueError(f"advantage.estimator={self.advantage.estimator} needs step labels: set "
                              "services.judge_url (the judge service), or use an estimator without them (grpo, gigpo)")

@@ -30,9 +30,13 @@ class GatewayRollout:
 
 def rollout_from_record(record: EpisodeRecord, *, task_id: str, outcome: float, group_id: str,
                         env_type: str | None = None, experience_ids: list[str] | None = None,
-                        seconds: float = 0.0) -> GatewayRollout:
+                        seconds: float = 0.0, off_policy: bool = False) -> GatewayRollout:
+    """`off_policy`: accept a forced or scripted episode (the warm start's data); RL never passes it."""
     if not record.calls:
         raise ValueError(f"episode {record.episode_id} made no model call: there is nothing to train on")
+    if record.mode != "policy" and not off_policy:
+        raise ValueError(f"episode {record.episode_id} is {record.mode}: its replies were not sampled by the policy "
+                         "as it stands, so it never trains the RL update (it feeds synthesis or the warm start)")
     segments: list[Segment] = []
     logprobs: list[float] = []
     previous: GatewayCall | None = None
@@ -58,6 +62,16 @@ def rollout_from_record(record: EpisodeRecord, *, task_id: str, outcome: float, 
     rollout = Rollout(trajectory, segments, generated_tokens=sum(len(c.token_ids) for c in record.calls),
                       seconds=seconds, policy_versions=[c.policy_version for c in record.calls])
     return GatewayRollout(rollout, shape)
+
+
+def graded_trajectory(record: EpisodeRecord, *, task_id: str, env_type: str | None) -> Trajectory:
+    """The episode as a grader reads it: the agent's opening and one step per call, the last one done when its
+    reply is plain text (the answer)."""
+    steps = _steps(record.calls)
+    if steps and not record.calls[-1].tool_calls:
+        steps[-1] = steps[-1].model_copy(update={"done": True})
+    return Trajectory(task_id=task_id, env_type=env_type, messages=_opening(record.calls[0].messages if record.calls
+                                                                             else []), steps=steps)
 
 
 def _opening(messages: list[dict[str, Any]]) -> list[ChatMessage]:

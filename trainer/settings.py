@@ -138,6 +138,21 @@ class WarmStartConfig(StrictModel):
         "start (the ablation's W rows); the weights' digest is checked against the report's"))
 
 
+class AgentQuestioningConfig(StrictModel):
+    """`trainer.agent.questioning`: tasks synthesized from the agent's own tool calls before RL
+    (`trainer.agent_questioning`); needs `agent.env` (its profile says what a task is) and the task manager."""
+
+    explore_tasks: int = Field(default=8, ge=1, description=(
+        "explore from the first N tasks of agent.tasks (each a seed: its environment instance)"))
+    explore_episodes: int = Field(default=2, ge=1, description=(
+        "forced-tools episodes per explored task (off-policy: they feed synthesis, never the RL update)"))
+    max_tasks: int = Field(default=64, ge=1, description=(
+        "verified synthetic tasks played through the agent at most (one of each kind in turn)"))
+    train_on_kept: bool = Field(default=True, description=(
+        "the tasks the agent's run reached join agent.tasks for the RL steps"))
+    job_timeout_s: float = Field(default=900.0, gt=0, description="the task manager's synthesis job must end in this")
+
+
 class AgentConfig(StrictModel):
     """`trainer.agent`: train an agent the user already has, through the gateway (`trainer.agents`)."""
 
@@ -159,9 +174,15 @@ class AgentConfig(StrictModel):
         "environment's task"))
     timeout_s: float = Field(default=300.0, gt=0, description="an episode running longer fails")
     concurrency: int = Field(default=16, ge=1, description="episodes in flight at once")
+    questioning: AgentQuestioningConfig | None = Field(default=None, description=(
+        "before RL: explore with forced tool calls, synthesize tasks from what the tools returned, keep those the "
+        "agent's run reaches (and warm-start on them with trainer.warm_start); needs env and services.task_url"))
 
     @model_validator(mode="after")
     def _one_agent(self) -> AgentConfig:
         if (self.callable is None) == (self.command is None):
             raise ValueError("give exactly one of agent.callable or agent.command")
+        if self.questioning is not None and self.env is None:
+            raise ValueError("agent.questioning synthesizes tasks from an environment's tools (its profile says what "
+                             "a task is): set agent.env")
         return self

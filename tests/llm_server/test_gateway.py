@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from common.service import ServiceError
-from engine.models import load_model
+from engine.models import load_model, load_tokenizer
 from llm_server.episodes import EpisodeRegistry
 from llm_server.protocol import EpisodeOpen, EpisodeRecord
 from tests.helpers import ServiceProcess
@@ -107,7 +107,7 @@ def test_streaming_tool_calls_through_the_sdk_and_the_header(tiny_server: Servic
 
 
 def test_experience_is_shown_and_never_in_a_training_context(tiny_server: ServiceProcess) -> None:
-    tokenizer = load_model("tiny")[1]
+    tokenizer = load_tokenizer("tiny")
     episode = _open(tiny_server, experience="Always move left first.")
     client = _client(tiny_server, episode)
     messages = [dict(m) for m in START]
@@ -193,3 +193,61 @@ async def test_old_records_are_dropped_and_their_ids_still_refuse_calls() -> Non
     with pytest.raises(ServiceError) as again:
         await registry.open_episode(EpisodeOpen(episode_id=first.episode_id))
     assert again.value.status == 409
+
+
+def test_a_forced_episode_calls_a_tool_every_time_and_records_what_came_back(tiny_server: ServiceProcess) -> None:
+    """`force_tools`: the agent asks with tool_choice auto (its own code, unchanged), the gateway answers every call
+    with a valid call of an offered tool, and the record pairs each call with the result the agent sent back."""
+    episode = _open(tiny_server, force_tools=True)
+    client = _client(tiny_server, episode)
+    messages = list(START)
+    for turn in range(3):
+        reply = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=60,
+                                               temperature=1.0).choices[0].message
+        assert reply.tool_calls and reply.tool_calls[0].function.name == "move", reply
+        messages.append(reply.model_dump(exclude_none=True))
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": f"result {turn}.{i}"}
+                     for i, c in enumerate(reply.tool_calls)]
+    record = _end(tiny_server, episode)
+    assert record.mode == "forced" and len(record.calls) == 3
+    issued = [c for call in record.calls[:2] for c in call.tool_calls]  # the last call's results never came back
+    assert [(o.tool_call_id, o.name, o.result) for o in record.observed] == [
+        (c["id"], "move", f"result {turn}.{i}") for turn, call in enumerate(record.calls[:2])
+        for i, c in enumerate(call.tool_calls)]
+    assert all(o.arguments["to"] in ("left", "right") for o in record.observed) and len(issued) == len(record.observed)
+    # Grounded: a listed argument takes one of its values (the tools shown in the prompt stay as the agent sent them).
+    grounded = _open(tiny_server, force_tools=True, tool_arguments={"move": {"to": ["right"]}})
+    client = _client(tiny_server, grounded)
+    for _ in range(3):
+        reply = client.chat.completions.create(model="tiny", messages=START, tools=TOOLS, max_tokens=60,
+                                               temperature=1.0).choices[0].message
+        assert [(c.function.name, c.function.arguments) for c in reply.tool_calls] == [("move", '{"to": "right"}')]
+    assert _end(tiny_server, grounded).calls[0].tools == TOOLS
+    alone = httpx.post(f"{tiny_server.url}/v1/episodes", json={"tool_arguments": {"move": {"to": ["left"]}}},
+                       timeout=30)
+    assert alone.status_code == 422 and "set force_tools too" in alone.text
+
+
+def test_a_scripted_episode_gives_its_replies_as_the_model_would_write_them(tiny_server: ServiceProcess) -> None:
+    tokenizer = load_tokenizer("tiny")
+    script = ['<tool_call>{"name": "move", "arguments": {"to": "left"}}</tool_call>', "The answer is left."]
+    episode = _open(tiny_server, script=script)
+    client = _client(tiny_server, episode)
+    messages = list(START)
+    reply = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS).choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in reply.tool_calls] == [("move", '{"to": "left"}')]
+    messages += [reply.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": reply.tool_calls[0].id,
+                                                       "content": "you are left"}]
+    assert client.chat.completions.create(model="tiny", messages=messages,
+                                          tools=TOOLS).choices[0].message.content == "The answer is left."
+    with pytest.raises(openai.ConflictError, match="script"):
+        client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+    record = _end(tiny_server, episode)
+    assert record.mode == "scripted" and record.calls[1].extends == 0  # merged, as a sampled episode's would be
+    for call, text in zip(record.calls, script, strict=True):
+        assert call.token_ids == tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert [(o.name, o.arguments, o.result) for o in record.observed] == [("move", {"to": "left"}, "you are left")]
+    stats = httpx.get(f"{tiny_server.url}/v1/stats", timeout=30).json()["gateway"]
+    assert stats["scripted_calls"] >= 2 and stats["forced_calls"] >= 3
+    both = httpx.post(f"{tiny_server.url}/v1/episodes", json={"force_tools": True, "script": ["x"]}, timeout=30)
+    assert both.status_code == 422 and "force_tools or script" in both.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import openai
 
 TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {
@@ -12,16 +13,20 @@ TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {
     "additionalProperties": False}}}]
 
 
-async def _loop(task: dict[str, Any], base_url: str, *, rewrite: bool) -> dict[str, Any]:
+async def _loop(task: dict[str, Any], base_url: str, *, rewrite: bool, tool_choice: str = "required"
+                ) -> dict[str, Any]:
     """Two forced tool calls (a random model calls no tool by itself), then a reply; the answer is where it moved.
-    `rewrite`: before each call the history is folded into one user message, as summarising agents do."""
+    `rewrite`: before each call the history is folded into one user message, as summarising agents do.
+    `tool_choice` auto: the model decides (the loop ends at its first reply without a call)."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You move."},
                                       {"role": "user", "content": task["query"]}]
     moves: list[str] = []
     for _ in range(2):
         reply = (await client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
-                                                      tool_choice="required", max_tokens=40)).choices[0].message
+                                                      tool_choice=tool_choice, max_tokens=40)).choices[0].message
+        if not reply.tool_calls:
+            break
         call = reply.tool_calls[0]
         moves.append("left" if "left" in call.function.arguments else "right")
         if rewrite:
@@ -36,6 +41,11 @@ async def _loop(task: dict[str, Any], base_url: str, *, rewrite: bool) -> dict[s
 
 async def agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
     return await _loop(task, base_url, rewrite=False)
+
+
+async def auto_agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
+    """Leaves the choice of a tool to the model (`tool_choice: auto`), as most agents do."""
+    return await _loop(task, base_url, rewrite=False, tool_choice="auto")
 
 
 async def rewriting_agent(task: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -78,3 +88,27 @@ reply = client.chat.completions.create(model="any", messages=[{"role": "user", "
 print("some log line")
 print(json.dumps({"reward": 0.25 if task["task_id"] == "a" else 0.75}))
 """
+
+
+
+async def blind_flights_agent(task: dict[str, Any], base_url: str) -> str | None:
+    """A flights agent whose tool layer is broken: every tool call answers `[]` without reaching the desk. Its runs
+    of a reference never reach it."""
+    env = task["env"]
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    async with httpx.AsyncClient(base_url=env["url"], timeout=60) as desk:
+        tools = (await desk.get(f"/v1/environments/{env['name']}/tools")).json()["tools"]
+        messages: list[dict[str, Any]] = list(env["messages"])
+        try:
+            for _ in range(4):
+                reply = (await client.chat.completions.create(model="any", messages=messages, tools=tools,
+                                                              max_tokens=64)).choices[0].message
+                messages.append(reply.model_dump(exclude_none=True))
+                if not reply.tool_calls:
+                    await desk.post(f"/v1/instances/{env['instance_id']}/step",
+                                    json={"action": {"role": "assistant", "content": reply.content or ""}})
+                    return reply.content
+                messages += [{"role": "tool", "tool_call_id": c.id, "content": "[]"} for c in reply.tool_calls]
+            return None
+        finally:
+            await client.close()
