@@ -407,11 +407,25 @@ def _fill_trainer(data: dict[str, Any], launcher: LauncherSettings, services: li
         _set_default(ray_section, "address", ray.address)
     if launcher.resume:
         trainer["resume"] = True
+    if "llm_server" in launcher.placement and policy.get("kind") == "endpoint" and policy.get("url") == urls.get(
+            "llm_server"):
+        _upload_to_placed_server(policy)
     if ("llm_server" in services and policy.get("kind") == "endpoint"
             and not uploads_weights(policy.get("weights_transfer", "auto"), str(policy.get("url")))):
         # The trainer writes weights to <output_dir>/weights and names the file; the server loads from nowhere
         # else. Off loopback they travel as the request body instead, and no folder is shared.
         _set_default(_section(data, "llm_server"), "weights_dir", str(Path(trainer["output_dir"]) / "weights"))
+
+
+def _upload_to_placed_server(policy: dict[str, Any]) -> None:
+    """A placed llm_server shares no folder with the trainer: its weights travel as the upload's body. `auto` would
+    not say so when the node's address is a loopback one (a test cluster on one machine), so it is made explicit."""
+    transfer = policy.get("weights_transfer", "auto")
+    if transfer == "path":
+        raise ConfigError("trainer.policy.weights_transfer: `path` needs a folder that the trainer and llm_server "
+                          "share, and launcher.placement.llm_server runs llm_server on another node; set it to "
+                          "http (or auto), or drop launcher.placement.llm_server")
+    policy["weights_transfer"] = "http"
 
 
 def _check_dormant(name: str, section: Any) -> None:

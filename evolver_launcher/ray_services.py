@@ -32,11 +32,14 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACED_HOST_SUFFIX = ".ray-placed.invalid"  # `.invalid` never resolves: a URL holding it was not filled in
 
-# Per service: the keys that hold its state, and their place under the node's store folder.
+# Per service: the keys that hold its state, and their place under the node's store folder. llm_server's is the
+# only folder it loads weights from by path; a placed one gets them uploaded, so it stays empty unless a user
+# copies weights there.
 STORE_KEYS: dict[str, dict[str, str]] = {
     "task_manager": {"store_dir": "task_manager"},
     "experience_manager": {"store": "experience_store"},
     "judge": {"audit_log": "judge/audit.jsonl"},
+    "llm_server": {"weights_dir": "weights"},
 }
 NODE_STORE = "<node store>"  # a path's start, in the plan, that the actor resolves to its node's store folder
 

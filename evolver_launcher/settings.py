@@ -76,9 +76,6 @@ class RayLaunch(StrictModel):
     object_store_memory_mb: int = Field(default=512, ge=80, description="shared memory the object store reserves")
 
 
-PlaceableService = Literal["env_service", "task_manager", "experience_manager", "judge"]
-
-
 class ServicePlacement(StrictModel):
     """A service run as a Ray actor on a node Ray picks, instead of a process on the launcher's machine."""
 
@@ -91,8 +88,9 @@ class ServicePlacement(StrictModel):
         "how often Ray restarts the service's actor after a crash (its process, or the server in it); once "
         "spent, the run stops"))
     store_root: str | None = Field(default=None, description=(
-        "the folder on the service's node that holds its store (task store, experience store, judge audit) "
-        "under <experiment>/<service>/ (default: the node's temporary folder, evolver-stores/)"))
+        "the folder on the service's node that holds its store (task store, experience store, judge audit, "
+        "llm_server's weights_dir) under <experiment>/<service>/ (default: the node's temporary folder, "
+        "evolver-stores/)"))
 
     @model_validator(mode="after")
     def _somewhere(self) -> ServicePlacement:
@@ -145,9 +143,10 @@ class LauncherSettings(StrictModel):
     stop_timeout_s: float = Field(default=15.0, gt=0, description="SIGTERM grace before SIGKILL")
     log_tail_lines: int = Field(default=40, ge=1)
     ray: RayLaunch = Field(default_factory=RayLaunch)
-    placement: dict[PlaceableService, ServicePlacement] = Field(default_factory=dict, description=(
+    placement: dict[ServiceName, ServicePlacement] = Field(default_factory=dict, description=(
         "per service: run it as a Ray actor on a node chosen by labels or resources, restarted by Ray; it binds "
-        "and advertises that node's address and keeps its store there"))
+        "and advertises that node's address and keeps its store there (a placed llm_server gets the trainer's "
+        "weights as the body of POST /v1/weights/upload)"))
     synthesis: SynthesisLaunch = Field(default_factory=SynthesisLaunch)
     studio: StudioLaunch = Field(default_factory=StudioLaunch)
 

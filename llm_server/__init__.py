@@ -26,7 +26,8 @@ Routes (all JSON; errors are `{"error": {"code", "message", "details"}}`):
   (`stream: true`, server-sent events).
 - `GET /v1/stats` (and `/metrics`): requests, rows, prefill_batches, decode_steps, forward_batches,
   prompt_tokens, generated_tokens, max_rows_in_batch, weight_updates, active_rows, queued_requests,
-  and `structured_outputs` (constrained rows/tokens, mixed decode steps, mask time, grammar cache).
+  and `structured_outputs` (constrained rows/tokens, mixed decode steps, mask time, grammar cache);
+  `/v1/stats` also weight_uploads (the updates that came as `POST /v1/weights/upload` bodies).
 
 Typed client: `llm_server.client.LLMServerClient`.
 """

@@ -153,6 +153,8 @@ async def _load_weights(served: ServedModel, episodes: EpisodeRegistry, tensors:
                            f"{exc}") from None
     async with episodes.weight_swap():
         version = await asyncio.wrap_future(served.engine.update_weights(tensors, policy_version))
+    if source == "upload":
+        served.weight_uploads += 1
     return WeightUpdateResponse(policy_version=version, loaded_tensors=len(tensors), path=source)
 
 
@@ -174,7 +176,8 @@ async def stats(served: Served, episodes: Episodes) -> dict:
         "requests": s.requests, "rows": s.rows, "prefill_batches": s.prefill_batches,
         "decode_steps": s.decode_steps, "forward_batches": s.forward_batches, "prompt_tokens": s.prompt_tokens,
         "generated_tokens": s.generated_tokens, "max_rows_in_batch": s.max_rows_in_batch,
-        "weight_updates": s.weight_updates, "failed_batches": s.failed_batches,
+        "weight_updates": s.weight_updates, "weight_uploads": served.weight_uploads,
+        "failed_batches": s.failed_batches,
         "kv_peak_bytes": s.kv_peak_bytes, "kv_reallocations": s.kv_reallocations,
         "prefill_tokens": s.prefill_tokens, "shared_prefix_tokens": s.shared_prefix_tokens,
         "prefill_seconds": round(s.prefill_seconds, 6), "decode_seconds": round(s.decode_seconds, 6),

@@ -28,6 +28,7 @@ class ServedModel:
         self.context_length = engine.context_length
         self.vocab_size = len(tokenizer)
         self.created = int(time.time())
+        self.weight_uploads = 0  # updates whose weights came as a request's body (a trainer on another node)
 
 
 # ---- request checks and prompts ---------------------------------------------------------------

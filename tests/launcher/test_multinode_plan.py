@@ -11,6 +11,7 @@ import pytest
 
 from common.config import ConfigError, compose
 from evolver_launcher.plan import build_plan
+from evolver_launcher.ray_services import fill_address
 from launcher import describe_plan
 from tests.helpers import REPO
 
@@ -122,10 +123,37 @@ def test_a_placed_service_waits_for_its_node_address_and_keeps_its_store_there()
     assert "runs in a Ray actor on a node with {'evolver/role': 'services'}" in text
 
 
+def test_a_placed_llm_server_gets_the_weights_by_upload_into_a_folder_on_its_node():
+    raw = quickstart_on_two_hosts(hosts={}, placement={"llm_server": {"node_labels": {"evolver/role": "gpu"}},
+                                                       "task_manager": {"node_labels": {"evolver/role": "services"}}})
+    raw["task_manager"]["llm"] = {"synthesizer": {"base_url": "llm_server"}}
+    plan = build_plan(raw, QUICKSTART, environ={})
+    placeholder = "http://llm_server.ray-placed.invalid:"
+    policy, judge_llm = plan.data["trainer"]["policy"], plan.data["judge"]["llm"]
+    synthesizer = plan.data["task_manager"]["llm"]["synthesizer"]
+    for url in (policy["url"], judge_llm["base_url"], synthesizer["base_url"]):
+        assert url.startswith(placeholder), url
+    # The token goes with every call to it; the weights go as the upload's body, whatever address the node has.
+    assert policy["api_key_env"] == judge_llm["api_key_env"] == synthesizer["api_key_env"] == "EVOLVER_API_TOKEN"
+    assert plan.token is not None and plan.child("llm_server").env["EVOLVER_API_TOKEN"] == plan.token.value
+    assert policy["weights_transfer"] == "http"
+    assert plan.data["llm_server"]["weights_dir"] == "<node store>/weights"
+    # Its callers start once Ray placed it, and read its node's address then (what the launcher does on placement).
+    assert {"llm_server"} <= set(plan.child("judge").depends_on) & set(plan.child("task_manager").depends_on)
+    placed = urls_in(fill_address(plan.data, "llm_server", HOST_B))
+    assert not [k for k, v in placed.items() if "llm_server.ray-placed" in v], placed
+    assert placed["trainer.policy.url"].startswith(f"http://{HOST_B}:")
+    raw = quickstart_on_two_hosts(hosts={}, placement={"llm_server": {"node_labels": {"evolver/role": "gpu"}}})
+    raw["trainer"]["policy"]["weights_transfer"] = "path"
+    with pytest.raises(ConfigError, match=r"trainer\.policy\.weights_transfer: `path` needs a folder that the "
+                                          r"trainer and llm_server share"):
+        build_plan(raw, QUICKSTART, environ={})
+
+
 @pytest.mark.parametrize(("placement", "message"), [
     ({"judge": {}}, r"launcher\.placement\.judge.*give node_labels or resources"),
     ({"judge": {"node_labels": {"a": "b"}, "max_restart": 1}}, r"launcher\.placement\.judge\.max_restart"),
-    ({"llm_server": {"node_labels": {"a": "b"}}}, r"launcher\.placement\.llm_server"),
+    ({"studio": {"node_labels": {"a": "b"}}}, r"launcher\.placement\.studio.*'llm_server', 'env_service'"),
     ({"judge": {"node_labels": {"a": "b"}}, "task_manager": {"resources": {"x": 1}}}, None),
 ])
 def test_placement_settings_are_checked_with_their_key_path(placement, message):

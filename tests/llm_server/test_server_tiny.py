@@ -111,16 +111,19 @@ async def test_weights_travel_as_the_body_when_the_trainer_shares_no_folder(tiny
         winner = model(**ids).logits[0, -1].argmax()
         model.lm_head.weight[tokenizer.convert_tokens_to_ids("right")] = 2 * model.lm_head.weight[winner]
     policy = EndpointPolicy(tiny_server.url, "tiny", weights_dir=tmp_path / "trainer-node", transfer="http")
+    uploads = httpx.get(f"{tiny_server.url}/v1/stats", timeout=30).json()["weight_uploads"]
     try:
         policy.policy_version = before["policy_version"]
         version = await policy.load_weights(model)
         assert version == before["policy_version"] + 1
+        assert httpx.get(f"{tiny_server.url}/v1/stats", timeout=30).json()["weight_uploads"] == uploads + 1
         after = _greedy(tiny_server)
         assert after["policy_version"] == version and after["choices"][0]["message"]["content"].startswith("right")
         refused = httpx.post(f"{tiny_server.url}/v1/weights/upload", content=b"not safetensors", timeout=30,
                              headers={"content-type": "application/octet-stream"})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "weights_invalid"
         assert _greedy(tiny_server)["policy_version"] == version
+        assert httpx.get(f"{tiny_server.url}/v1/stats", timeout=30).json()["weight_uploads"] == uploads + 1
     finally:
         await policy.aclose()
         original, _ = load_model("tiny")  # back to the weights the other tests expect
