@@ -51,9 +51,11 @@ class LLMServerClient(ServiceClient):
     async def open_episode(self, experience: str | None = None, metadata: dict[str, Any] | None = None,
                            episode_id: str | None = None, *, force_tools: bool = False,
                            tool_arguments: dict[str, dict[str, list[Any]]] | None = None,
-                           script: list[str] | None = None) -> EpisodeRecord:
+                           script: list[str] | None = None, script_results: list[str] | None = None
+                           ) -> EpisodeRecord:
         """A gateway episode: its agent calls `<url>/v1/episodes/{episode_id}/chat/completions`. `force_tools`
-        (exploration) and `script` (replies given, not sampled) make it off-policy."""
+        (exploration) and `script` (replies given, not sampled; `script_results`: what its tool calls returned
+        when recorded, to carry generated ids over) make it off-policy."""
         body: dict[str, Any] = {"metadata": metadata or {}}
         if force_tools:
             body["force_tools"] = True
@@ -61,6 +63,8 @@ class LLMServerClient(ServiceClient):
             body["tool_arguments"] = tool_arguments
         if script is not None:
             body["script"] = script
+        if script_results is not None:
+            body["script_results"] = script_results
         if experience:
             body["experience"] = experience
         if episode_id:

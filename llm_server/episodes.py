@@ -13,6 +13,11 @@ template's rendering of what came after (`glue_ids`). The model then continues w
 the calls merge into one trajectory. Any other history (the agent rewrote, summarised or dropped turns)
 is rendered as sent: that call trains as its own transition.
 
+Scripted episodes. A script's replies are a reference's, recorded in another run: an id that run's tools
+generated (an order number) is another value in this one. Given the reference's results (`script_results`),
+each reply's generated ids are carried over to the ones this episode's tool results show, by the task manager's
+replay rule (`common.generated_ids`), so that a booking's cancel names the order this run booked.
+
 Weight updates. An episode samples from one policy version: a weight update waits until every open episode
 has ended, and episodes opened while it waits start after it. An episode still open after
 `gateway_drain_timeout_s` is cut (`ended_reason: weight_update`; its later calls get 409) so that a stuck
@@ -30,6 +35,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.generated_ids import learned
 from common.service import ServiceError
 from llm_server.protocol import EpisodeMode, EpisodeOpen, EpisodeRecord, GatewayCall, ObservedToolResult
 
@@ -95,6 +101,7 @@ class Episode:
     ended_reason: str | None = None
     mode: EpisodeMode = "policy"
     script: list[str] = field(default_factory=list)  # a scripted episode's replies, in order
+    script_results: list[str] = field(default_factory=list)  # what the script's tool calls returned when recorded
     tool_arguments: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # a forced call's values
 
     def start_call(self) -> int:
@@ -137,17 +144,26 @@ class Episode:
     def calls_by_index(self) -> dict[int, GatewayCall]:
         return {c.index: c for c in self.calls}
 
-    def observed(self) -> list[ObservedToolResult]:
-        """Each tool call the episode's replies made whose result the agent sent back in a later call."""
+    def observed(self, messages: list[dict[str, Any]] | None = None) -> list[ObservedToolResult]:
+        """Each tool call the episode's replies made whose result the agent sent back in a later call (or in
+        `messages`, a call not yet recorded)."""
         results: dict[str, str] = {}
-        for call in self.calls:
-            for message in call.messages:
+        for sent in [*(call.messages for call in self.calls), messages or []]:
+            for message in sent:
                 if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
                     results.setdefault(message["tool_call_id"], _text(message.get("content")))
         return [ObservedToolResult(call_index=call.index, tool_call_id=issued["id"], name=issued["function"]["name"],
                                    arguments=_arguments(issued["function"].get("arguments")),
                                    result=results[issued["id"]])
                 for call in self.calls for issued in call.tool_calls if issued.get("id") in results]
+
+    def scripted_reply(self, index: int, messages: list[dict[str, Any]]) -> str:
+        """The script's reply `index`, its generated ids those of this run: learned from the recorded results and
+        the results the agent's tools returned so far, in order."""
+        reply = self.script[index]
+        if not self.script_results:
+            return reply
+        return learned(self.script_results, [o.result for o in self.observed(messages)]).apply(reply)
 
     def record(self) -> EpisodeRecord:
         return EpisodeRecord(episode_id=self.episode_id, status="open" if self.ended_reason is None else "ended",
@@ -190,7 +206,8 @@ class EpisodeRegistry:
                                                           "a new episode_id or leave episode_id out")
             mode: EpisodeMode = "forced" if request.force_tools else "scripted" if request.script else "policy"
             episode = Episode(episode_id, request.experience, dict(request.metadata), mode=mode,
-                              script=list(request.script or []), tool_arguments=dict(request.tool_arguments or {}))
+                              script=list(request.script or []), script_results=list(request.script_results or []),
+                              tool_arguments=dict(request.tool_arguments or {}))
             self.open[episode_id] = episode
             self.counters.opened += 1
             return episode

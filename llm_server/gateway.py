@@ -1,8 +1,9 @@
 """The gateway: an agent's OpenAI chat calls, attributed to an episode and recorded token for token.
 
-- `POST /v1/episodes` `{"episode_id"?, "experience"?, "metadata"?, "force_tools"?, "script"?}`: open one (201, its
-  record). `force_tools`: every call offering tools is constrained to a call of one of them (exploration);
-  `script`: the replies are given, not sampled (a reference played through the agent). Both are off-policy.
+- `POST /v1/episodes` `{"episode_id"?, "experience"?, "metadata"?, "force_tools"?, "script"?, "script_results"?}`:
+  open one (201, its record). `force_tools`: every call offering tools is constrained to a call of one of them
+  (exploration); `script`: the replies are given, not sampled (a reference played through the agent), their
+  generated ids carried over to this run's by `script_results`. Both are off-policy.
 - `POST /v1/episodes/{id}/chat/completions`: OpenAI chat, streaming or not, tools included; an unchanged
   SDK client needs only `base_url=<server>/v1/episodes/{id}` (any `model` name: the policy answers). `POST /v1/chat/completions` with the
   `X-Evolver-Episode: {id}` header is the same call.
@@ -115,7 +116,7 @@ async def recorded_chat(served: ServedModel, episodes: EpisodeRegistry, episode_
     index = episode.start_call()
     generation_ids, train_ids, extends, glue = _contexts(served, episode, request)
     if episode.mode == "scripted":
-        result = _scripted(served, episode.script[index], generation_ids)
+        result = _scripted(served, episode.scripted_reply(index, request.messages), generation_ids)
     else:
         result = await generate(served, request, generation_ids,
                                 request.max_completion_tokens or request.max_tokens, _top(request), grammar)

@@ -181,6 +181,10 @@ class EpisodeOpen(StrictModel):
     script: list[str] | None = Field(default=None, min_length=1, description=(
         "replies given in order instead of sampling, in the model's own text format (a `<tool_call>` block for a "
         "tool call): a reference played through the agent's own code; off-policy"))
+    script_results: list[str] | None = Field(default=None, description=(
+        "with script: what the script's tool calls returned when the reference was recorded, in order: an id "
+        "that run generated (an order number) is replaced in the later replies by the one this run's tools "
+        "returned in its place"))
 
     @model_validator(mode="after")
     def _one_mode(self) -> EpisodeOpen:
@@ -188,6 +192,8 @@ class EpisodeOpen(StrictModel):
             raise ValueError("give force_tools or script, not both: a scripted reply is not sampled")
         if self.tool_arguments is not None and not self.force_tools:
             raise ValueError("tool_arguments grounds forced calls: set force_tools too")
+        if self.script_results is not None and self.script is None:
+            raise ValueError("script_results carries a script's generated ids: give the script too")
         return self
 
 

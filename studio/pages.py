@@ -18,6 +18,9 @@ from studio.sources import load_pool, load_tasks, search_pool
 
 COUNTER_PREFIXES = ("experience/", "tasks/", "judge/", "rollout/dropped_groups", "rollout/groups",
                     "rollout/env_error_rate")
+# A mechanism's section of summary.json holds the trainer's counters and, under these keys, the services' own
+# reports, which the tasks and experiences pages show.
+SERVICE_REPORTS = ("service", "pool", "funnel_by_kind")
 
 
 def paginate(raw: str | None, total: int, size: int) -> tuple[int, int, int]:
@@ -167,8 +170,29 @@ def _live_context(run: Run, lines: JsonLines) -> dict[str, Any]:
     summary = run.summary or {}
     return {"status": run.status, "charts": charts, "counters": sorted(counters.items()),
             "steps": max((int(r.get("step", 0)) for r in records), default=0), "records": len(records),
-            "eval": summary.get("eval") or {}, "mechanisms": summary.get("mechanisms") or {},
-            "collapse": summary.get("collapse")}
+            "eval": summary.get("eval") or {}, "mechanisms": mechanism_counters(summary.get("mechanisms") or {}),
+            "gateway": counter_rows(summary.get("agent") or {}), "collapse": summary.get("collapse")}
+
+
+def mechanism_counters(mechanisms: dict[str, Any]) -> dict[str, list[tuple[str, Any]]]:
+    """Each mechanism's counters as rows, the same for in-loop and gateway runs: a nested section (a gateway
+    run's `self_questioning.agent`, the judge's labels by source) flattened into `section/key` rows, as the
+    metrics log flattens them."""
+    return {name: counter_rows(values, skip=SERVICE_REPORTS) for name, values in mechanisms.items()
+            if isinstance(values, dict)}
+
+
+def counter_rows(values: dict[str, Any], *, skip: tuple[str, ...] = (), prefix: str = "") -> list[tuple[str, Any]]:
+    """The numbers and words of `values`, nested mappings flattened into `a/b` keys; lists are left out."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        if key in skip:
+            continue
+        if isinstance(value, dict):
+            rows += counter_rows(value, prefix=f"{prefix}{key}/")
+        elif isinstance(value, (int, float, str)):
+            rows.append((f"{prefix}{key}", value))
+    return rows
 
 
 def _logs(run: Run) -> list[str]:

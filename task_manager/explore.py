@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from common.generated_ids import learned
 from common.llm import LLMClient, json_schema_format
 from task_manager.envs import EnvAccess
 from task_manager.models import Call, Exploration, ExploreStep
@@ -204,26 +205,35 @@ class RandomExplorer:
 
 
 class ObservedExplorer:
-    """Plays back an agent's own tool calls, in order: the exploration is what the agent did."""
+    """Plays back an agent's own tool calls, in order: the exploration is what the agent did. An id the agent's
+    run generated (an order number it then cancelled) is another value in this fresh instance: learned from the
+    agent's `results` and this run's observations so far, by the replay's rule (`common.generated_ids`), so
+    the later calls name this run's ids."""
 
     name = "observed"
 
-    def __init__(self, calls: list[Call]) -> None:
-        self.calls = list(calls)
+    def __init__(self, calls: list[Call], results: list[str] | None = None) -> None:
+        self.calls, self.results = list(calls), list(results or [])
 
     async def act(self, view: ExplorerView) -> tuple[str, list[Call]]:
         call = self.calls[len(view.steps)]
+        remapper = learned(self.results, [s.observation for s in view.steps])
+        if remapper.mapping:
+            call = Call(name=call.name, arguments={k: remapper.apply(v) if isinstance(v, str) else v
+                                                   for k, v in call.arguments.items()})
         return call.render(), [call]
 
 
 async def observed_exploration(access: EnvAccess, profile: EnvProfile, env_type: str, seed_task_id: str,
                                calls: list[Call], results: list[str]) -> Exploration:
     """An agent's tool calls as an exploration: replayed in a fresh instance of the seed task for the states they
-    reach and whether they fail, each step's observation the result the agent's own tool gave."""
+    reach and whether they fail, each step the agent's own call and the result its own tool gave (so the steps
+    name the agent's run's ids throughout, as a recorded run does)."""
     config = ExploreConfig(breadth_steps=len(calls), depth_steps=0)
-    exploration = await explore_episode(access, ObservedExplorer(calls), profile, env_type, seed_task_id, config)
-    for step, result in zip(exploration.steps, results, strict=False):
-        step.observation = result
+    exploration = await explore_episode(access, ObservedExplorer(calls, results), profile, env_type, seed_task_id,
+                                        config)
+    for step, call, result in zip(exploration.steps, calls, results, strict=False):
+        step.action, step.calls, step.observation = call.render(), [call], result
     return exploration
 
 

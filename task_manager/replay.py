@@ -1,54 +1,17 @@
 """Replay a sequence of actions in a fresh instance, carrying generated ids across runs.
 
-A recorded action may use a value the environment generated in the recorded run (an order
-number with a random salt). The same action in a fresh instance needs the fresh run's value.
-`IdRemapper` learns old -> new by aligning what the recorded run saw with what the replay sees
-(the initial state, then each observation) token by token: where the two differ in a token of
-the same position, the recorded token maps to the replayed one.
+A recorded action may use a value the environment generated in the recorded run (an order number with a random
+salt); the replay learns the fresh run's values from the initial state and each observation, by the rule in
+`common.generated_ids` (the gateway's scripted episodes use the same rule).
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.generated_ids import IdRemapper
 from task_manager.envs import EnvAccess
-
-_TOKENS = re.compile(r"[A-Za-z0-9_\-.:@]+")
-
-
-class IdRemapper:
-    def __init__(self) -> None:
-        self.mapping: dict[str, str] = {}
-
-    def learn(self, recorded: Any, replayed: Any) -> None:
-        a = _TOKENS.findall(_text(recorded))
-        b = _TOKENS.findall(_text(replayed))
-        matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
-        for op, i1, i2, j1, j2 in matcher.get_opcodes():
-            if op == "replace" and i2 - i1 == j2 - j1:
-                for old, new in zip(a[i1:i2], b[j1:j2], strict=True):
-                    # Only id-like tokens: a changed number or word is a different outcome, not a new id.
-                    if old != new and _id_like(old) and _id_like(new) and old not in self.mapping.values():
-                        self.mapping[old] = new
-
-    def apply(self, text: str) -> str:
-        if not self.mapping:
-            return text
-        pattern = re.compile(r"(?<![A-Za-z0-9_\-])(" + "|".join(map(re.escape, sorted(self.mapping, key=len,
-                                                                                         reverse=True))) + r")(?![A-Za-z0-9_\-])")
-        return pattern.sub(lambda m: self.mapping[m.group(1)], text)
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-
-
-def _id_like(token: str) -> bool:
-    return any(c.isdigit() for c in token) and any(c.isalpha() for c in token) and len(token) >= 4
 
 
 @dataclass

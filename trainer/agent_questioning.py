@@ -11,9 +11,11 @@ the gateway, are the material; the task manager's synthesizers (the same code as
    proposal, replay verification, dedup and store as in-loop jobs. Its funnel is per kind.
 3. Keep what the agent reaches: each verified task's reference is played through the agent itself, as a
    scripted episode (the gateway gives the reference's replies in the model's own format; the agent's code runs
-   the calls with its own tools on a fresh instance of the seed task started with the task's query). A task is
-   kept only when that run reaches it: the agent's tools returned what the reference's calls return, and the task
-   manager grades the run against the reference (its answer, its end state). The others count in the kind's
+   the calls with its own tools on a fresh instance of the seed task started with the task's query; an id the
+   reference's run generated, an order number, is this run's own in the later replies). A task is kept only when
+   that run reaches it: the agent's tools returned what the reference's calls return (up to the ids each run
+   generates, by the rule of the task manager's replay), and the task manager grades the run against the
+   reference (its answer, its end state). The others count in the kind's
    failures under `agent_tools_differ`, `agent_missed` or `agent_error`.
 4. The kept runs are the warm start's data: the reference's calls and closing answer, as the gateway recorded
    them in the agent's own episode (its chat template, its tool-call rendering, its history), the scripted ids
@@ -28,6 +30,7 @@ from typing import Any
 
 from loguru import logger
 
+from common.generated_ids import same_but_generated_ids
 from common.schemas import Task
 from task_manager.client import TaskClient
 from task_manager.protocol import Failures, ObservedEpisode, ObservedToolCall
@@ -35,6 +38,10 @@ from trainer.agents import AgentFailed, AgentRunner, Played
 from trainer.gateway_rollouts import rollout_from_record
 from trainer.settings import AgentQuestioningConfig
 from trainer.templates import Segment
+
+# The closing reply a scripted run gets after a reference's last tool call (the task manager's multi-call
+# references end with the same).
+CLOSING_REPLY = "Done."
 
 
 @dataclass
@@ -164,11 +171,16 @@ class AgentQuestioning:
             env_task = Task(task_id=trajectory.task_id, env_type=self.env, query=query, seed_task_id=seed,
                             synthetic=True, metadata={"task_kind": metadata.get("task_kind", "")})
             self.runner.synthetic[trajectory.task_id] = env_task
-            candidates.append((env_task, {field_id: trajectory.task_id, field_query: query},
-                               [s.action.text() for s in trajectory.steps],
+            script = [s.action.text() for s in trajectory.steps]
+            if trajectory.steps and trajectory.steps[-1].observation is not None:
+                # A reference that ends on a tool call (a hindsight goal): the agent's loop asks the model once
+                # more after the last result, and a reply without a call ends it.
+                script.append(CLOSING_REPLY)
+            candidates.append((env_task, {field_id: trajectory.task_id, field_query: query}, script,
                                [s.observation.text() for s in trajectory.steps if s.observation is not None]))
-        results = await asyncio.gather(*(self.runner.play(task, script=script, metadata={"purpose": "verify"})
-                                         for _, task, script, _ in candidates), return_exceptions=True)
+        results = await asyncio.gather(*(self.runner.play(task, script=script, script_results=expected,
+                                                          metadata={"purpose": "verify"})
+                                         for _, task, script, expected in candidates), return_exceptions=True)
         for (env_task, task, _, results_expected), result in zip(candidates, results, strict=True):
             kind = env_task.metadata.get("task_kind") or "unknown"
             funnel = self.report.kind(kind)
@@ -177,8 +189,10 @@ class AgentQuestioning:
                 funnel.failures.add("agent_error", str(result))
             elif isinstance(result, BaseException):
                 raise result
-            elif [o.result for o in result.record.observed][: len(results_expected)] != results_expected:
-                # The agent's tools did not give what the reference's calls give: its run did not reach it.
+            elif not same_but_generated_ids(results_expected,
+                                            [o.result for o in result.record.observed][: len(results_expected)]):
+                # The agent's tools did not give what the reference's calls give (up to the ids each run generates,
+                # as the task manager's replay allows): its run did not reach it.
                 funnel.failures.add("agent_tools_differ", f"{env_task.task_id}: the agent's tools returned other "
                                                           "results than the reference's calls")
             elif (result.outcome or 0.0) < 1.0:

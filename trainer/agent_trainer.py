@@ -162,7 +162,7 @@ class AgentTrainer:
         cfg = self.config
         t0 = time.monotonic()
         tasks = [self.by_id[t] for t in self.cursor.next_batch(cfg.tasks_per_step)]
-        failed_before = self.runner.stats.failed_episodes
+        failed_before, dropped_before = self.runner.stats.failed_episodes, self.runner.stats.dropped_groups
         groups = await self.runner.collect(tasks, cfg.rollout.n)
         if not groups:
             errors = "; ".join(self.runner.stats.errors[-3:]) or "none recorded"
@@ -181,8 +181,9 @@ class AgentTrainer:
         rewards = [float(r.trajectory.outcome or 0.0) for r in rollouts]
         metrics.update({
             "rollout/reward_mean": float(np.mean(rewards)), "rollout/reward_std": float(np.std(rewards)),
-            "rollout/groups": float(len(groups)), "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)), "rollout/calls_mean": float(np.mean(
-                [len(r.trajectory.steps) for r in rollouts])),
+            "rollout/groups": float(len(groups)), "rollout/mixed_outcome_groups": float(mixed_outcome_groups(groups)),
+            "rollout/dropped_groups": float(self.runner.stats.dropped_groups - dropped_before),
+            "rollout/calls_mean": float(np.mean([len(r.trajectory.steps) for r in rollouts])),
             "rollout/failed_episodes": float(self.runner.stats.failed_episodes - failed_before),
             "rollout/experience_frac": float(np.mean([r.trajectory.experience_flag for r in rollouts])),
             "time/rollout_s": t1 - t0, "time/step_s": time.monotonic() - t0, "policy/version": float(version),

@@ -221,10 +221,13 @@ class AgentRunner:
     async def play(self, task: dict[str, Any], *, shared: GroupExperience | None = None,
                    metadata: dict[str, Any] | None = None, force_tools: bool = False,
                    tool_arguments: dict[str, dict[str, list[Any]]] | None = None,
-                   script: list[str] | None = None, grade: bool = True) -> Played:
+                   script: list[str] | None = None, script_results: list[str] | None = None,
+                   grade: bool = True) -> Played:
         """One episode of the agent on `task` (its own environment instance when `agent.env` is set), graded unless
         `grade` is false; `force_tools` / `script` make it an off-policy episode (exploration, a reference played
-        through the agent). An agent that fails, or an episode cut or without a model call, raises AgentFailed."""
+        through the agent; `script_results`: what the reference's calls returned, so that the ids they generated
+        are this run's in the later replies). An agent that fails, or an episode cut or without a model call,
+        raises AgentFailed."""
         task_id = self.task_id(task)
         async with self._limit:
             self.stats.episodes += 1
@@ -241,7 +244,7 @@ class AgentRunner:
                 opened = await self.gateway.open_episode(experience.text if experience else None,
                                                          {"task_id": task_id, **(metadata or {})},
                                                          force_tools=force_tools, tool_arguments=tool_arguments,
-                                                         script=script)
+                                                         script=script, script_results=script_results)
                 episode_id = opened.episode_id
                 returned = await asyncio.wait_for(self.agent(payload, self.gateway.episode_url(episode_id)),
                                                   self.config.timeout_s)

@@ -251,3 +251,15 @@ def test_a_scripted_episode_gives_its_replies_as_the_model_would_write_them(tiny
     assert stats["scripted_calls"] >= 2 and stats["forced_calls"] >= 3
     both = httpx.post(f"{tiny_server.url}/v1/episodes", json={"force_tools": True, "script": ["x"]}, timeout=30)
     assert both.status_code == 422 and "force_tools or script" in both.text
+
+    # A script recorded in another run: an id that run's tool generated is this run's own in the later replies.
+    carried = _open(tiny_server, script=[script[0], "Cancel order ORD7AB1 at left."],
+                    script_results=['{"order": "ORD7AB1", "at": "left"}'])
+    client = _client(tiny_server, carried)
+    reply = client.chat.completions.create(model="tiny", messages=START, tools=TOOLS).choices[0].message
+    messages = [*START, reply.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": '{"order": "ORD9CD2", "at": "left"}'}]
+    assert client.chat.completions.create(model="tiny", messages=messages,
+                                          tools=TOOLS).choices[0].message.content == "Cancel order ORD9CD2 at left."
+    alone = httpx.post(f"{tiny_server.url}/v1/episodes", json={"script_results": ["x"]}, timeout=30)
+    assert alone.status_code == 422 and "give the script too" in alone.text

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError
+from common.generated_ids import IdRemapper, same_but_generated_ids
 from common.schemas import Task
 from env_service.environments.signal import SignalEnvironment
 from task_manager.curriculum import kind_rates, sample_batch, task_key, task_rates
@@ -17,7 +18,6 @@ from task_manager.envs import comparable_state
 from task_manager.grading import parse_reward, state_match
 from task_manager.models import Call, Exploration, ExploreStep, Proposal, Reference, StoredTask
 from task_manager.profile import load_profile_file, profile_from_env
-from task_manager.replay import IdRemapper
 from task_manager.settings import CurriculumSettings
 from task_manager.store import TaskStore
 from task_manager.synthesize import (
@@ -91,6 +91,18 @@ def test_remapper_carries_generated_ids() -> None:
     # A changed plain number is a different outcome, not an id.
     remapper.learn('{"price": 120}', '{"price": 130}')
     assert "120" not in remapper.mapping
+
+
+def test_results_equal_but_generated_ids() -> None:
+    booked = ['{"order_id": "ORD1001AB12", "flight_id": "UA1-0602"}',
+              '{"order_id": "ORD1001AB12", "status": "cancelled"}']
+    again = ['{"order_id": "ORD1001FF34", "flight_id": "UA1-0602"}',
+             '{"order_id": "ORD1001FF34", "status": "cancelled"}']
+    assert same_but_generated_ids(booked, again)
+    # The order cancelled is not the order booked in that run: not the same results.
+    assert not same_but_generated_ids(booked, [again[0], '{"order_id": "ORD1001CD56", "status": "cancelled"}'])
+    assert not same_but_generated_ids(booked, [again[0], '{"order_id": "ORD1001FF34", "status": "active"}'])
+    assert not same_but_generated_ids(booked, again[:1])
 
 
 def test_signature_ignores_generated_ids_only() -> None:

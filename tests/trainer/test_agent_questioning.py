@@ -1,25 +1,35 @@
 """Questioning for a user's own agent, on real services over HTTP: `llm_server --model tiny` (the gateway), the
 env service (flights v2, tier 1) and the task manager. Forced exploration runs the agent's own tools; an observed
 job synthesizes tasks from what they returned (the task manager's own synthesizers); a task is kept only when
-the agent's run of its reference reaches it; the funnel is per kind with its failure reasons; forced episodes
-never become RL rollouts; the warm start trains on the kept runs' recorded references."""
+the agent's run of its reference reaches it, ids its tools generate (order numbers) carried across runs; the
+funnel is per kind with its failure reasons; forced episodes never become RL rollouts; the warm start trains on
+the kept runs' recorded references; the studio shows the run's mechanism counters as it does an in-loop run's."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from html import unescape
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 import yaml
 
 from engine.models import load_model
+from env_service.client import EnvClient
+from env_service.environments.flights import FlightsEnvironment
 from llm_server.client import LLMServerClient
+from studio.app import build_app
+from studio.settings import StudioSettings
+from task_manager.envs import EnvAccess
+from task_manager.models import Call
 from task_manager.protocol import JobRequest, ObservedEpisode, ObservedToolCall
-from tests.helpers import ServiceProcess, run_service
+from tests.helpers import InProcessServer, ServiceProcess, run_service
 from tests.trainer import gateway_agents
-from trainer.agent_questioning import AgentQuestioning, warm_start_segments
+from trainer.agent_questioning import CLOSING_REPLY, AgentQuestioning, warm_start_segments
 from trainer.agent_trainer import AgentTrainer
 from trainer.agents import AgentRunner
 from trainer.config import TrainerConfig
@@ -42,7 +52,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service
         (root / "tm.yaml").write_text(yaml.safe_dump({"task_manager": {
             "env_url": env.url, "store_dir": str(root / "store"), "environments": ["flights"],
             "serve_training_references": True, "dedup": {"embeddings": False},
-            "synthesis": {"synthesizer": "hindsight", "kinds": ["lookup"], "query_forms": ["ids", "names"],
+            "synthesis": {"synthesizer": "hindsight", "kinds": ["lookup", "goal"], "query_forms": ["ids", "names"],
                           "lookup_kinds": "profile", "max_lookups": 4},
             "mixture": {"synthetic_ratio": 1.0, "use_original": False}}}))
         with run_service("task_manager", ["--conf", str(root / "tm.yaml")]) as tm:
@@ -61,6 +71,15 @@ async def short_flights_agent(task: dict, base_url: str) -> str | None:
     from examples.agents.openai_flights import agent
 
     return await agent(task, base_url, max_tokens=48, max_turns=4, seed=0)
+
+
+async def budget_flights_agent(task: dict, base_url: str) -> str | None:
+    """The flights example with a reply budget that a forced call fits in, so that the random model's forced calls
+    complete and their results come back. Its sampling seed makes the random model's grounded call on
+    train-t1-0001 the passenger lookup by the request's name (other seeds pick arguments that return errors)."""
+    from examples.agents.openai_flights import agent
+
+    return await agent(task, base_url, max_tokens=128, max_turns=3, seed=10)
 
 
 async def test_tasks_from_observed_tool_results_are_kept_only_where_the_agent_reaches_them(
@@ -145,36 +164,117 @@ async def test_tasks_from_observed_tool_results_are_kept_only_where_the_agent_re
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+async def _book_then_cancel(env: ServiceProcess) -> ObservedEpisode:
+    """An agent's episode on the seed task that books the route's cheapest flight and cancels that order: the
+    cancel names the order id the booking generated in this run."""
+    flights = FlightsEnvironment(FLIGHTS)
+    world = flights.world_of(flights.task(SEED))
+    route = {"origin": "SFO", "destination": "ORD", "date": "2025-06-06"}
+    flight = min((f for f in world.route_flights(*route.values()) if f.seats > 0), key=lambda f: f.price)
+    passenger = next(p for p in world.passengers.values() if p.balance >= flight.price)
+    calls = [Call(name="search_flight", arguments=route),
+             Call(name="book_ticket", arguments={"passenger_id": passenger.passenger_id, "flight_id": flight.flight_id})]
+    async with EnvClient(env.url) as client, EnvAccess(client).instance("flights", SEED) as instance:
+        results = [(await instance.step(c.render())).observation for c in calls]
+        calls.append(Call(name="cancel_order", arguments={"order_id": json.loads(results[1])["order_id"]}))
+        results.append((await instance.step(calls[-1].render())).observation)
+    assert json.loads(results[2])["status"] == "cancelled"
+    return ObservedEpisode(seed_task_id=SEED, calls=[ObservedToolCall(name=c.name, arguments=c.arguments, result=r)
+                                                     for c, r in zip(calls, results, strict=True)])
+
+
+async def test_a_book_then_cancel_task_is_kept_though_every_run_books_under_its_own_order_id(
+        tiny_server: ServiceProcess, services: tuple[ServiceProcess, ServiceProcess]) -> None:
+    """Each run of book-then-cancel (the agent's observed one, the task manager's replays, the agent's run of the
+    reference) gets another order id from the booking, and the cancel must name that run's. The observed job's
+    replay and the gateway's scripted replies carry it over by one rule (`common.generated_ids`), and the agent's
+    results are compared with the reference's up to it, so the agent's run reaches the task and it is kept."""
+    env, tm = services
+    observed = await _book_then_cancel(env)
+    booked_when_observed = observed.calls[2].arguments["order_id"]
+    config = AgentQuestioningConfig(explore_tasks=1, explore_episodes=1, max_tasks=64)
+    async with LLMServerClient(tiny_server.url) as gateway:
+        tasks = TaskPeer(tm.url)
+        runner = _runner(gateway, env, tasks, "examples.agents.openai_flights:agent", short_flights_agent)
+        questioning = AgentQuestioning(config, runner, tasks.client, "flights")
+        assert await questioning.synthesize([observed])
+        references = (await tasks.client.training_references("flights")).trajectories
+        await questioning.keep_reached()
+    report = questioning.report
+    reference_cancels = [s.action.text() for r in references for s in r.steps if "cancel_order" in s.action.text()]
+    assert reference_cancels  # a stored task books and then cancels
+    runs = [k.played.record for k in report.kept if [o.name for o in k.played.record.observed][-1:] == ["cancel_order"]]
+    assert runs, report.summary()
+    for record in runs:
+        book, cancel = record.observed[-2:]
+        booked = json.loads(book.result)["order_id"]
+        # The agent's tools cancelled the order its own run booked, an id no earlier run had.
+        assert book.name == "book_ticket" and cancel.arguments == {"order_id": booked}
+        assert json.loads(cancel.result)["status"] == "cancelled"
+        assert booked != booked_when_observed and not any(booked in text for text in reference_cancels)
+        assert record.calls[-1].content == CLOSING_REPLY  # the hindsight reference ends on a call: a closing reply
+    assert not any("agent_tools_differ" in f.failures.by_reason for f in report.by_kind.values()), report.summary()
+
+
 async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: ServiceProcess,
                                                                services: tuple[ServiceProcess, ServiceProcess],
                                                                tmp_path: Path) -> None:
-    """`trainer.agent.questioning` in a run: forced exploration before RL, its report in the summary beside the
-    in-loop mechanism counters, forced episodes not rollouts (only the RL episodes are recorded). The random model's
-    forced flights calls here end before a result comes back (cut by the agent's 48-token budget), so there is
-    nothing to synthesize from: the run says so, skips the warm start and trains on the tasks file."""
+    """`trainer.agent.questioning` in a run: forced exploration before RL (the random model's forced calls fit the
+    agent's reply budget, so their results come back), an observed job on them, a warm start on the kept tasks'
+    runs, then RL on the tasks file plus the kept tasks, which the task manager grades. Forced and scripted
+    episodes are not rollouts (only the RL episodes are recorded). The summary has questioning's report beside
+    the in-loop mechanism counters, and the studio shows them as it shows an in-loop run's."""
     env, tm = services
+    original = "train-t1-0001"
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("\n".join(json.dumps({"task_id": f"train-t1-000{i}"}) for i in range(2)) + "\n")
+    tasks.write_text(json.dumps({"task_id": original}) + "\n")
     config = TrainerConfig.model_validate({
-        "model": "tiny", "steps": 1, "tasks_per_step": 2, "output_dir": str(tmp_path / "run"),
+        "model": "tiny", "steps": 1, "tasks_per_step": 2, "output_dir": str(tmp_path / "runs" / "gateway"),
         "tensorboard": False, "plot": False, "progress": False, "ray": {"enabled": False},
         "rollout": {"env": "flights", "n": 2}, "optim": {"lr": 1e-3},
         "warm_start": {"enabled": True, "source": "synthetic", "epochs": 1},
         "policy": {"kind": "endpoint", "url": tiny_server.url, "served_model": "tiny"},
         "services": {"env_url": env.url, "task_url": tm.url},
-        "agent": {"callable": "tests.trainer.test_agent_questioning:short_flights_agent", "tasks": str(tasks),
+        "agent": {"callable": "tests.trainer.test_agent_questioning:budget_flights_agent", "tasks": str(tasks),
                   "env": "flights",
-                  "timeout_s": 120, "questioning": {"explore_tasks": 2, "explore_episodes": 1, "max_tasks": 4}}})
+                  "timeout_s": 120, "questioning": {"explore_tasks": 1, "explore_episodes": 2, "max_tasks": 4}}})
     result = await AgentTrainer(config).run()
     questioning = result["mechanisms"]["self_questioning"]
     agent = questioning["agent"]
-    assert agent["explored_episodes"] == 2 and agent["observed_calls"] == 0 and agent["job_id"] is None
-    assert "observed no tool call" in agent["errors"][-1]
+    assert agent["explored_episodes"] == 2 and agent["observed_calls"] > 0, agent
+    assert agent["job_status"] == "done" and agent["kept"] >= 1, agent
     assert "synthetic_graded" in questioning and "funnel_by_kind" in questioning  # the in-loop counters too
-    assert result["warm_start"] == {"source": "agent_runs", "tasks": 0, "skipped": "no synthetic task was reached"}
+    warm = result["warm_start"]
+    assert warm["source"] == "agent_runs" and warm["tasks"] == agent["kept"] and warm["samples"] >= 1, warm
+    assert warm["policy_version"] >= 1 and "skipped" not in warm
     assert result["agent"]["episodes"] == 4  # the RL episodes only: exploration ran on its own runner
-    (shard,) = (tmp_path / "run" / "rollouts").glob("shard-*.jsonl")
-    assert sum(1 for _ in shard.open()) == 4
+    run_dir = tmp_path / "runs" / "gateway"
+    index = [json.loads(line) for line in (run_dir / "rollouts" / "index.jsonl").open()]
+    # One task file line and at least one kept task: any two tasks of a step hold a kept one, graded by the task
+    # manager like every synthetic task (beside the scripted runs that kept them).
+    assert len(index) == 4 and {r["task_id"] for r in index} - {original}
+    assert questioning["synthetic_graded"] >= agent["kept"] + 2
+
+    with InProcessServer(build_app(StudioSettings(runs=str(tmp_path / "runs")), token="")) as server:
+        page = httpx.get(f"{server.url}/runs/gateway", timeout=30)
+    assert page.status_code == 200, page.text[:500]
+    shown = counter_table(page.text, 'data-mechanism="self_questioning"')
+    for key in ("explored_episodes", "observed_calls", "kept", "job_status"):
+        assert shown[f"agent/{key}"] == str(agent[key])
+    assert shown["synthetic_graded"] == str(questioning["synthetic_graded"])
+    kind, row = next(iter(agent["by_kind"].items()))
+    assert shown[f"agent/by_kind/{kind}/kept"] == str(row["kept"])
+    logged = counter_table(page.text, 'data-section="metrics"')  # the metrics in-loop runs show as counters
+    assert {"tasks/synthetic_graded", "rollout/groups", "rollout/dropped_groups"} <= set(logged)
+    assert counter_table(page.text, 'data-section="gateway"')["episodes"] == "4"
+
+
+def counter_table(html: str, attribute: str) -> dict[str, str]:
+    """A counters table of the studio's run page: key -> the value shown."""
+    table = re.search(rf'<table class="counters" {attribute}>(.*?)</table>', html, re.S)
+    assert table is not None, f"no counters table with {attribute}"
+    return {unescape(k): unescape(v) for k, v in re.findall(r'<tr><td>(.*?)</td><td class="n">(.*?)</td></tr>',
+                                                           table.group(1))}
 
 
 def test_the_example_yaml_plans_questioning_and_bad_settings_name_what_to_fix() -> None:
