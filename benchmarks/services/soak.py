@@ -8,8 +8,8 @@ in a Ray actor), ADCA-GRPO with the judge, the collapse guard off (a tiny random
 experience for half of each group with in-run summaries (the pool grows), a synthesis job on the task manager
 whenever none is running, a checkpoint every step. A seeded scheduler SIGKILLs each service, the trainer and
 the trainer's Ray worker (`ray::TrainerActor`) `--kills` times each: target t's i-th kill falls at a random
-time in the i-th of `--kills` equal parts of the run, so kills of one target are spread out, and kills are one at a time (the next waits until the last target is
-back). The launcher's restart budget is the default (2 restarts per child within 600 s) when a part is at
+time in the i-th of `--kills` equal parts of the run, so kills of one target are spread out, and kills are one
+at a time (the next waits until the last target is back). The launcher's restart budget is the default (2 restarts per child within 600 s) when a part is at
 least 600 s long (`--minutes 45` and more), else a window of 90% of a part.
 
 Every minute (`--sample-s`) it samples each child's processes (the child and its descendants; Ray's
