@@ -3,14 +3,14 @@
     .venv/bin/python benchmarks/services/soak.py [--minutes 45] [--seed 0] [--kills 3]
         [--workdir DIR] [--out benchmarks/results/soak.json] [--png benchmarks/results/soak-rss.png]
 
-Runs `launcher.py` with the tiny model and everything on: flights, all five services, Ray (the trainer runs
-in a Ray actor), ADCA-GRPO with the judge, the collapse guard off (a tiny random policy's noise trips it),
-experience for half of each group with in-run summaries (the pool grows), a synthesis job on the task manager
-whenever none is running, a checkpoint every step. A seeded scheduler SIGKILLs each service, the trainer and
-the trainer's Ray worker (`ray::TrainerActor`) `--kills` times each: target t's i-th kill falls at a random
-time in the i-th of `--kills` equal parts of the run, so kills of one target are spread out, and kills are one
-at a time (the next waits until the last target is back). The launcher's restart budget is the default (2 restarts per child within 600 s) when a part is at
-least 600 s long (`--minutes 45` and more), else a window of 90% of a part.
+Runs `launcher.py` with the tiny model and everything on: flights, all five services, Ray (the trainer runs in a
+Ray actor), ADCA-GRPO with the judge, the collapse guard off (a tiny random policy's noise trips it), experience
+for half of each group with in-run summaries (the pool grows), a synthesis job on the task manager whenever none is
+running, a checkpoint every step. A seeded scheduler SIGKILLs each service, the trainer and the trainer's Ray
+worker (`ray::TrainerActor`) `--kills` times each: target t's i-th kill falls at a random time in the i-th of
+`--kills` equal parts of the run, so kills of one target are spread out, and kills are one at a time (the next
+waits until the last target is back). The launcher's restart budget is the default (2 restarts per child within 600
+s) when a part is at least 600 s long (`--minutes 45` and more), else a window of 90% of a part.
 
 Every minute (`--sample-s`) it samples each child's processes (the child and its descendants; Ray's
 `ray::` workers counted apart) for RSS and open descriptors, and reads back what the services and the
