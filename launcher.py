@@ -113,10 +113,11 @@ def _lock_run_dir(plan):
 
 
 def _prepare_run_dir(plan) -> None:
+    from evolver_launcher.run_files import move_aside
+
     run_dir: Path = plan.run_dir
-    if run_dir.exists() and not plan.launcher.resume and any(run_dir.iterdir()):
-        aside = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        run_dir.rename(aside)
+    aside = None if plan.launcher.resume else move_aside(run_dir)
+    if aside is not None:
         print(f"[launcher] moved the previous run to {aside} (launcher.resume=true reuses it instead)")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     _write_config(plan)

@@ -7,6 +7,7 @@ for it).
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 
@@ -22,3 +23,12 @@ def process_alive(pid: int, *, group: bool = False) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def signal_on_parent_death(sig: int) -> None:
+    """In a child before exec: the kernel sends `sig` when its parent dies (PR_SET_PDEATHSIG; Linux only, a
+    no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
+    except OSError:
+        pass

@@ -15,19 +15,20 @@ Ray is imported only here and only when a run places a service.
 from __future__ import annotations
 
 import copy
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from common.processes import signal_on_parent_death
+from evolver_launcher.run_files import move_aside, tail
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACED_HOST_SUFFIX = ".ray-placed.invalid"  # `.invalid` never resolves: a URL holding it was not filled in
@@ -70,15 +71,7 @@ def mentions_placed(node: Any, service: str) -> bool:
 
 
 def _kill_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _move_aside(folder: Path) -> None:
-    if folder.is_dir() and any(folder.iterdir()):
-        folder.rename(folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}"))
+    signal_on_parent_death(signal.SIGKILL)
 
 
 class ServiceHost:
@@ -94,7 +87,7 @@ class ServiceHost:
         self.node_id = context.get_node_id()
         root = Path(store_root or Path(tempfile.gettempdir()) / "evolver-stores") / experiment / service
         if not context.was_current_actor_reconstructed and not config.get("launcher", {}).get("resume"):
-            _move_aside(root)  # a new run starts from an empty store, as its run folder does; a restart reopens it
+            move_aside(root)  # a new run starts from an empty store, as its run folder does; a restart reopens it
         root.mkdir(parents=True, exist_ok=True)
         config = copy.deepcopy(config)
         section = config[service]
@@ -130,10 +123,7 @@ class ServiceHost:
                 "server_pid": self.proc.pid, "store": self.store, "log": str(self.log_path)}
 
     def log_tail(self, lines: int) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError as exc:
-            return f"(cannot read {self.log_path}: {exc})"
+        return tail(self.log_path, lines)
 
     def stop(self, grace_s: float) -> int | None:
         self._stopping = True

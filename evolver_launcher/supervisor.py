@@ -13,7 +13,6 @@ signalled.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -28,10 +27,11 @@ from typing import TextIO
 
 import httpx
 
-from common.processes import process_alive
+from common.processes import process_alive, signal_on_parent_death
 from evolver_launcher.leftovers import MARKER, marked_processes, stop_ray_processes, terminate
 from evolver_launcher.plan import ChildSpec
 from evolver_launcher.ray_services import PlacedService, disconnect, placed_host
+from evolver_launcher.run_files import tail
 from evolver_launcher.settings import SERVICE_MODULES, RestartPolicy
 
 WAITING, STARTING, READY, BACKOFF, DONE, FAILED, STOPPED = (
@@ -54,10 +54,7 @@ PASSED_ON_EXITS = {GAVE_UP_EXIT, COLLAPSED_EXIT, DISK_FULL_EXIT}
 
 def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM if the launcher itself dies (a backstop; Linux only)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    signal_on_parent_death(signal.SIGTERM)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -70,17 +67,6 @@ def _group_members(pgid: int) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 pass
     return members
-
-
-def tail(path: Path, lines: int) -> str:
-    if not path.is_file():
-        return "(no log file)"
-    with path.open("rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - 64 * 1024))
-        text = f.read().decode(errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
