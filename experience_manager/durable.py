@@ -99,23 +99,53 @@ class DurableStore:
         return os.environ.get(name) if name else None
 
     def _replay(self) -> None:
+        """Re-apply intents a kill left without their commit; rebuild the window of answered request ids."""
         assert self.journal is not None
-        intents: dict[str, dict] = {}
-        committed: set[str] = set()
-        for record in self.journal.read():
-            if record.get("t") == "intent":
-                intents[record["op_id"]] = record
-            elif record.get("t") == "commit":
-                committed.add(record["op_id"])
-        for op_id, record in intents.items():
-            if op_id not in committed:
-                logger.warning("replaying {} {} on workspace {} (interrupted before its commit)",
-                               record["op"], op_id, record["ws"])
-                self._apply_to_qdrant(record)
-                self.journal.append({"t": "commit", "op_id": op_id, "replayed": True, "ts": time.time()})
-                self.replayed_ops.append(op_id)
-            if record.get("request_id"):
-                self.done[(record["ws"], record["op"], record["request_id"])] = (record["body_hash"], record["result"])
+        pending: dict[str, dict] = {}
+        for record in self.journal.iter_records():
+            kind = record.get("t")
+            if kind == "snapshot":
+                for ws, op, request_id, digest, result in record.get("requests", ()):
+                    self.remember((ws, op, request_id), digest, result)
+            elif kind == "intent":
+                pending[record["op_id"]] = record
+                if record.get("drop"):
+                    self.forget_requests(record["ws"])
+                if record.get("request_id"):
+                    self.remember((record["ws"], record["op"], record["request_id"]), record["body_hash"],
+                                  record["result"])
+            elif kind == "commit":
+                pending.pop(record["op_id"], None)
+        for op_id, record in pending.items():
+            logger.warning("replaying {} {} on workspace {} (interrupted before its commit)",
+                           record["op"], op_id, record["ws"])
+            self._apply_to_qdrant(record)
+            self.journal.append({"t": "commit", "op_id": op_id, "replayed": True, "ts": time.time()})
+            self.replayed_ops.append(op_id)
+
+    def remember(self, key: RequestKey, digest: str, result: dict) -> None:
+        """Keep the answer to a request id; only the newest `idempotency_window` ids are kept."""
+        self.done.pop(key, None)
+        self.done[key] = (digest, result)
+        while len(self.done) > self.settings.idempotency_window:
+            del self.done[next(iter(self.done))]
+
+    def _compact(self) -> None:
+        """Rewrite the journal as the pool's end state and the remembered request ids (no intent is open:
+        the caller holds the mutation lock, and every mutation commits before releasing it)."""
+        assert self.journal is not None
+        now = time.time()
+        snapshot = [{"t": "snapshot", "ts": now,
+                     "requests": [[*key, digest, result] for key, (digest, result) in self.done.items()]}]
+        snapshot += [{"t": "snapshot", "ts": now, "ws": workspace_id,
+                      "writes": [{"upsert": e.model_dump(mode="json"), "vector": None}
+                                 for e in index.experiences.values()]}
+                     for workspace_id, index in self.indexes.items()]
+        self.faults.check("compact", "before_rewrite")
+        self.journal.rewrite(snapshot)
+        self.faults.check("compact", "after_rewrite")
+        logger.info("compacted the journal to {} snapshot records ({} request ids, {} workspaces)",
+                    len(snapshot), len(self.done), len(self.indexes))
 
     def _load_workspace(self, workspace_id: str, reembed: bool) -> WorkspaceIndex:
         assert self.qdrant is not None
@@ -191,7 +221,12 @@ class DurableStore:
             await asyncio.get_running_loop().run_in_executor(self._writer, self._durable, record)
             self._mirror(workspace_id, plan)
             if key is not None:
-                self.done[key] = (digest, plan.result)
+                self.remember(key, digest, plan.result)
+            if 0 < self.settings.journal_compact_records <= self.journal.records:
+                try:
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._compact)
+                except OSError as exc:  # the mutation itself is durable: answer it, compact after a later one
+                    logger.warning("journal compaction failed, kept the journal as it was: {}", exc)
         return plan.result
 
     def _mirror(self, workspace_id: str, plan: Plan) -> None:

@@ -3,11 +3,17 @@
 Each mutation writes an `intent` (the absolute end state of every point it touches, and the response)
 before touching Qdrant, and a `commit` after. On start, an intent without a commit is re-applied:
 the writes are absolute, so applying them twice is the same as once.
+
+A journal that only grew would make every restart read the whole run (memory and outage growing with the
+run's length), so the store compacts it: `rewrite` replaces it atomically with `snapshot` records (the
+pool's end state per workspace and the recent request ids) and keeps the segment it replaced as
+`<name>.prev`, so the audit trail of the last segment survives and the disk used stays bounded.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +29,33 @@ class Journal:
         self.path, self.fsync = path, fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = None
+        self.records = 0  # records in the file: what `records()` read plus what `append` added since
 
     def read(self) -> list[dict[str, Any]]:
-        """All complete records; a torn last line (a crash mid-write) is cut off."""
+        return list(self.iter_records())
+
+    def iter_records(self) -> Iterator[dict[str, Any]]:
+        """Every complete record, one line in memory at a time; a torn last line (a crash mid-write) is cut off."""
+        self.records = 0
         if not self.path.exists():
-            return []
-        data = self.path.read_bytes()
-        records, offset = [], 0
-        for line in data.split(b"\n"):
-            end = offset + len(line) + 1
-            if line.strip():
-                try:
-                    records.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    logger.warning("journal {}: dropping a torn record at byte {}", self.path, offset)
-                    with open(self.path, "r+b") as handle:
-                        handle.truncate(offset)
-                    break
-            offset = end
-        return records
+            return
+        torn_at = None
+        with open(self.path, "rb") as handle:
+            offset = 0
+            for line in handle:
+                if line.strip():
+                    try:
+                        record = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        torn_at = offset
+                        break
+                    self.records += 1
+                    yield record
+                offset += len(line)
+        if torn_at is not None:
+            logger.warning("journal {}: dropping a torn record at byte {}", self.path, torn_at)
+            with open(self.path, "r+b") as handle:
+                handle.truncate(torn_at)
 
     def append(self, record: dict[str, Any]) -> None:
         check_disk(self.path)
@@ -56,6 +70,22 @@ class Journal:
         except OSError:
             self._drop_file()
             raise
+        self.records += 1
+
+    def rewrite(self, records: Iterable[dict[str, Any]]) -> None:
+        """Replace the journal with `records` atomically; the replaced segment stays as `<name>.prev`."""
+        check_disk(self.path)
+        self.close()
+        data = b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
+        previous = self.path.with_name(self.path.name + ".prev")
+        if self.path.exists():
+            # a hard link, not a rename: until the new journal is in place, the old one is still at its name
+            link = previous.with_name(f".{previous.name}.tmp")
+            link.unlink(missing_ok=True)
+            os.link(self.path, link)
+            os.replace(link, previous)
+        atomic_write(self.path, data)
+        self.records = data.count(b"\n")
 
     def _drop_file(self) -> None:
         """After a failed write: drop the handle and whatever it still buffers; reopening cuts a torn tail."""

@@ -71,4 +71,8 @@ class ExperienceManagerSettings(ServiceSettings):
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     upsert_batch_size: int = Field(default=64, ge=1, le=4096)
     journal_fsync: bool = True
+    # Past this many records the journal is rewritten as a snapshot (0: never), so a restart reads a bounded file.
+    journal_compact_records: int = Field(default=2000, ge=0)
+    # Request ids whose first answer is kept for retries (the newest ones; an older id is treated as new).
+    idempotency_window: int = Field(default=8192, ge=1)
     max_workspaces: int = Field(default=256, ge=1)

@@ -3,7 +3,8 @@
 While a run is live the studio asks the experience manager and the task manager through their typed
 clients (short timeouts: a page never hangs on a busy service). Once they stop, it reads what they
 left in the run folder: the experience manager's journal (every intent carries the absolute end
-state of each experience it touched, so replaying it gives the pool) and the task manager's SQLite
+state of each experience it touched, and a compaction's snapshot the whole pool, so replaying it gives
+the pool) and the task manager's SQLite
 store, opened read-only. The `reference` column is never selected: reference solutions stay with
 the task manager.
 """
@@ -48,11 +49,10 @@ def journal_path(run: Run) -> Path | None:
 def replay_journal(records: list[dict[str, Any]], workspace: str) -> list[Experience]:
     pool: dict[str, dict[str, Any]] = {}
     for record in records:
-        if record.get("t") != "intent" or record.get("ws") != workspace:
+        if record.get("t") not in ("intent", "snapshot") or record.get("ws") != workspace:
             continue
-        if record.get("drop"):
+        if record.get("drop") or record.get("t") == "snapshot":
             pool.clear()
-            continue
         for write in record.get("writes") or []:
             if "upsert" in write:
                 pool[write["upsert"]["experience_id"]] = write["upsert"]

@@ -73,3 +73,48 @@ def test_sigkill_inside_batches_loses_nothing_and_counts_nothing_twice(tmp_path)
     journal = (tmp_path / "store" / "journal.jsonl").read_text().splitlines()
     assert sum('"replayed":true' in line for line in journal) == 2  # the two mid-batch kills
 
+
+
+def test_the_journal_is_compacted_and_a_kill_while_compacting_loses_nothing(tmp_path):
+    """A long run's journal stays bounded: it is rewritten as a snapshot past `journal_compact_records`, so a
+    restart reads a bounded file. Request ids and the pool survive compaction, a kill in the middle of it,
+    and the studio's offline replay; `idempotency_window` bounds the ids a restart keeps."""
+    from experience_manager.journal import Journal
+    from studio.sources import replay_journal
+
+    store = tmp_path / "store"
+    journal = store / "journal.jsonl"
+
+    def args(**section) -> list[str]:
+        return ["--store", str(store), "--conf",
+                write_conf(tmp_path / "conf.yaml", {"journal_compact_records": 10, **section})]
+
+    def add(http: httpx.Client, i: int) -> httpx.Response:
+        return http.post("/v1/workspaces/ws/experiences", json={
+            "when_to_use": f"When booking flight {i} for passenger {i * 7}", "content": f"Search date {i} first.",
+            "request_id": f"add-{i}"})
+
+    with run_service("experience_manager", args(), env={FAULT_ENV: "compact:before_rewrite:0"}) as svc:
+        http = httpx.Client(base_url=svc.url, timeout=60)
+        ids = [add(http, i).json()["experience"]["experience_id"] for i in range(4)]  # 8 records
+        _killed(svc, lambda: add(http, 4))  # its intent and commit make 10: compaction starts, and is killed
+    assert sum(1 for _ in journal.open()) == 10 and not journal.with_name("journal.jsonl.prev").exists()
+
+    with run_service("experience_manager", args()) as svc:
+        http = httpx.Client(base_url=svc.url, timeout=60)
+        retried = add(http, 4).json()
+        assert retried["idempotent_replay"] is True, "the write was durable before the kill"
+        ids += [retried["experience"]["experience_id"]] + [add(http, i).json()["experience"]["experience_id"] for i in range(5, 40)]
+        lines = sum(1 for _ in journal.open())
+        assert lines < 10, f"72 records written, the journal holds {lines}: it is compacted as it grows"
+        previous = [record["t"] for record in Journal(journal.with_name("journal.jsonl.prev")).read()]
+        assert previous[0] == "snapshot" and previous.count("intent") == previous.count("commit") >= 4
+        live = {e["experience_id"] for e in http.get("/v1/workspaces/ws/experiences?limit=100").json()["experiences"]}
+    assert live == set(ids)
+    assert {e.experience_id for e in replay_journal(Journal(journal).read(), "ws")} == live
+
+    with run_service("experience_manager", args(idempotency_window=3)) as svc:
+        http = httpx.Client(base_url=svc.url, timeout=60)
+        assert add(http, 39).json()["idempotent_replay"] is True
+        assert add(http, 0).json().get("idempotent_replay") is None, "ids older than the window are new requests"
+        assert http.get("/v1/workspaces/ws/stats").json()["active"] >= 40
