@@ -33,6 +33,7 @@ from experience_manager.store import QdrantStore, encode_vector
 from experience_manager.text import valid_id
 
 RequestKey = tuple[str, str, str]  # (workspace, op, request_id)
+SNAPSHOT_SLICE = 256  # request ids per snapshot record
 
 
 def body_digest(body: Any) -> str:
@@ -135,8 +136,10 @@ class DurableStore:
         the caller holds the mutation lock, and every mutation commits before releasing it)."""
         assert self.journal is not None
         now = time.time()
-        snapshot = [{"t": "snapshot", "ts": now,
-                     "requests": [[*key, digest, result] for key, (digest, result) in self.done.items()]}]
+        requests = [[*key, digest, result] for key, (digest, result) in self.done.items()]
+        # in slices, so that a restart never holds more than one slice's text at once
+        snapshot = [{"t": "snapshot", "ts": now, "requests": requests[i:i + SNAPSHOT_SLICE]}
+                    for i in range(0, len(requests), SNAPSHOT_SLICE)]
         snapshot += [{"t": "snapshot", "ts": now, "ws": workspace_id,
                       "writes": [{"upsert": e.model_dump(mode="json"), "vector": None}
                                  for e in index.experiences.values()]}

@@ -93,15 +93,16 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
 @contextmanager
 def run_service(module: str, args: Sequence[str] = (), *, env: dict[str, str] | None = None,
                 timeout: float = 120, log_dir: Path | None = None,
-                port: int | None = None) -> Iterator[ServiceProcess]:
-    """Start `python -m module --port P *args` in its own process group; yield once /healthz is 200."""
+                port: int | None = None, cwd: Path = REPO) -> Iterator[ServiceProcess]:
+    """Start `python -m module --port P *args` in its own process group; yield once /healthz is 200. `cwd` is
+    where `-m` finds the module first: another checkout runs that checkout's code."""
     port = port or free_port()
     log_dir = Path(log_dir or os.environ.get("EVOLVER_TEST_LOGS", "/tmp/evolver-test-logs"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{module.replace('.', '_')}-{port}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=cwd,
                                 env=full_env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     service = ServiceProcess(proc, f"http://127.0.0.1:{port}", log_path)
     try:
