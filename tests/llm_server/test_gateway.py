@@ -261,5 +261,6 @@ def test_a_scripted_episode_gives_its_replies_as_the_model_would_write_them(tiny
                 {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": '{"order": "ORD9CD2", "at": "left"}'}]
     assert client.chat.completions.create(model="tiny", messages=messages,
                                           tools=TOOLS).choices[0].message.content == "Cancel order ORD9CD2 at left."
+    _end(tiny_server, carried)
     alone = httpx.post(f"{tiny_server.url}/v1/episodes", json={"script_results": ["x"]}, timeout=30)
     assert alone.status_code == 422 and "give the script too" in alone.text
