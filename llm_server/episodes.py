@@ -35,6 +35,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from loguru import logger
+
 from common.generated_ids import learned
 from common.service import ServiceError
 from llm_server.protocol import EpisodeMode, EpisodeOpen, EpisodeRecord, GatewayCall, ObservedToolResult
@@ -281,7 +283,11 @@ class EpisodeRegistry:
             try:
                 await asyncio.wait_for(self._changed.wait_for(lambda: not self.open), self.drain_timeout_s)
             except asyncio.TimeoutError:
-                for episode in list(self.open.values()):
+                stuck = list(self.open.values())
+                # The update stalled this long: the log names the episodes (an agent or a caller that never ended them).
+                logger.warning("weight update waited gateway_drain_timeout_s={} s; cutting {} open episode(s): {}",
+                               self.drain_timeout_s, len(stuck), ", ".join(e.episode_id for e in stuck[:8]))
+                for episode in stuck:
                     self._end(episode, "weight_update")
         try:
             yield

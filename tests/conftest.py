@@ -13,6 +13,7 @@ os.environ.pop("EVOLVER_API_TOKEN", None)
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import httpx  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.helpers import ServiceProcess, run_service  # noqa: E402
@@ -38,6 +39,19 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePro
                     f"  weights_dir: {tmp_path_factory.getbasetemp()}\n")
     with run_service("llm_server", ["--conf", str(conf), "--model", "tiny"], timeout=120) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def no_episode_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test must end every gateway episode it opens on the shared tiny server: one left open makes the next
+    weight update there (in whichever test comes next on that worker) wait `gateway_drain_timeout_s`, 300 s."""
+    server = request.getfixturevalue("tiny_server") if "tiny_server" in request.fixturenames else None
+    yield
+    if server is not None:
+        left = httpx.get(f"{server.url}/v1/stats", timeout=30).json()["gateway"]["open_episodes"]
+        if left:
+            pytest.fail(f"{request.node.nodeid} left {left} gateway episode(s) open on tiny_server: end each "
+                        "episode it opens (POST /v1/episodes/{id}/end)", pytrace=False)
 
 
 # The test command runs two workers, one file each at a time (`-n 2 --dist loadfile`). Handing out the

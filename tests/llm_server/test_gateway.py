@@ -195,6 +195,16 @@ async def test_old_records_are_dropped_and_their_ids_still_refuse_calls() -> Non
     assert again.value.status == 409
 
 
+async def test_a_weight_update_cuts_an_episode_still_open_after_the_drain_timeout() -> None:
+    registry = EpisodeRegistry(drain_timeout_s=0.05)
+    stuck = await registry.open_episode(EpisodeOpen())
+    async with registry.weight_swap():
+        assert stuck.ended_reason == "weight_update" and not registry.open
+    with pytest.raises(ServiceError) as late:
+        registry.for_call(stuck.episode_id)
+    assert late.value.status == 409 and registry.stats()["cut_by_weight_update"] == 1
+
+
 def test_a_forced_episode_calls_a_tool_every_time_and_records_what_came_back(tiny_server: ServiceProcess) -> None:
     """`force_tools`: the agent asks with tool_choice auto (its own code, unchanged), the gateway answers every call
     with a valid call of an offered tool, and the record pairs each call with the result the agent sent back."""
@@ -261,5 +271,6 @@ def test_a_scripted_episode_gives_its_replies_as_the_model_would_write_them(tiny
                 {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": '{"order": "ORD9CD2", "at": "left"}'}]
     assert client.chat.completions.create(model="tiny", messages=messages,
                                           tools=TOOLS).choices[0].message.content == "Cancel order ORD9CD2 at left."
+    _end(tiny_server, carried)
     alone = httpx.post(f"{tiny_server.url}/v1/episodes", json={"script_results": ["x"]}, timeout=30)
     assert alone.status_code == 422 and "give the script too" in alone.text
