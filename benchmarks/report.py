@@ -351,6 +351,39 @@ def chaos() -> list[str]:
                "wall time it cost"], rows))
 
 
+def soak() -> list[str]:
+    name = "soak.json"
+    data = load(name)
+    resources = data["resources"]
+    lost = {}
+    for kill in data["steps_lost_per_kill"]:
+        lost.setdefault(kill["target"], []).append(kill)
+    target_of = {"ray_workers": "ray_worker"}  # the sampled processes, and what the schedule kills among them
+
+    def within(pct: float | None) -> str:
+        return "-" if pct is None else f"{pct:+.1f}%"
+
+    rows = [[process, data["kills_per_target"].get(target_of.get(process, process), 0),
+             ", ".join(str(k["steps_lost"]) for k in lost.get(target_of.get(process, process), [])) or "-",
+             ", ".join(f"{k['outage_s']:.1f}" for k in lost.get(target_of.get(process, process), [])) or "-",
+             f"{r['rss_mb_baseline']:.0f} -> {r['rss_mb_end']:.0f} MB ({r['rss_growth_pct']:+.1f}%)",
+             within(r["rss_growth_within_a_process_max_pct"]),
+             f"{r['fds_baseline']} -> {r['fds_end']} ({r['fds_growth_pct']:+.1f}%)"]
+            for process, r in resources.items()]
+    ledger = ", ".join(f"{count:,} {kind}" for kind, count in data["ledger"].items())
+    return section(
+        "Soak: an hour of kills",
+        f"The launcher with the tiny model, every service and mechanism on, for {data['minutes_run']:.1f} minutes "
+        f"({data['steps']:,} steps); a seeded schedule SIGKILLs each target {min(data['kills_per_target'].values())} "
+        f"times or more ({'all survived' if data['all_kills_survived'] else 'NOT all survived'}). RSS and descriptors are sampled each minute; "
+        f"growth is from minute {data['baseline_minute']:.0f} to the end. Acknowledged writes in the ledger: "
+        f"{ledger}; missing at the end: {data['missing_count']}. Raw: {link(name)}, "
+        f"[`soak-rss.png`](results/soak-rss.png).",
+        ["python benchmarks/services/soak.py --minutes 47 --out benchmarks/results/soak.json"],
+        table(["process", "kills", "steps lost per kill", "outage per kill (s)", "RSS minute 10 -> end",
+               "largest growth within one process", "descriptors"], rows))
+
+
 def kept_caches() -> list[str]:
     names = ["eval-batch-kept-cache-full-seed0-validation.json",
              "eval-batch-no-kept-cache-repeat-full-seed0-validation.json"]
@@ -773,6 +806,7 @@ SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, a
                                            zero_human_data, warm_start, self_questioning_without_tools, asking,
                                            environments, judge,
                                            speed_vs_trl, update_speed, warm_start_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
+                                           soak,
                                            studio]
 
 REMAINING = """## Not yet in this report
