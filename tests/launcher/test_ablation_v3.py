@@ -214,3 +214,63 @@ def test_the_forgetting_evaluation_runs_the_same_evaluation_on_tier_1(tmp_path):
     assert set(forgetting["kinds"].values()) <= {"credit_lookup", "id_lookup", "fare_lookup"}
     assert all(t.startswith("validation-t1-") for t in forgetting["per_task"])
     assert json.loads((tmp_path / "results" / "base-seed0.json").read_text())["forgetting_start"] == forgetting
+
+
+def _raw_v3(directory, row: str, seed: int, values: dict[str, float], room: tuple[int, int] | None = None,
+            forgetting: dict | None = None) -> None:
+    """A v3 raw result as benchmarks/science/ablation.py writes it (only the fields the report reads); `values`:
+    each task's strict avg@2 (every sample made a call), `room`: (labelled steps, against the outcome)."""
+    scores = {t: [1.0] * round(2 * v) + [0.0] * (2 - round(2 * v)) for t, v in values.items()}
+    evaluation = {"per_task": scores, "per_task_called": {t: [True, True] for t in scores},
+                  "prompts": {t: f"p-{t}" for t in scores}, "tasks": len(scores), "k": 2, "seconds": 60.0,
+                  "invalid_action_rate": 0.0, "kinds": {t: "cancel" if t in "ab" else "book" for t in scores}}
+    data = {"benchmark": "ablation", "ablation_version": 3, "row": row, "seed": seed, "git": {"commit": "c0ffee"},
+            "protocol": {"sha256": "abc"}, "explore": False, "target_delta": 0.10,
+            "eval_protocol": {"split": "test", "k": 2, "temperature": 0.7}}
+    if row == "base":
+        data["eval_start"] = evaluation
+    else:
+        data["eval_end"] = evaluation
+        data["train"] = {"steps": 0 if row == "w" else 8, "wall_s": 120.0, "curve": []}
+        data["minutes"] = {"train": 2.0, "eval": 1.0, "total": 3.0, "shared_warm_start": None}
+        data["rollouts"] = {"mixed_outcome_groups": {"all": {"groups": 16, "mixed": 8, "share": 0.5}},
+                            "room_to_act": None if room is None else {
+                                "all": {"steps": room[0], "against_outcome": room[1], "share": room[1] / room[0]}}}
+        if forgetting is not None:
+            data["forgetting"] = forgetting
+    (directory / f"{row}-seed{seed}.json").write_text(json.dumps(data))
+
+
+def test_v3_criteria_by_hand_with_the_better_of_a_and_n_and_no_room(tmp_path):
+    from benchmarks.science.ablation_report import summarize, write_report
+
+    tier1 = {"strict_avg": 0.5, "paired_vs_start": {"strict_avg": {"mean": -0.25, "lo": -0.5, "hi": 0.0, "n": 4}}}
+    for seed in (0, 1, 2):
+        _raw_v3(tmp_path, "base", seed, dict.fromkeys("abcd", 0.0))
+        _raw_v3(tmp_path, "w_q", seed, {"a": 0.5, "b": 0.5, "c": 0.0, "d": 0.0})
+        _raw_v3(tmp_path, "w_qg", seed, {"a": 0.5, "b": 0.5, "c": 0.0, "d": 0.0})
+        _raw_v3(tmp_path, "w_qa", seed, {"a": 1.0, "b": 1.0, "c": 0.5, "d": 0.0}, room=(100, 20), forgetting=tier1)
+        _raw_v3(tmp_path, "w_qn", seed, {"a": 1.0, "b": 0.5, "c": 0.0, "d": 0.0})
+        _raw_v3(tmp_path, "w_full", seed, {"a": 1.0, "b": 1.0, "c": 0.5, "d": 0.5}, room=(100, 5))
+    criteria = {c["name"]: c for c in summarize(tmp_path)["criteria"]}
+    sd = 0.25  # A - Q per task .5, .5, .5, 0 and N - Q .5, 0, 0, 0: both sd sqrt(.1875 / 3)
+    a_q = criteria["A (reference-rule attribution) over GRPO"]
+    assert a_q["difference"]["mean"] == 0.375 and a_q["difference"]["sd"] == pytest.approx(sd)
+    assert a_q["difference"]["lo"] == pytest.approx(0.375 - 1.959964 * sd / 2, abs=1e-6)
+    assert (a_q["verdict"], a_q["room_to_act"]) == ("met", 0.2)
+    assert criteria["A over G"]["verdict"] == "met"
+    assert criteria["G (GiGPO's judge-free step credit) over GRPO"]["difference"]["mean"] == 0.0
+    assert criteria["G (GiGPO's judge-free step credit) over GRPO"]["verdict"] == "not met"  # sd 0: detectable 0
+    n_q = criteria["N (same-kind demonstrations) over GRPO"]
+    assert n_q["difference"]["mean"] == 0.125 and n_q["verdict"] == "not detectable"  # under 2.80 * .25 / 2
+    full = criteria["full over the better of A and N"]
+    assert full["low"] == "w_qa"  # W+Q&A .625 beats W+Q&N .375
+    assert full["difference"]["mean"] == 0.125 and (full["verdict"], full["room_to_act"]) == ("no room", 0.05)
+
+    write_report(tmp_path)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "5 comparisons, each at 95% with no correction" in text
+    assert "| full over the better of A and N | W+full - W+Q&A | +0.125 [" in text and "**no room** (room to act 0.05)" in text
+    assert "| W+Q&G (GiGPO) | 3 |" in text  # v3's own row is in the tables
+    assert "| W+Q&A | 0.50, 0.50, 0.50 | 0.20, 0.20, 0.20 | 0.500, -0.250 [-0.500, +0.000]; " in text
+    assert "| W+Q | 0.50, 0.50, 0.50 | -, -, - | - |" in text
