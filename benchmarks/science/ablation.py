@@ -26,7 +26,8 @@ and, from the run's rollout records, its mixed-outcome groups and A's room to ac
 v3 (`ablation.version: 3`, examples/ablation/flights_v3.yaml): the rows of `ROWS_V3` on multi-call tasks, run as v2's;
 with `ablation.forgetting` every run is also evaluated on other tiers (tier 1) after training, paired per task with
 the base model there. `--pilot`: validation, the first seed, rows `w` and `w_q` (`--rows w,w_q,w_qa` adds A's room
-to act), no forgetting evaluation; after every row it writes `pilot.json`, the go/no-go per kind
+to act), no forgetting evaluation. It trains every row before evaluating any (the mixed-outcome groups need no
+evaluation), and after every training and every evaluation writes `pilot.json`, the go/no-go per kind
 (benchmarks/science/ablation_pilot.py), so a pilot stopped early still leaves what it measured.
 
 Each (row, seed) run is `python launcher.py` as a child process, with a checkpoint every step and
@@ -601,8 +602,7 @@ class Harness:
                 "total": round((wall + end["seconds"]) / 60, 2),
                 # the warm start these weights came from, computed once for the seed (in the w row's train)
                 "shared_warm_start": round(float(spent.read_text()) / 60, 2) if shared and spent.is_file() else None}
-            groups = {step: int(r["rollout/groups"]) for step, r in records.items() if "rollout/groups" in r}
-            payload["rollouts"] = rollout_stats(out / "rollouts", groups)
+            payload["rollouts"] = run_rollout_stats(out, records)
         if self.forgetting is not None:
             payload["forgetting"] = self.forgetting_row(base, out, seed)
             forgetting_s = payload["forgetting"]["eval_end"]["seconds"]
@@ -610,6 +610,16 @@ class Harness:
                                       total=round((wall + end["seconds"] + forgetting_s) / 60, 2))
         self.write(row, seed, payload)
         return payload
+
+    def training_stats(self, row: str, seed: int) -> dict[str, Any] | None:
+        """A row's training numbers from its run folder once it finished training (not collapsed), before its
+        evaluation: its rollouts' counts and its step times; None before."""
+        out = self.run_dir(row, seed) / "trainer"
+        if not _finished(out, self.derive(row, seed)["trainer"]["steps"]) or collapse_of(out) is not None:
+            return None
+        records = _step_records(out / "metrics.jsonl")
+        return {"rollouts": run_rollout_stats(out, records),
+                "step_s": [r["time/step_s"] for r in records.values() if "time/step_s" in r]}
 
     def forgetting_row(self, base: dict[str, Any], out: Path, seed: int) -> dict[str, Any]:
         """The trained run on the forgetting tiers, paired per task (strict avg) with the base model there."""
@@ -640,6 +650,12 @@ def _finished(out: Path, steps: int) -> bool:
 
     latest = latest_checkpoint(out / "checkpoints")
     return (out / "summary.json").is_file() and latest is not None and latest.name == f"step_{steps:06d}.pt"
+
+
+def run_rollout_stats(out: Path, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """`ablation_rollouts.rollout_stats` of a trainer folder, each step's groups from its metrics record."""
+    groups = {step: int(r["rollout/groups"]) for step, r in records.items() if "rollout/groups" in r}
+    return rollout_stats(out / "rollouts", groups)
 
 
 def _step_records(path: Path) -> dict[int, dict[str, Any]]:
@@ -695,11 +711,15 @@ def write_pilot(harness: Harness, seed: int) -> str:
     written = {row: json.loads(path.read_text()) for row in ("w", "w_q", "w_qa")
                if (path := harness.result_path(row, seed)).is_file()}
     runs = {row: {seed: data} for row, data in written.items() if "failed" not in data}
+    trained = {row: stats for row in ("w_q", "w_qa") if row not in written
+               and (stats := harness.training_stats(row, seed)) is not None}
     base = harness.result_path("base", seed)
     base_minutes = json.loads(base.read_text())["eval_start"]["seconds"] / 60 if base.is_file() else None
-    summary = pilot_summary(runs, seed, harness.settings.eval.tasks, list(harness.settings.rows or []), base_minutes)
+    summary = pilot_summary(runs, seed, harness.settings.eval.tasks, list(harness.settings.rows or []), base_minutes,
+                            trained)
     failed = [{"row": row, **data["failed"]} for row, data in written.items() if "failed" in data]
     path = harness.results_dir / "pilot.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**harness.meta("pilot", seed), **summary, "failed": failed}, indent=1))
     for line in pilot_lines(summary):
         print(f"[pilot] {line}", file=sys.stderr, flush=True)
@@ -772,6 +792,12 @@ def main(argv: list[str] | None = None) -> int:
     done: list[str] = []
     pilot: str | None = None
     try:
+        if args.pilot:  # train every row first: the mixed-outcome groups need no evaluation, so they come first
+            for seed in seeds:
+                for row in rows:
+                    if not harness.result_path(row, seed).is_file():
+                        harness.train(row, seed)
+                    pilot = write_pilot(harness, seed)
         for seed in seeds:  # a seed's rows share its start evaluation
             for row in rows:
                 payload = harness.base(seed) if row == "base" else harness.row(row, seed)

@@ -54,21 +54,27 @@ def _room(share: float | None) -> str:
 
 
 def pilot_summary(runs: Runs, seed: int, test_tasks: int, protocol_rows: list[str],
-                  base_minutes: float | None = None) -> dict[str, Any]:
+                  base_minutes: float | None = None, trained: dict[str, dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
     """`runs`: row -> seed -> raw JSON (`w`, `w_q`, optionally `w_qa`); `test_tasks`: the frozen evaluation's task
     count, for the detectable difference there; `protocol_rows`: the trained rows of a full seed, and
     `base_minutes`: the seed's start evaluation, for a seed's minutes. Those are a floor: the rows with a judge or
-    a pool take longer than W+Q, and the frozen protocol evaluates more tasks (the test split, tier 1 too)."""
+    a pool take longer than W+Q, and the frozen protocol evaluates more tasks (the test split, tier 1 too).
+    `trained`: row -> `{"rollouts": ..., "step_s": [...]}` of a row trained but not evaluated yet, so that the
+    training's numbers come before the evaluations'."""
+    trained = trained or {}
     w, w_q, w_qa = (runs.get(row, {}).get(seed) for row in ("w", "w_q", "w_qa"))
     w_success = success_by_kind(w["eval_end"]) if w else {}
-    mixed = (w_q.get("rollouts") or {}).get("mixed_outcome_groups", {}) if w_q else {}
-    room = ((w_qa.get("rollouts") or {}).get("room_to_act") or {}) if w_qa else {}
+    w_q_training = w_q or trained.get("w_q")
+    mixed = (w_q_training.get("rollouts") or {}).get("mixed_outcome_groups", {}) if w_q_training else {}
+    w_qa_training = w_qa or trained.get("w_qa")
+    room = ((w_qa_training.get("rollouts") or {}).get("room_to_act") or {}) if w_qa_training else {}
     kinds = sorted(set(w_success) | set(mixed) | set(room))
     per_kind = {}
     for kind in kinds:
         success = (w_success.get(kind) or {}).get("strict_avg")
         # a kind W+Q never trained on (no synthetic task of it) had no room for RL at all
-        share = (mixed.get(kind) or {}).get("share", 0.0 if w_q else None)
+        share = (mixed.get(kind) or {}).get("share", 0.0 if w_q_training else None)
         per_kind[kind] = {"w_success": success, "w_tasks": (w_success.get(kind) or {}).get("tasks", 0),
                           "mixed_share": share, "mixed_groups": (mixed.get(kind) or {}).get("groups", 0),
                           "room_to_act": (room.get(kind) or {}).get("share"),
@@ -77,12 +83,12 @@ def pilot_summary(runs: Runs, seed: int, test_tasks: int, protocol_rows: list[st
     if paired is not None:
         paired["detectable_at_test_size"] = detectable_difference(paired["sd"], test_tasks)
     minutes = {row: data[seed].get("minutes") for row, data in runs.items() if seed in data}
-    step_s = (w_q or {}).get("train", {}).get("step_s") or []
+    step_s = ((w_q or {}).get("train") or trained.get("w_q") or {}).get("step_s") or []
     per_seed = None
     if w and w_q:
         rl_rows = [r for r in protocol_rows if r not in ("base", "w")]
         per_seed = (base_minutes or 0.0) + w["minutes"]["total"] + len(rl_rows) * w_q["minutes"]["total"]
-    return {"seed": seed, "rows": sorted(r for r in runs if seed in runs[r]),
+    return {"seed": seed, "rows": sorted(r for r in runs if seed in runs[r]), "trained_only": sorted(trained),
             "thresholds": {"mixed_share_at_least": MIN_MIXED_SHARE, "w_success_within": list(W_SUCCESS_RANGE),
                            "room_to_act_at_least": MIN_ROOM_TO_ACT},
             "per_kind": per_kind,
@@ -110,6 +116,7 @@ def pilot_lines(summary: dict[str, Any]) -> list[str]:
                      f"tasks, sd {paired['sd']:.3f}, detectable {'-' if math.isinf(detectable) else f'{detectable:.3f}'}"
                      f" (at the test size {paired['detectable_at_test_size']:.3f})")
     if summary["minutes_per_step"] is not None:
-        lines.append(f"minutes: {summary['minutes_per_step']:.2f} per W+Q step, at least "
-                     f"{summary['minutes_per_seed_floor']:.1f} per seed")
+        lines.append(f"minutes: {summary['minutes_per_step']:.2f} per W+Q step")
+    if summary["minutes_per_seed_floor"] is not None:
+        lines.append(f"minutes: at least {summary['minutes_per_seed_floor']:.1f} per seed")
     return lines

@@ -183,6 +183,7 @@ def test_pilot_go_no_go_by_hand_through_the_command_line(tmp_path, capsys):
     assert pilot["minutes_per_step"] == 1.5
     assert pilot["minutes_per_seed_floor"] == 10.0 + 5 * 20.0  # W, then five RL rows at W+Q's minutes at least
     assert "book_by_id: 0.25 of 2 tasks, 0.20 of 5 groups, room 0.05 (no room) -> no-go" in printed.err
+    assert "minutes: 1.50 per W+Q step" in printed.err and "minutes: at least 110.0 per seed" in printed.err
 
 
 def test_the_pilot_is_v3s(tmp_path, capsys):
