@@ -185,6 +185,15 @@ def test_pilot_go_no_go_by_hand_through_the_command_line(tmp_path, capsys):
     assert "book_by_id: 0.25 of 2 tasks, 0.20 of 5 groups, room 0.05 (no room) -> no-go" in printed.err
     assert "minutes: 1.50 per W+Q step" in printed.err and "minutes: at least 110.0 per seed" in printed.err
 
+    # Before any evaluation: W+Q's training alone gives the mixed groups; W's success is still pending.
+    from benchmarks.science.ablation_pilot import pilot_summary
+
+    early = pilot_summary({}, 0, 80, ["base", "w", "w_q"], trained={
+        "w_q": {"rollouts": raw["w_q"]["rollouts"], "step_s": [60.0]}})
+    assert early["per_kind"]["cancel_by_id"] == {"w_success": None, "w_tasks": 0, "mixed_share": 0.6,
+                                                 "mixed_groups": 5, "room_to_act": None, "verdict": "pending"}
+    assert early["trained_only"] == ["w_q"] and early["minutes_per_step"] == 1.0 and early["w_q_minus_w"] is None
+
 
 def test_the_pilot_is_v3s(tmp_path, capsys):
     from benchmarks.science.ablation import main
