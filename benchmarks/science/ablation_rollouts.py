@@ -86,9 +86,12 @@ def room_to_act_by_kind(records: Iterable[dict[str, Any]]) -> dict[str, dict[str
 
 
 def rollout_stats(rollouts_dir: Path, groups_per_step: dict[int, int] | None = None) -> dict[str, Any]:
-    """The run's training rollouts: counts, the mixed-outcome groups and A's room to act, per kind."""
+    """The run's training rollouts: counts, the mixed-outcome groups and A's room to act, per kind.
+    `groups_in_metrics`: the groups the metrics counted, to compare with the groups found (a shard rotated away
+    by `trainer.records` would leave fewer)."""
     records = read_records(rollouts_dir, groups_per_step)
     return {"rollouts": len(records), "steps": len({r["step"] for r in records}),
+            "groups_in_metrics": sum(groups_per_step.values()) if groups_per_step else None,
             "success_share": _share(sum(_succeeded(r) for r in records), len(records)),
             "mixed_outcome_groups": mixed_outcome_by_kind(records),
             "room_to_act": room_to_act_by_kind(records)}

@@ -114,6 +114,7 @@ def test_mixed_groups_and_room_to_act_per_kind_by_hand(tmp_path):
 
     stats = rollout_stats(tmp_path, {1: 2, 2: 1})
     assert stats["rollouts"] == 6 and stats["steps"] == 2 and stats["success_share"] == 3 / 6
+    assert stats["groups_in_metrics"] == 3
     assert stats["mixed_outcome_groups"] == {
         "all": {"groups": 3, "mixed": 1, "share": 1 / 3},
         "book_by_id": {"groups": 1, "mixed": 0, "share": 0.0},
