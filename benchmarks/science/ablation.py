@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/science/ablation.py --protocol examples/ablation/flights.yaml            # every row x seed
     .venv/bin/python benchmarks/science/ablation.py --protocol examples/ablation/flights.yaml --rows full --seeds 0
     .venv/bin/python benchmarks/science/ablation.py --protocol examples/ablation/flights.yaml --explore   # validation only
+    .venv/bin/python benchmarks/science/ablation.py --protocol examples/ablation/flights_v3.yaml --pilot  # v3's go/no-go
     .venv/bin/python benchmarks/science/ablation.py --report --results-dir benchmarks/results/ablation/flights
 
 Rows (AgentEvolver's table, arXiv 2511.10395): `base` (no training), `q` (+Q: trains only on the tasks the
@@ -18,7 +19,16 @@ warm start, 0 RL steps) runs once per seed; every W row with RL starts from its 
 synthesis finds the tasks there and makes none), and so does `full`, so every synthetic-task row of a seed trains on
 the same synthetic tasks and pool. `env_n`'s pool is seeded from train-split references before its launch
 (loop_probe's `--pool train`). The metric is strict avg@k (a success needs a tool call), and the report checks the
-pre-registered criteria (benchmarks/science/ablation_criteria.py). Each v2 result records its minutes (train, eval, total).
+pre-registered criteria (benchmarks/science/ablation_criteria.py). Each v2 result records its minutes (train, eval, total)
+and, from the run's rollout records, its mixed-outcome groups and A's room to act per task kind
+(benchmarks/science/ablation_rollouts.py).
+
+v3 (`ablation.version: 3`, examples/ablation/flights_v3.yaml): the rows of `ROWS_V3` on multi-call tasks, run as v2's;
+with `ablation.forgetting` every run is also evaluated on other tiers (tier 1) after training, paired per task with
+the base model there. `--pilot`: validation, the first seed, rows `w` and `w_q` (`--rows w,w_q,w_qa` adds A's room
+to act), no forgetting evaluation. It trains every row before evaluating any (the mixed-outcome groups need no
+evaluation), and after every training and every evaluation writes `pilot.json`, the go/no-go per kind
+(benchmarks/science/ablation_pilot.py), so a pilot stopped early still leaves what it measured.
 
 Each (row, seed) run is `python launcher.py` as a child process, with a checkpoint every step and
 `launcher.resume: true`: rerunning the same command after an interruption continues from the last
@@ -58,8 +68,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.harness import REPO  # noqa: E402
 from benchmarks.science.ablation_common import (  # noqa: E402
     MECHANISMS_V1,
+    ROW_SPECS,
     ROWS_V1,
-    ROWS_V2,
     paired,
     per_task_metric,
     shares_task_store,
@@ -67,6 +77,7 @@ from benchmarks.science.ablation_common import (  # noqa: E402
     success_lengths,
 )
 from benchmarks.science.ablation_common import ROWS as ROWS_BY_VERSION  # noqa: E402
+from benchmarks.science.ablation_rollouts import rollout_stats  # noqa: E402
 from common.config import ConfigError, StrictModel, compose  # noqa: E402
 from evolver_launcher.manifest import git_state  # noqa: E402
 from evolver_launcher.supervisor import COLLAPSED_EXIT  # noqa: E402
@@ -104,9 +115,18 @@ class EnvPoolProtocol(StrictModel):
     obs_chars: int = Field(default=4000, ge=1)
 
 
+class ForgettingProtocol(StrictModel):
+    """v3: after training, the same evaluation on other tiers of the environment (an env service of their own),
+    reported beside the trained tiers' result."""
+
+    tiers: list[int] = Field(min_length=1, description="the flights tiers evaluated (env_service's `tiers`)")
+    tasks: int = Field(default=64, ge=1, description="the first N task ids of the evaluated split")
+
+
 class AblationSettings(StrictModel):
-    version: Literal[1, 2] = Field(default=1, description="the row set: 1 (AgentEvolver's rows, flights.yaml) or "
-                                                          "2 (on top of a warm start, flights_v2.yaml)")
+    version: Literal[1, 2, 3] = Field(default=1, description=(
+        "the row set: 1 (AgentEvolver's rows, flights.yaml), 2 (on top of a warm start, flights_v2.yaml) or "
+        "3 (N, A and GiGPO on multi-call tasks, flights_v3.yaml)"))
     frozen: bool = Field(default=False, description="true once every setting was chosen on validation; "
                                                      "the test split is evaluated only then")
     seeds: list[int] = Field(min_length=1, description="fixed before the first run")
@@ -119,6 +139,8 @@ class AblationSettings(StrictModel):
     without_warm_start: dict[str, Any] = Field(default_factory=dict, description=(
         "v2: merged into the run YAML of the rows without a warm start (full, env_n), e.g. their own lr and KL"))
     env_pool: EnvPoolProtocol = Field(default_factory=EnvPoolProtocol)
+    forgetting: ForgettingProtocol | None = Field(default=None, description=(
+        "v3: every run also evaluated on these tiers after training (none: not measured)"))
 
     @model_validator(mode="after")
     def _rows_of_the_version(self) -> AblationSettings:
@@ -130,6 +152,8 @@ class AblationSettings(StrictModel):
             raise ValueError(f"rows {unknown}: not rows of ablation version {self.version} ({', '.join(known)})")
         if self.version == 1 and self.without_warm_start:
             raise ValueError("without_warm_start: only for ablation version 2")
+        if self.version != 3 and self.forgetting is not None:
+            raise ValueError("forgetting: only for ablation version 3")
         return self
 
 
@@ -140,13 +164,15 @@ class Protocol(StrictModel):
 
 def load_protocol(path: Path) -> Protocol:
     protocol = Protocol.model_validate(compose(path))
-    if protocol.ablation.version == 2:
+    if protocol.ablation.version >= 2:
         warm = (protocol.run.get("trainer") or {}).get("warm_start") or {}
         if not warm.get("enabled") or warm.get("source", "synthetic") != "synthetic" or warm.get("from_checkpoint"):
-            raise ConfigError("run.trainer.warm_start: the v2 run section is the W+full row: enable the warm start "
+            raise ConfigError("run.trainer.warm_start: the v2/v3 run section is the W+full row: enable the warm start "
                               "on synthetic references (source: synthetic, no from_checkpoint)")
         if "env_n" in (protocol.ablation.rows or []) and protocol.run["trainer"]["rollout"]["env"] != "flights":
             raise ConfigError("ablation.rows: env_n seeds its pool from flights train references (flights only)")
+    if protocol.ablation.forgetting is not None and protocol.run["trainer"]["rollout"]["env"] != "flights":
+        raise ConfigError("ablation.forgetting: evaluates other flights tiers (flights only)")
     services = set((protocol.run.get("launcher") or {}).get("services") or [])
     missing = {"env_service", "task_manager", "experience_manager", "judge"} - services
     if missing:
@@ -175,7 +201,7 @@ def _needs_llm_server(cfg: dict[str, Any], services: set[str]) -> bool:
 
 def derive(run: dict[str, Any], row: str, seed: int, settings: AblationSettings, runs_dir: Path,
            shared_warm_start: Path | None = None) -> dict[str, Any]:
-    """One row's launcher YAML, derived from the protocol's `run` section (v1: the `full` row; v2: `w_full`)."""
+    """One row's launcher YAML, derived from the protocol's `run` section (v1: the `full` row; v2, v3: `w_full`)."""
     if settings.version == 1:
         return derive_v1(run, row, seed, settings, runs_dir)
     return derive_v2(run, row, seed, settings, runs_dir, shared_warm_start)
@@ -246,11 +272,13 @@ def derive_v1(run: dict[str, Any], row: str, seed: int, settings: AblationSettin
 
 def derive_v2(run: dict[str, Any], row: str, seed: int, settings: AblationSettings, runs_dir: Path,
               shared_warm_start: Path | None = None) -> dict[str, Any]:
-    """The W+full row with what `ROWS_V2[row]` switches off. A row sharing the `w` row's warm start loads it
-    from `shared_warm_start` (that row's step-0 checkpoint) instead of fine-tuning again."""
-    if row not in ROWS_V2:
-        raise ValueError(f"row {row!r} is not trained (rows: {', '.join(ROWS_V2)})")
-    spec = ROWS_V2[row]
+    """The W+full row with what its version's row table (`ROWS_V2[row]`, `ROWS_V3[row]`) switches off. A row
+    sharing the `w` row's warm start loads it from `shared_warm_start` (that row's step-0 checkpoint) instead of
+    fine-tuning again."""
+    table = ROW_SPECS[settings.version]
+    if row not in table:
+        raise ValueError(f"row {row!r} is not trained (rows: {', '.join(table)})")
+    spec = table[row]
     cfg = copy.deepcopy(run)
     if spec.warm_start is None:
         cfg = deep_merge(cfg, settings.without_warm_start)
@@ -284,7 +312,7 @@ def derive_v2(run: dict[str, Any], row: str, seed: int, settings: AblationSettin
     if spec.judge:
         keep.add("judge")
     else:
-        advantage["estimator"] = "grpo"
+        advantage["estimator"] = spec.estimator or "grpo"
     _keep_services(cfg, keep)
     return cfg
 
@@ -302,28 +330,38 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 class Harness:
     def __init__(self, protocol_path: Path, protocol: Protocol, results_dir: Path, runs_dir: Path, *,
-                 explore: bool) -> None:
+                 explore: bool, forgetting: bool = True) -> None:
+        """`forgetting: false`: the protocol's forgetting evaluation is left out (the pilot's choice)."""
         self.protocol_path, self.protocol = protocol_path, protocol
         self.settings = protocol.ablation
         self.results_dir, self.runs_dir, self.explore = results_dir, runs_dir.resolve(), explore
         self.eval = self.settings.eval.model_copy(update={"split": "validation"}) if explore else self.settings.eval
+        self.forgetting = self.settings.forgetting if forgetting else None
         self.protocol_sha = hashlib.sha256(protocol_path.read_bytes()).hexdigest()
         self.git = git_state(REPO)
-        self._env_url: str | None = None
+        self._env_urls: dict[str, str] = {}
         self._stack = ExitStack()
 
-    # -- the shared env service of the evaluations (the runs start their own through the launcher)
+    # -- the shared env services of the evaluations (the runs start their own through the launcher)
 
-    def env_url(self) -> str:
-        if self._env_url is None:
+    def env_section(self, tiers: list[int] | None = None) -> dict[str, Any]:
+        """The run's env service section; with `tiers`, its flights environment serving those tiers instead."""
+        section = copy.deepcopy(self.protocol.run.get("env_service") or {})
+        if tiers is not None:
+            section.setdefault("environments", {}).setdefault("flights", {})["tiers"] = list(tiers)
+        return section
+
+    def env_url(self, tiers: list[int] | None = None) -> str:
+        key = "run" if tiers is None else "tiers-" + "-".join(map(str, tiers))
+        if key not in self._env_urls:
             from tests.helpers import run_service
 
-            conf = self.runs_dir / "eval-env.yaml"
+            conf = self.runs_dir / ("eval-env.yaml" if tiers is None else f"eval-env-{key}.yaml")
             conf.parent.mkdir(parents=True, exist_ok=True)
-            conf.write_text(yaml.safe_dump({"env_service": self.protocol.run.get("env_service") or {}}))
-            self._env_url = self._stack.enter_context(
+            conf.write_text(yaml.safe_dump({"env_service": self.env_section(tiers)}))
+            self._env_urls[key] = self._stack.enter_context(
                 run_service("env_service", ["--conf", str(conf)], log_dir=self.runs_dir / "logs")).url
-        return self._env_url
+        return self._env_urls[key]
 
     def close(self) -> None:
         self._stack.close()
@@ -336,9 +374,11 @@ class Harness:
                 "explore": self.explore, "eval_protocol": self.eval.model_dump(),
                 "curve_protocol": self.settings.curve.model_dump(), "target_delta": self.settings.target_delta}
 
-    def evaluate(self, policy: list[str], *, split: str, tasks: int, k: int, sample: bool, seed: int) -> dict:
+    def evaluate(self, policy: list[str], *, split: str, tasks: int, k: int, sample: bool, seed: int,
+                 tiers: list[int] | None = None) -> dict:
         """`python -m trainer.evaluate` as a child (its model's memory is gone before the next training run):
-        the in-process policy alone, no experience, no grammar."""
+        the in-process policy alone, no experience, no grammar. `tiers`: against an env service serving those
+        flights tiers instead of the run's."""
         rollout = self.protocol.run["trainer"]["rollout"]
         argv = ["--env", rollout["env"], "--split", split, "--tasks", str(tasks), "--k", str(k), "--seed", str(seed),
                 "--template", rollout.get("template", "linear"), "--max-turns", str(rollout.get("max_turns", 8)),
@@ -347,26 +387,27 @@ class Harness:
                 "--concurrency", str(self.eval.concurrency), "--max-batch", str(self.eval.concurrency), "--threads", str(self.settings.eval_threads)]
         if sample:
             argv += ["--sample", "--temperature", str(self.eval.temperature)]
-        out = self.runs_dir / "evaluations" / f"{hashlib.sha256(json.dumps([policy, argv]).encode()).hexdigest()[:12]}.json"
+        key = [policy, argv] if tiers is None else [policy, argv, tiers]
+        out = self.runs_dir / "evaluations" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO)}
         started = time.monotonic()
         with out.with_suffix(".log").open("wb") as log:
-            code = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--env-url", self.env_url(), *argv, *policy,
+            code = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--env-url", self.env_url(tiers), *argv, *policy,
                                    "--out", str(out)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0:
             raise SystemExit(f"ablation: the evaluation failed (exit {code}); see {out.with_suffix('.log')}")
         result = json.loads(out.read_text())
         return {**result, "argv": argv, "seconds": round(time.monotonic() - started, 1),
-                "kinds": self.task_kinds(list(result["per_task"]))}
+                "kinds": self.task_kinds(list(result["per_task"]), tiers)}
 
-    def task_kinds(self, task_ids: list[str]) -> dict[str, str] | None:
-        """Each task's kind (flights: its world's lookup kind), for the per-kind tables; None for another env."""
+    def task_kinds(self, task_ids: list[str], tiers: list[int] | None = None) -> dict[str, str] | None:
+        """Each task's kind (flights: its world's task kind), for the per-kind tables; None for another env."""
         if self.protocol.run["trainer"]["rollout"]["env"] != "flights":
             return None
         from env_service.environments.flights.env import FlightsEnvironment
 
-        config = ((self.protocol.run.get("env_service") or {}).get("environments") or {}).get("flights") or {}
+        config = (self.env_section(tiers).get("environments") or {}).get("flights") or {}
         env = FlightsEnvironment(config)
         return {t: env.task(t).kind for t in task_ids}
 
@@ -391,11 +432,24 @@ class Harness:
         start = self.evaluate(model, split=self.eval.split, tasks=self.eval.tasks, k=self.eval.k, sample=True,
                               seed=seed)
         payload = {**self.meta("base", seed), "eval_start": start}
-        if self.settings.curve.enabled:
+        if self.forgetting is not None:
+            payload["forgetting_start"] = self.forgetting_eval(model, seed)
+        if self.settings.curve.enabled and self.curve_starts_at_base():
             payload["curve_start"] = self.evaluate(model, split="validation", tasks=self.settings.curve.tasks, k=1,
                                                    sample=False, seed=seed)
         self.write("base", seed, payload)
         return payload
+
+    def curve_starts_at_base(self) -> bool:
+        """Whether a row's curve starts at the base model: a row without a warm start (v3 has none)."""
+        table = ROW_SPECS.get(self.settings.version)
+        return table is None or any(table[row].warm_start is None for row in self.settings.rows or [] if row in table)
+
+    def forgetting_eval(self, policy: list[str], seed: int) -> dict[str, Any]:
+        """The evaluation on the protocol's forgetting tiers: the same split, k and sampling as the main one."""
+        assert self.forgetting is not None
+        return self.evaluate(policy, split=self.eval.split, tasks=self.forgetting.tasks, k=self.eval.k, sample=True,
+                             seed=seed, tiers=self.forgetting.tiers)
 
     # -- one trained row
 
@@ -404,7 +458,7 @@ class Harness:
 
     def shared_warm_start(self, row: str, seed: int) -> Path | None:
         """The `w` row's step-0 checkpoint when `row` starts from it (v2), else None."""
-        if self.settings.version != 2 or not shares_warm_start(row):
+        if self.settings.version < 2 or not shares_warm_start(row):
             return None
         return self.run_dir("w", seed) / "trainer" / "checkpoints" / "step_000000.pt"
 
@@ -416,7 +470,7 @@ class Harness:
         rows that train on its synthetic tasks (the launcher then does not synthesize again), and `env_n`'s
         pool seeded from train references."""
         run_dir = self.run_dir(row, seed)
-        if self.settings.version != 2 or row == "w":
+        if self.settings.version < 2 or row == "w":
             return
         if shares_task_store(row) or shares_warm_start(row):
             self.train("w", seed)
@@ -518,7 +572,7 @@ class Harness:
         if end["argv"] != base["eval_start"]["argv"]:
             raise SystemExit("ablation: the end evaluation's settings differ from the start's")
         # Step 0 is the base model's, except after a warm start (which the curve does not measure).
-        warm_started = self.settings.version == 2 and ROWS_V2[row].warm_start is not None
+        warm_started = self.settings.version >= 2 and ROW_SPECS[self.settings.version][row].warm_start is not None
         curve = [{"step": 0, "avg@1": base["curve_start"]["avg@1"]}] if "curve_start" in base and not warm_started else []
         curve += [{"step": s, "avg@1": r["eval/avg@1"]} for s, r in records.items() if "eval/avg@1" in r]
         step_seconds = [r["time/step_s"] for r in records.values() if "time/step_s" in r]
@@ -536,7 +590,7 @@ class Harness:
             "paired_vs_start": {m: interval(paired(base["eval_start"], end, m), (-1.0, 1.0))
                                 for m in ("avg", "best")},
         }
-        if self.settings.version == 2:
+        if self.settings.version >= 2:
             payload["paired_vs_start"].update({
                 f"strict_{m}": interval(paired(base["eval_start"], end, m, require_call=True), (-1.0, 1.0))
                 for m in ("avg", "best")})
@@ -548,8 +602,40 @@ class Harness:
                 "total": round((wall + end["seconds"]) / 60, 2),
                 # the warm start these weights came from, computed once for the seed (in the w row's train)
                 "shared_warm_start": round(float(spent.read_text()) / 60, 2) if shared and spent.is_file() else None}
+            payload["rollouts"] = run_rollout_stats(out, records)
+        if self.forgetting is not None:
+            payload["forgetting"] = self.forgetting_row(base, out, seed)
+            forgetting_s = payload["forgetting"]["eval_end"]["seconds"]
+            payload["minutes"].update(forgetting_eval=round(forgetting_s / 60, 2),
+                                      total=round((wall + end["seconds"] + forgetting_s) / 60, 2))
         self.write(row, seed, payload)
         return payload
+
+    def training_stats(self, row: str, seed: int) -> dict[str, Any] | None:
+        """A row's training numbers from its run folder once it finished training (not collapsed), before its
+        evaluation: its rollouts' counts and its step times; None before."""
+        out = self.run_dir(row, seed) / "trainer"
+        if not _finished(out, self.derive(row, seed)["trainer"]["steps"]) or collapse_of(out) is not None:
+            return None
+        records = _step_records(out / "metrics.jsonl")
+        return {"rollouts": run_rollout_stats(out, records),
+                "step_s": [r["time/step_s"] for r in records.values() if "time/step_s" in r]}
+
+    def forgetting_row(self, base: dict[str, Any], out: Path, seed: int) -> dict[str, Any]:
+        """The trained run on the forgetting tiers, paired per task (strict avg) with the base model there."""
+        assert self.forgetting is not None
+        if "forgetting_start" not in base:
+            raise SystemExit(f"ablation: base-seed{seed}.json has no forgetting evaluation (written before "
+                             f"ablation.forgetting was set, or by the pilot); delete it to evaluate the base again")
+        start = base["forgetting_start"]
+        end = self.forgetting_eval(["--checkpoint", str(out / "checkpoints")], seed)
+        if end["argv"] != start["argv"]:
+            raise SystemExit("ablation: the forgetting evaluation's settings differ from the start's")
+        from trainer.summary import interval
+
+        per_task = list(per_task_metric(end, "avg", require_call=True).values())
+        return {"tiers": self.forgetting.tiers, "eval_end": end, "strict_avg": sum(per_task) / len(per_task),
+                "paired_vs_start": {"strict_avg": interval(paired(start, end, "avg", require_call=True), (-1.0, 1.0))}}
 
 
 def collapse_of(out: Path) -> dict[str, Any] | None:
@@ -564,6 +650,12 @@ def _finished(out: Path, steps: int) -> bool:
 
     latest = latest_checkpoint(out / "checkpoints")
     return (out / "summary.json").is_file() and latest is not None and latest.name == f"step_{steps:06d}.pt"
+
+
+def run_rollout_stats(out: Path, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """`ablation_rollouts.rollout_stats` of a trainer folder, each step's groups from its metrics record."""
+    groups = {step: int(r["rollout/groups"]) for step, r in records.items() if "rollout/groups" in r}
+    return rollout_stats(out / "rollouts", groups)
 
 
 def _step_records(path: Path) -> dict[int, dict[str, Any]]:
@@ -612,6 +704,28 @@ def _committed(path: Path) -> bool:
     return tracked and clean
 
 
+def write_pilot(harness: Harness, seed: int) -> str:
+    """The pilot's go/no-go from the raw JSON written so far: `<results-dir>/pilot.json`, its lines printed."""
+    from benchmarks.science.ablation_pilot import pilot_lines, pilot_summary
+
+    written = {row: json.loads(path.read_text()) for row in ("w", "w_q", "w_qa")
+               if (path := harness.result_path(row, seed)).is_file()}
+    runs = {row: {seed: data} for row, data in written.items() if "failed" not in data}
+    trained = {row: stats for row in ("w_q", "w_qa") if row not in written
+               and (stats := harness.training_stats(row, seed)) is not None}
+    base = harness.result_path("base", seed)
+    base_minutes = json.loads(base.read_text())["eval_start"]["seconds"] / 60 if base.is_file() else None
+    summary = pilot_summary(runs, seed, harness.settings.eval.tasks, list(harness.settings.rows or []), base_minutes,
+                            trained)
+    failed = [{"row": row, **data["failed"]} for row, data in written.items() if "failed" in data]
+    path = harness.results_dir / "pilot.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**harness.meta("pilot", seed), **summary, "failed": failed}, indent=1))
+    for line in pilot_lines(summary):
+        print(f"[pilot] {line}", file=sys.stderr, flush=True)
+    return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/science/ablation.py", description=__doc__.splitlines()[0])
     parser.add_argument("--protocol", type=Path, help="the frozen protocol YAML (examples/ablation/*.yaml)")
@@ -622,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=None, help="run folders (default runs/ablation/<name>)")
     parser.add_argument("--explore", action="store_true",
                         help="evaluate on the validation split instead of test (choosing the protocol)")
+    parser.add_argument("--pilot", action="store_true", help=(
+        "v3's go/no-go: validation, the first seed, rows w and w_q (--rows may add w_qa), no forgetting evaluation; "
+        "writes pilot.json beside the runs' raw JSON (default benchmarks/results/ablation/<name>/pilot)"))
     parser.add_argument("--allow-uncommitted", action="store_true",
                         help="evaluate on test although the protocol file is not committed (tests only)")
     parser.add_argument("--report", action="store_true", help="REPORT.md and ablation.png from --results-dir")
@@ -645,6 +762,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ablation: {args.protocol}: {exc}", file=sys.stderr)
         return 2
     settings = protocol.ablation
+    if args.pilot:
+        if settings.version != 3:
+            print(f"ablation: --pilot is v3's go/no-go; {args.protocol} is version {settings.version}", file=sys.stderr)
+            return 2
+        args.explore = True
+        args.rows = args.rows or "w,w_q"
+        args.seeds = args.seeds or str(settings.seeds[0])
     if not args.explore and not settings.frozen:
         print("ablation: the protocol is not frozen (ablation.frozen: false); choose its settings with --explore "
               "on the validation split, then freeze and commit it before touching the test split", file=sys.stderr)
@@ -661,12 +785,19 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     name = args.protocol.stem
-    results_dir = args.results_dir or REPO / "benchmarks" / "results" / "ablation" / name / (
-        "explore" if args.explore else "")
-    runs_dir = args.runs_dir or REPO / "runs" / "ablation" / (f"{name}-explore" if args.explore else name)
-    harness = Harness(args.protocol, protocol, results_dir, runs_dir, explore=args.explore)
+    mode = "pilot" if args.pilot else "explore" if args.explore else ""
+    results_dir = args.results_dir or REPO / "benchmarks" / "results" / "ablation" / name / mode
+    runs_dir = args.runs_dir or REPO / "runs" / "ablation" / (f"{name}-{mode}" if mode else name)
+    harness = Harness(args.protocol, protocol, results_dir, runs_dir, explore=args.explore, forgetting=not args.pilot)
     done: list[str] = []
+    pilot: str | None = None
     try:
+        if args.pilot:  # train every row first: the mixed-outcome groups need no evaluation, so they come first
+            for seed in seeds:
+                for row in rows:
+                    if not harness.result_path(row, seed).is_file():
+                        harness.train(row, seed)
+                    pilot = write_pilot(harness, seed)
         for seed in seeds:  # a seed's rows share its start evaluation
             for row in rows:
                 payload = harness.base(seed) if row == "base" else harness.row(row, seed)
@@ -678,13 +809,15 @@ def main(argv: list[str] | None = None) -> int:
                     delta = payload["paired_vs_start"]["avg"]
                     print(f"[ablation] {row} seed {seed}: avg@{settings.eval.k} change {delta['mean']:+.3f} "
                           f"[{delta['lo']:+.3f}, {delta['hi']:+.3f}]", file=sys.stderr, flush=True)
+                if args.pilot:  # after every row: a pilot stopped early still leaves its go/no-go so far
+                    pilot = write_pilot(harness, seed)
     except KeyboardInterrupt:
         print("ablation: interrupted; the same command continues from the last checkpoints", file=sys.stderr)
         return 130
     finally:
         harness.close()
     print(json.dumps({"benchmark": "ablation", "protocol": str(args.protocol), "results": done,
-                      "commit": harness.git.get("commit")}))
+                      "commit": harness.git.get("commit"), **({"pilot": pilot} if pilot else {})}))
     return 0
 
 

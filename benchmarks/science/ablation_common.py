@@ -35,6 +35,7 @@ class RowV2:
     tasks: Literal["synthetic", "train"]
     demonstrations: Literal["synthetic", "train"] | None
     judge: bool
+    estimator: Literal["gigpo"] | None = None  # v3: a judge-free step-credit estimator instead of GRPO
 
 
 # v2 (issue 36), in priority order. The protocol's `run` section is the `w_full` row. Every W row with RL
@@ -52,8 +53,21 @@ ROWS_V2: dict[str, RowV2] = {
     "env_n":  RowV2("Env+N",      None,           True,  "train",     "train",        False),
 }
 LABELS_V2 = {"base": "base", **{row: spec.label for row, spec in ROWS_V2.items()}}
-ROWS: dict[int, tuple[str, ...]] = {1: ROWS_V1, 2: ("base", *ROWS_V2)}
-LABELS = {**LABELS_V2, **LABELS_V1}  # a v2 table labels its rows with LABELS_V2 (`full` differs)
+
+# v3 (issue 51): the v2 rows that test N and A, on multi-call tasks, with GiGPO beside ADCA-GRPO as the
+# judge-free step-credit baseline. Shared rows keep v2's spec.
+ROWS_V3: dict[str, RowV2] = {
+    "w": ROWS_V2["w"],
+    "w_q": ROWS_V2["w_q"],
+    "w_qa": ROWS_V2["w_qa"],
+    "w_qg": RowV2("W+Q&G (GiGPO)", "synthetic", True, "synthetic", None, False, estimator="gigpo"),
+    "w_qn": ROWS_V2["w_qn"],
+    "w_full": ROWS_V2["w_full"],
+}
+LABELS_V3 = {"base": "base", **{row: spec.label for row, spec in ROWS_V3.items()}}
+ROWS: dict[int, tuple[str, ...]] = {1: ROWS_V1, 2: ("base", *ROWS_V2), 3: ("base", *ROWS_V3)}
+ROW_SPECS: dict[int, dict[str, RowV2]] = {2: ROWS_V2, 3: ROWS_V3}
+LABELS = {**LABELS_V3, **LABELS_V2, **LABELS_V1}  # a v2 table labels its rows with LABELS_V2 (`full` differs)
 
 
 def failed_run_lines(failed: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
@@ -62,15 +76,19 @@ def failed_run_lines(failed: list[dict[str, Any]], labels: dict[str, str]) -> li
             for f in failed]
 
 
+def _spec(row: str) -> RowV2 | None:
+    return ROWS_V3.get(row) or ROWS_V2.get(row)  # a row both versions have has one spec
+
+
 def shares_warm_start(row: str) -> bool:
-    """A v2 row that starts from the `w` row's warm-started weights (computed once per seed)."""
-    spec = ROWS_V2.get(row)
+    """A v2/v3 row that starts from the `w` row's warm-started weights (computed once per seed)."""
+    spec = _spec(row)
     return spec is not None and spec.warm_start == "synthetic" and spec.rl
 
 
 def shares_task_store(row: str) -> bool:
-    """A v2 row that trains on the `w` row's synthetic tasks (its task store, copied) instead of its own."""
-    spec = ROWS_V2.get(row)
+    """A v2/v3 row that trains on the `w` row's synthetic tasks (its task store, copied) instead of its own."""
+    spec = _spec(row)
     return spec is not None and row != "w" and spec.tasks == "synthetic"
 
 

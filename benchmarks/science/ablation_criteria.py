@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Literal
 
-from benchmarks.science.ablation_common import LABELS_V2 as LABELS
-from benchmarks.science.ablation_common import paired, per_task_metric
+from benchmarks.science.ablation_common import LABELS_V2, LABELS_V3, paired, per_task_metric
 from trainer.summary import interval
 
 ALPHA, POWER = 0.05, 0.80
 MIN_POSITIVE_SEEDS = 2
 SEEDS_PER_ROW = 3  # pre-registered as "at least 2 of 3 seeds"; the raw JSON does not record the protocol's count
 CLOSE_MARGIN = 0.10
+MIN_ROOM_TO_ACT = 0.10  # v3: a step-credit criterion whose labels disagree with the outcome less often has no room
+LABELS = {**LABELS_V2, **LABELS_V3}  # the rows both versions have are labelled alike
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Criterion:
     low: str
     high: str
     kind: Literal["adds", "close"]
+    room: str | None = None  # v3: the row whose judge labels measure A's room to act in this comparison
 
 
 CRITERIA: tuple[Criterion, ...] = (
@@ -51,6 +53,17 @@ CRITERIA: tuple[Criterion, ...] = (
     Criterion("A on top of N", "w_qn", "w_full", "adds"),
     Criterion("the loop", "base", "w_full", "adds"),
     Criterion("self-questioning comes close to environment data", "env_w", "w", "close"),
+)
+
+# v3 (issue 51), on multi-call tasks. `BETTER_OF_A_N`: the one of W+Q&A and W+Q&N with the higher strict avg@k
+# (per-task seed means, over the seeds the three rows share), chosen when the criterion is checked.
+BETTER_OF_A_N = "better of w_qa and w_qn"
+CRITERIA_V3: tuple[Criterion, ...] = (
+    Criterion("A (reference-rule attribution) over GRPO", "w_q", "w_qa", "adds", room="w_qa"),
+    Criterion("G (GiGPO's judge-free step credit) over GRPO", "w_q", "w_qg", "adds"),
+    Criterion("A over G", "w_qg", "w_qa", "adds", room="w_qa"),
+    Criterion("N (same-kind demonstrations) over GRPO", "w_q", "w_qn", "adds"),
+    Criterion("full over the better of A and N", BETTER_OF_A_N, "w_full", "adds", room="w_full"),
 )
 
 
@@ -131,10 +144,50 @@ def compare(runs: Runs, low: str, high: str, metric: str = "avg", tasks: set[str
             "detectable": detectable_difference(sd, len(pooled))}
 
 
-def check_criteria(runs: Runs, failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each criterion with its difference and verdict (met / not met / not detectable / missing)."""
+def better_of(runs: Runs, rows: tuple[str, ...], against: str) -> str | None:
+    """Of `rows`, the one with the higher strict avg@k over the seeds they and `against` all completed (the
+    first on a tie); None when they share no seed."""
+    seeds = sorted(set.intersection(*(set(runs.get(r, {})) for r in (*rows, against))))
+    if not seeds:
+        return None
+
+    def mean(row: str) -> float:
+        per_seed = [per_task_metric(end_eval(runs, row, s), "avg", require_call=True) for s in seeds]
+        return sum(sum(p.values()) / len(p) for p in per_seed) / len(per_seed)
+
+    return max(rows, key=lambda r: (mean(r), -rows.index(r)))
+
+
+def resolved(runs: Runs, criterion: Criterion) -> Criterion:
+    """The criterion with `BETTER_OF_A_N` replaced by the row it names on these runs (unchanged when unresolved)."""
+    if criterion.low != BETTER_OF_A_N:
+        return criterion
+    low = better_of(runs, ("w_qa", "w_qn"), criterion.high)
+    return criterion if low is None else Criterion(criterion.name, low, criterion.high, criterion.kind, criterion.room)
+
+
+def room_to_act(runs: Runs, row: str | None) -> float | None:
+    """A's room to act in `row`, pooled over its completed seeds: labelled steps whose label disagrees with their
+    trajectory's outcome, of all labelled steps; None when no run recorded it."""
+    steps = against = 0
+    for data in (runs.get(row, {}) if row else {}).values():
+        room = ((data.get("rollouts") or {}).get("room_to_act") or {}).get("all")
+        if room:
+            steps, against = steps + room["steps"], against + room["against_outcome"]
+    return against / steps if steps else None
+
+
+def check_criteria(runs: Runs, failed: list[dict[str, Any]],
+                   criteria: tuple[Criterion, ...] = CRITERIA) -> list[dict[str, Any]]:
+    """Each criterion with its difference and verdict (met / not met / not detectable / missing; v3's step-credit
+    criteria: "no room" where under `MIN_ROOM_TO_ACT` of the labels disagree with the outcome)."""
     out = []
-    for c in CRITERIA:
+    for c in (resolved(runs, c) for c in criteria):
+        if c.low == BETTER_OF_A_N:
+            out.append({"name": c.name, "low": c.low, "high": c.high, "kind": c.kind, "difference": None,
+                        "verdict": "missing", "failed_runs": [f for f in failed if f["row"] == c.high],
+                        "room_to_act": None})
+            continue
         diff = compare(runs, c.low, c.high)
         detectable = diff["detectable"] if diff else math.inf
         failed_runs = [f for f in failed if f["row"] in (c.low, c.high)]
@@ -143,8 +196,11 @@ def check_criteria(runs: Runs, failed: list[dict[str, Any]]) -> list[dict[str, A
         verdict = (adds_verdict(diff, diff["positive_seeds"] if diff else 0, detectable,
                                 max(0, SEEDS_PER_ROW - len(settled))) if c.kind == "adds"
                    else close_verdict(diff, detectable))
+        room = room_to_act(runs, c.room)
+        if room is not None and room < MIN_ROOM_TO_ACT:
+            verdict = "no room"
         out.append({"name": c.name, "low": c.low, "high": c.high, "kind": c.kind, "difference": diff,
-                    "verdict": verdict, "failed_runs": failed_runs})
+                    "verdict": verdict, "failed_runs": failed_runs, **({"room_to_act": room} if c.room else {})})
     return out
 
 
@@ -157,7 +213,7 @@ def kinds_of(runs: Runs) -> dict[str, str]:
     return kinds
 
 
-def per_kind(runs: Runs, rows: list[str]) -> dict[str, Any]:
+def per_kind(runs: Runs, rows: list[str], criteria: tuple[Criterion, ...] = CRITERIA) -> dict[str, Any]:
     """Per task kind: each row's strict avg@k (per-task seed mean, 95% CI over the kind's tasks) and each
     criterion's paired difference on the kind's tasks."""
     kinds = kinds_of(runs)
@@ -173,7 +229,8 @@ def per_kind(runs: Runs, rows: list[str]) -> dict[str, Any]:
             means = [sum(p[t] for p in per_seed) / len(per_seed) for t in sorted(tasks)
                      if all(t in p for p in per_seed)]
             row_cells[row] = interval(means, (0.0, 1.0))
-        diffs = {c.name: compare(runs, c.low, c.high, tasks=tasks) for c in CRITERIA}
+        diffs = {c.name: compare(runs, c.low, c.high, tasks=tasks) if c.low != BETTER_OF_A_N else None
+                 for c in (resolved(runs, c) for c in criteria)}
         table[kind] = {"tasks": len(tasks), "rows": row_cells, "criteria": diffs}
     return table
 
@@ -192,7 +249,7 @@ def _plain(d: dict[str, float] | None) -> str:
 
 def criteria_markdown(criteria: list[dict[str, Any]], kinds: dict[str, Any], rows: list[str], k: int) -> list[str]:
     lines = ["", f"## Pre-registered criteria (strict avg@{k}: a success needs a tool call; paired per task)", "",
-             f"{len(CRITERIA)} comparisons, each at 95% with no correction for their number. 'adds': CI lower bound "
+             f"{len(criteria)} comparisons, each at 95% with no correction for their number. 'adds': CI lower bound "
              f"> 0 and at least {MIN_POSITIVE_SEEDS} of {SEEDS_PER_ROW} seeds positive; 'comes close': CI lower "
              f"bound of the difference > -{CLOSE_MARGIN:.2f}. Smallest detectable difference: "
              "(z(0.975) + z(0.80)) x sd / sqrt(n) over the n paired task differences (80% power); a criterion "
@@ -205,8 +262,10 @@ def criteria_markdown(criteria: list[dict[str, Any]], kinds: dict[str, Any], row
         seeds = "-" if d is None else f"{', '.join(str(s) for s in d['seeds'])} ({d['positive_seeds']})"
         detectable = "-" if d is None or math.isinf(d["detectable"]) else f"{d['detectable']:.3f}"
         failed = "".join(f"; {LABELS[f['row']]} seed {f['seed']} FAILED ({f.get('signal')})" for f in c["failed_runs"])
-        lines.append(f"| {c['name']} | {LABELS[c['high']]} - {LABELS[c['low']]} | {_signed(d)} | {seeds} "
-                     f"| {detectable} | **{c['verdict']}**{failed} |")
+        low = LABELS.get(c["low"], c["low"])
+        room = f" (room to act {c['room_to_act']:.2f})" if c.get("room_to_act") is not None else ""
+        lines.append(f"| {c['name']} | {LABELS[c['high']]} - {low} | {_signed(d)} | {seeds} "
+                     f"| {detectable} | **{c['verdict']}**{room}{failed} |")
     for kind, entry in kinds.items():
         lines += ["", f"### Kind `{kind}` ({entry['tasks']} tasks)", "",
                   "| row | strict avg@k [95% CI] |", "|---|---|"]

@@ -16,18 +16,27 @@ from typing import Any
 from benchmarks.science.ablation_common import (
     LABELS,
     LABELS_V2,
+    LABELS_V3,
     ROWS_V1,
     ROWS_V2,
+    ROWS_V3,
     failed_run_lines,
     paired,
     per_task_metric,
     success_lengths,
 )
-from benchmarks.science.ablation_criteria import check_criteria, criteria_markdown, end_eval, per_kind
+from benchmarks.science.ablation_criteria import (
+    CRITERIA_V3,
+    MIN_ROOM_TO_ACT,
+    check_criteria,
+    criteria_markdown,
+    end_eval,
+    per_kind,
+)
 from common.answers import answer_alone
 from trainer.summary import interval
 
-ROWS = tuple(dict.fromkeys((*ROWS_V1, *ROWS_V2)))  # every row of either version, in table order
+ROWS = tuple(dict.fromkeys((*ROWS_V1, *ROWS_V2, *ROWS_V3)))  # every row of any version, in table order
 # AgentEvolver's ordering: base < +Q < +Q&N, +Q < +Q&A, and both below full.
 ORDERING = (("base", "q"), ("q", "qn"), ("q", "qa"), ("qn", "full"), ("qa", "full"))
 
@@ -119,7 +128,7 @@ def summarize(directory: Path) -> dict[str, Any]:
     rows = []
     for row in [r for r in ROWS if r in runs]:
         seeds = sorted(runs[row])
-        label = (LABELS_V2 if any_run.get("ablation_version", 1) == 2 else LABELS)[row]
+        label = {2: LABELS_V2, 3: LABELS_V3}.get(any_run.get("ablation_version", 1), LABELS)[row]
         entry: dict[str, Any] = {"row": row, "label": label, "seeds": seeds}
         # Successful samples by episode length: on one-call lookups, length 1 answered without any call.
         entry["success_lengths"] = {s: success_lengths(end_eval(runs, row, s)) for s in seeds}
@@ -137,10 +146,16 @@ def summarize(directory: Path) -> dict[str, Any]:
     version = any_run.get("ablation_version", 1)
     failed = failed_runs(directory)
     criteria, kinds = [], {}
-    if version == 2:
+    if version >= 2:
         for entry in rows:
             _strict_columns(runs, entry)
-        criteria, kinds = check_criteria(runs, failed), per_kind(runs, [r["row"] for r in rows])
+        if version == 3:
+            for entry in rows:
+                _room_columns(runs, entry)
+            criteria = check_criteria(runs, failed, CRITERIA_V3)
+            kinds = per_kind(runs, [r["row"] for r in rows], CRITERIA_V3)
+        else:
+            criteria, kinds = check_criteria(runs, failed), per_kind(runs, [r["row"] for r in rows])
     ordering = []
     for low, high in ORDERING if version == 1 else ():
         diff = row_difference(runs, low, high, "avg") if low in runs and high in runs else None
@@ -168,6 +183,44 @@ def _strict_columns(runs: dict[str, dict[int, dict[str, Any]]], entry: dict[str,
                                   for s in seeds}
     else:
         entry["minutes_split"] = {s: runs[row][s].get("minutes") for s in seeds}
+
+
+def _room_columns(runs: dict[str, dict[int, dict[str, Any]]], entry: dict[str, Any]) -> None:
+    """v3's columns: per seed, the training groups with mixed outcomes and A's room to act (shares over every
+    kind), and the forgetting evaluation (tier 1): its strict avg@k and its paired change from base."""
+    row, seeds = entry["row"], entry["seeds"]
+    if row == "base":
+        return
+    shares = {}
+    for s in seeds:
+        rollouts = runs[row][s].get("rollouts") or {}
+        shares[s] = {"mixed": ((rollouts.get("mixed_outcome_groups") or {}).get("all") or {}).get("share"),
+                     "room": ((rollouts.get("room_to_act") or {}).get("all") or {}).get("share")}
+    entry["training_room"] = shares
+    entry["forgetting"] = {s: {"strict_avg": f["strict_avg"], "change": f["paired_vs_start"]["strict_avg"]}
+                           for s in seeds if (f := runs[row][s].get("forgetting"))}
+
+
+def _v3_table(report: dict[str, Any]) -> list[str]:
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = ["", "## Room for each mechanism and forgetting (v3)", "",
+             "Mixed groups: the training groups whose outcomes differed (outcome-based advantages are zero elsewhere). "
+             "Room to act: the judge-labelled steps whose label disagrees with their trajectory's outcome (under "
+             f"{MIN_ROOM_TO_ACT:.2f}, a criterion on that row's labels reads 'no room'). Tier 1: the trained policy "
+             "on the one-call tasks (strict avg, paired change from base).", "",
+             "| row | mixed groups (per seed) | room to act (per seed) | tier 1 strict avg, change (per seed) |",
+             "|---|---|---|---|"]
+    for r in report["rows"]:
+        if r["row"] == "base":
+            continue
+        room = r.get("training_room") or {}
+        mixed = ", ".join(share(v["mixed"]) for v in room.values()) or "-"
+        labels = ", ".join(share(v["room"]) for v in room.values()) or "-"
+        tier1 = "; ".join(f"{f['strict_avg']:.3f}, {_cell(f['change'], True)}" for f in (r.get("forgetting") or {}).values())
+        lines.append(f"| {r['label']} | {mixed} | {labels} | {tier1 or '-'} |")
+    return lines
 
 
 def _cell(value: dict[str, float] | None, signed: bool = False) -> str:
@@ -207,8 +260,10 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("failed"):
         lines += ["", "Runs recorded as failed (not in the table; never resumed, never evaluated):", ""]
         lines += failed_run_lines(report["failed"], LABELS)
-    if report.get("version") == 2:
+    if report.get("version") in (2, 3):
         lines += _strict_table(report)
+        if report["version"] == 3:
+            lines += _v3_table(report)
         lines += criteria_markdown(report["criteria"], report["per_kind"], [r["row"] for r in report["rows"]], k)
         return "\n".join(lines) + "\n"
     lines += ["", f"Paper's ordering (avg@{k}, paired per task, over the seeds both rows have):", ""]

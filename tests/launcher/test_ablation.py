@@ -184,6 +184,11 @@ def test_ablation_end_to_end_interrupted_and_resumed_with_a_shared_warm_start(tm
     assert run["train"]["wall_s"] > round(interrupted_for, 1)  # both invocations
     assert run["train"]["curve"] == [] and "curve_start" not in base  # curve.enabled: false
     assert len(run["train"]["signal"]["grad_norm_per_step"]) == 5
+    # The rollout records (the interrupted launch may have written a step twice) agree with the trainer's counts.
+    signal_, groups = run["train"]["signal"], run["rollouts"]["mixed_outcome_groups"]["all"]
+    assert (groups["groups"], groups["mixed"]) == (signal_["groups"], signal_["mixed_outcome_groups"])
+    assert run["rollouts"]["rollouts"] == 2 * signal_["groups"] and run["rollouts"]["steps"] == 5
+    assert run["rollouts"]["room_to_act"] is None  # no judge in W+Q&N
     assert run["minutes"]["shared_warm_start"] > 0 and run["minutes"]["total"] > run["minutes"]["train"] > 0
 
     start, end = base["eval_start"], run["eval_end"]
