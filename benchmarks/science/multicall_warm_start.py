@@ -170,6 +170,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     kinds = {t: flights.task(t).kind for t in ids}
                     eval_tasks = [Task(task_id=t, env_type="flights", split="validation") for t in ids]
                     budget = args.synthetic_tasks
+                    if "W" not in phases and budget is None:  # Env-W alone: W's budget, every trainable task
+                        budget = sum(k.get("trainable", 0) for k in stats["funnel_by_kind"].values())
                     for phase in phases:
                         if phase == "zero_shot":
                             model, tokenizer = load_model(args.model)
