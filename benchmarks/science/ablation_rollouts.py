@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainer.protocol import SHARD_PREFIX
+from trainer.records import shard_paths
 
 UNKNOWN_KIND = "unknown"
 
@@ -30,8 +30,8 @@ def read_records(rollouts_dir: Path, groups_per_step: dict[int, int] | None = No
     resume (its records were written, its checkpoint was not) is in the shards twice, with new group ids:
     given each step's group count (`rollout/groups` of the step's last metrics record), only its last that
     many groups are kept."""
-    shards = sorted(rollouts_dir.glob(f"{SHARD_PREFIX}*.jsonl"), key=lambda p: int(p.stem.removeprefix(SHARD_PREFIX)))
-    records = [json.loads(line) for shard in shards for line in shard.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for shard in shard_paths(rollouts_dir)
+               for line in shard.read_text().splitlines() if line.strip()]
     if not groups_per_step:
         return records
     kept_groups: set[tuple[int, str]] = set()
