@@ -276,6 +276,42 @@ def rollout_engine() -> list[str]:
         table(["tokens/s", *(label for _, label in columns)], rows))
 
 
+GPU_CHECK_FILES = ["gpu-check-cuda-all.json", "gpu-check-cuda-smollm2-shape-rows128.json"]
+
+
+def gpu_check() -> list[str]:
+    rows = []
+    for name in GPU_CHECK_FILES:
+        data = load(name)
+        for model, devices in data["models"].items():
+            for device, r in devices.items():
+                if not isinstance(r, dict):
+                    continue  # the model's parameter count
+                bf16 = r.get("rollout_bf16", {}).get("tok_s")
+                peak = max((phase.get("peak_gpu_mib", 0.0) for phase in r.values() if isinstance(phase, dict)),
+                           default=0.0)
+                rows.append([model, data["rows"], device, f"{r['rollout_fp32']['tok_s']:,.0f}",
+                             f"{bf16:,.0f}" if bf16 else "-", f"{r['grpo_step']['update_tok_s']:,.0f}",
+                             f"{r['engine_vs_update_logprobs_fp32']['max_abs_delta']:.1e}",
+                             f"{r['logprobs_vs_cpu_fp32_bfloat16']['max_abs_delta']:.3f}",
+                             f"{peak:,.0f}" if device != "cpu" else "-"])
+    first = load(GPU_CHECK_FILES[0])
+    return section(
+        "The local trainer on one GPU",
+        f"`benchmarks/speed/gpu_check.sh` on one {first['device_name']} (torch {first['torch']}, CUDA {first['cuda']}, "
+        f"transformers {first['transformers']}, {first['cpu_threads']} CPU threads), every phase passed. Models: "
+        "SmolLM2-135M's shape with random weights, the tiny test model, and its size as Qwen2. Rollouts: the "
+        "batching engine, 128 new tokens per row, EOS ignored. Update: one GRPO step (prompt and response tokens). "
+        "Log-prob deltas: the largest absolute difference between the engine's rollout log-probs and the "
+        "update's recompute (fp32), and between bf16 autocast and CPU fp32 on the same sequences. CPU rows ran on "
+        "that machine's CPU. Peak: the largest GPU memory allocated in any phase. Raw: "
+        + ", ".join(link(n) for n in GPU_CHECK_FILES) + ".",
+        ["bash benchmarks/speed/gpu_check.sh",
+         "bash benchmarks/speed/gpu_check.sh --model smollm2-shape --rows 128"],
+        table(["model", "rows", "device", "rollout tok/s fp32", "rollout tok/s bf16", "update tok/s",
+               "engine vs update, max abs delta", "bf16 vs CPU fp32, max abs delta", "peak GPU MiB"], rows))
+
+
 # ------------------------------------------------------------------------------------------------ parts
 
 ENVIRONMENT_FILES = ["environments-smollm2-20turns.jsonl", "environments-smollm2-20turns-textworld-64.json",
@@ -805,7 +841,7 @@ def quickstart() -> list[str]:
 SECTIONS: list[Callable[[], list[str]]] = [quickstart, learning, example_runs, ablation_v2, ablation, tiers, loop_probes,
                                            zero_human_data, warm_start, self_questioning_without_tools, asking,
                                            environments, judge,
-                                           speed_vs_trl, update_speed, warm_start_speed, overlap, rollout_engine, kept_caches, structured_outputs, chaos,
+                                           speed_vs_trl, update_speed, warm_start_speed, overlap, rollout_engine, gpu_check, kept_caches, structured_outputs, chaos,
                                            soak,
                                            studio]
 
