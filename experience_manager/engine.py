@@ -132,21 +132,24 @@ class ExperienceEngine:
         def build() -> Plan:
             index = self.store.indexes.get(workspace_id)
             upserts: list[tuple[Experience, np.ndarray | None]] = []
-            seen: set[str] = set()
+            # The same text distilled from tasks of two kinds is two experiences (`ingest.new_experience`).
+            stored = {(e.content_hash, e.task_kind): e.experience_id for e in index.experiences.values()} if index else {}
+            seen: set[tuple[str, str | None]] = set()
             imported, skipped = [], []
             for item, vector in zip(items, vectors, strict=True):
                 digest_ = content_hash(item["when_to_use"], item["content"])
+                key = (digest_, item.get("task_kind"))
                 data = {k: v for k, v in item.items() if v is not None}
                 if not keep_usage:
                     data.pop("usage", None)
                     data.pop("status", None)
                 data.update(workspace_id=workspace_id, content_hash=digest_, embedding_model=self.store.embedding_model)
                 data.setdefault("experience_id", f"exp_{digest_[:16]}")
-                existing = index.by_hash.get(digest_) if index else None
-                if digest_ in seen or (existing is not None and existing != data["experience_id"]):
+                existing = stored.get(key)
+                if key in seen or (existing is not None and existing != data["experience_id"]):
                     skipped.append(data["experience_id"])
                     continue
-                seen.add(digest_)
+                seen.add(key)
                 experience = Experience.model_validate(data)
                 upserts.append((experience, vector))
                 imported.append(experience.experience_id)

@@ -149,6 +149,7 @@ class ImportItem(BaseModel):
     status: Literal["active", "archived"] | None = None
     created_at: float | None = None
     demonstration: list[ChatMessage] | None = Field(default=None, max_length=64)
+    task_kind: str | None = Field(default=None, min_length=1, max_length=500)
 
     @field_validator("when_to_use", "content")
     @classmethod

@@ -272,6 +272,23 @@ def test_prune_dry_run_crud_export_import(http, seeded, tmp_path):
     assert http.get("/v1/workspaces/crud_copy/stats").status_code == 404
 
 
+
+def test_an_import_keeps_each_experiences_task_kind(http):
+    advice = {"when_to_use": "When a booking needs the flight's id", "content": "Search flights first, then book by id."}
+    items = [{**advice, "experience_id": "exp_kind_book", "task_kind": "book_by_id"},
+             {**advice, "experience_id": "exp_kind_rebook", "task_kind": "rebook"},
+             {**advice, "experience_id": "exp_kind_again", "task_kind": "rebook"}]  # the same text and kind again
+    imported = http.post("/v1/workspaces/kinds/import", json={"experiences": items}).json()
+    assert imported["imported"] == ["exp_kind_book", "exp_kind_rebook"]
+    assert imported["skipped_duplicates"] == ["exp_kind_again"]
+    exported = http.post("/v1/workspaces/kinds/export", json={}).json()["experiences"]
+    assert {e["experience_id"]: e["task_kind"] for e in exported} == {"exp_kind_book": "book_by_id",
+                                                                     "exp_kind_rebook": "rebook"}
+    http.post("/v1/workspaces/kinds_copy/import", json={"experiences": exported})
+    ranked = http.post("/v1/workspaces/kinds_copy/retrieve", json={
+        "query": "book the flight by its id", "task_kind": "rebook", "top_k": 1, "min_similarity": 0.0}).json()
+    assert ranked["experience_ids"] == ["exp_kind_rebook"]
+
 async def test_typed_client_round_trip(service, seeded):
     async with ExperienceClient(service.url) as em:
         job_id = await em.summarize_job("client_ws", [Trajectory.model_validate(
