@@ -172,6 +172,10 @@ class AgentConfig(StrictModel):
         "an env_service environment whose instance is created per episode (its address goes into the task under "
         "`env`) and whose evaluate grades the episode unless `grader` is set; the task id field names the "
         "environment's task"))
+    eval_tasks: str | None = Field(default=None, description=(
+        "JSONL file of held-out tasks for trainer.eval, shaped like `tasks` and graded like them (default with "
+        "`env`: the first eval.tasks task ids of the environment's eval.split); none of them may be a training "
+        "task"))
     timeout_s: float = Field(default=300.0, gt=0, description="an episode running longer fails")
     concurrency: int = Field(default=16, ge=1, description="episodes in flight at once")
     questioning: AgentQuestioningConfig | None = Field(default=None, description=(

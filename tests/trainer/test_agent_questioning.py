@@ -234,7 +234,7 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
         "rollout": {"env": "flights", "n": 2}, "optim": {"lr": 1e-3},
         "warm_start": {"enabled": True, "source": "synthetic", "epochs": 1},
         "policy": {"kind": "endpoint", "url": tiny_server.url, "served_model": "tiny"},
-        "services": {"env_url": env.url, "task_url": tm.url},
+        "services": {"env_url": env.url, "task_url": tm.url}, "eval": {"before": False, "after": False},
         "agent": {"callable": "tests.trainer.test_agent_questioning:budget_flights_agent", "tasks": str(tasks),
                   "env": "flights",
                   "timeout_s": 120, "questioning": {"explore_tasks": 1, "explore_episodes": 2, "max_tasks": 4}}})
