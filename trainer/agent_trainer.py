@@ -123,11 +123,18 @@ class AgentTrainer:
         report = await self.questioning.run(self.tasks)
         logger.info("questioning: {} explored episodes, {} observed calls, {} tasks kept", report.explored_episodes,
                     report.observed_calls, len(report.kept))
-        if self.agent_config.questioning.train_on_kept and report.kept:
+        settings = self.agent_config.questioning
+        if not settings.train_on_tasks:
+            if not report.kept:
+                raise EmptyStepError(f"agent.questioning.train_on_tasks is false (RL on the kept tasks only), and the "
+                                     f"agent's runs reached none of the tasks synthesized from "
+                                     f"{report.explored_episodes} explored episodes; nothing is left to train on")
+            self.by_id = {}
+        if settings.train_on_kept and report.kept:
             for kept in report.kept:
                 self.runner.synthetic[kept.env_task.task_id] = kept.env_task
                 self.by_id[kept.env_task.task_id] = kept.task
-            self.cursor = TaskCursor(list(self.by_id), self.config.seed)
+        self.cursor = TaskCursor(list(self.by_id), self.config.seed)
         if self.config.warm_start.enabled:
             await self.warm_start(report.kept)
 

@@ -221,7 +221,8 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
                                                                tmp_path: Path) -> None:
     """`trainer.agent.questioning` in a run: forced exploration before RL (the random model's forced calls fit the
     agent's reply budget, so their results come back), an observed job on them, a warm start on the kept tasks'
-    runs, then RL on the tasks file plus the kept tasks, which the task manager grades. Forced and scripted
+    runs, then RL on the kept tasks only (`train_on_tasks: false`: the tasks file only seeds the exploration, no
+    human label grades an RL episode), which the task manager grades. Forced and scripted
     episodes are not rollouts (only the RL episodes are recorded). The summary has questioning's report beside
     the in-loop mechanism counters, and the studio shows them as it shows an in-loop run's."""
     env, tm = services
@@ -237,7 +238,8 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
         "services": {"env_url": env.url, "task_url": tm.url}, "eval": {"before": False, "after": False},
         "agent": {"callable": "tests.trainer.test_agent_questioning:budget_flights_agent", "tasks": str(tasks),
                   "env": "flights",
-                  "timeout_s": 120, "questioning": {"explore_tasks": 1, "explore_episodes": 2, "max_tasks": 4}}})
+                  "timeout_s": 120, "questioning": {"explore_tasks": 1, "explore_episodes": 2, "max_tasks": 4,
+                                                    "train_on_tasks": False}}})
     result = await AgentTrainer(config).run()
     questioning = result["mechanisms"]["self_questioning"]
     agent = questioning["agent"]
@@ -250,10 +252,10 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
     assert result["agent"]["episodes"] == 4  # the RL episodes only: exploration ran on its own runner
     run_dir = tmp_path / "runs" / "gateway"
     index = [json.loads(line) for line in (run_dir / "rollouts" / "index.jsonl").open()]
-    # One task file line and at least one kept task: any two tasks of a step hold a kept one, graded by the task
-    # manager like every synthetic task (beside the scripted runs that kept them).
-    assert len(index) == 4 and {r["task_id"] for r in index} - {original}
-    assert questioning["synthetic_graded"] >= agent["kept"] + 2
+    # Kept tasks only, graded by the task manager like every synthetic task (beside the scripted runs that kept
+    # them); the task file's line only seeded the exploration.
+    assert len(index) == 4 and original not in {r["task_id"] for r in index}
+    assert questioning["synthetic_graded"] >= agent["kept"] + 4
 
     with InProcessServer(build_app(StudioSettings(runs=str(tmp_path / "runs")), token="")) as server:
         page = httpx.get(f"{server.url}/runs/gateway", timeout=30)
