@@ -293,6 +293,8 @@ def test_the_example_yaml_plans_questioning_and_bad_settings_name_what_to_fix() 
         TrainerConfig.model_validate(base)
     with pytest.raises(ValueError, match="set agent.env"):
         AgentConfig(callable="m:f", tasks="t.jsonl", questioning=AgentQuestioningConfig())
+    with pytest.raises(ValueError, match="train_on_tasks and train_on_kept are both false"):
+        AgentQuestioningConfig(train_on_tasks=False, train_on_kept=False)
     with pytest.raises(ValueError, match="warm-starts only on the synthetic tasks its own runs reached"):
         TrainerConfig.model_validate({**base, "agent": {"callable": "m:f", "tasks": "t.jsonl"},
                                       "warm_start": {"enabled": True}})
