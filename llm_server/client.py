@@ -51,11 +51,12 @@ class LLMServerClient(ServiceClient):
     async def open_episode(self, experience: str | None = None, metadata: dict[str, Any] | None = None,
                            episode_id: str | None = None, *, force_tools: bool = False,
                            tool_arguments: dict[str, dict[str, list[Any]]] | None = None,
-                           script: list[str] | None = None, script_results: list[str] | None = None
-                           ) -> EpisodeRecord:
+                           script: list[str] | None = None, script_results: list[str] | None = None,
+                           sampling: dict[str, Any] | None = None) -> EpisodeRecord:
         """A gateway episode: its agent calls `<url>/v1/episodes/{episode_id}/chat/completions`. `force_tools`
         (exploration) and `script` (replies given, not sampled; `script_results`: what its tool calls returned
-        when recorded, to carry generated ids over) make it off-policy."""
+        when recorded, to carry generated ids over) make it off-policy. `sampling` `{"temperature", "seed"}`:
+        forced on every call of the episode, whatever the agent asks for."""
         body: dict[str, Any] = {"metadata": metadata or {}}
         if force_tools:
             body["force_tools"] = True
@@ -65,6 +66,8 @@ class LLMServerClient(ServiceClient):
             body["script"] = script
         if script_results is not None:
             body["script_results"] = script_results
+        if sampling is not None:
+            body["sampling"] = sampling
         if experience:
             body["experience"] = experience
         if episode_id:

@@ -39,7 +39,14 @@ from loguru import logger
 
 from common.generated_ids import learned
 from common.service import ServiceError
-from llm_server.protocol import EpisodeMode, EpisodeOpen, EpisodeRecord, GatewayCall, ObservedToolResult
+from llm_server.protocol import (
+    EpisodeMode,
+    EpisodeOpen,
+    EpisodeRecord,
+    EpisodeSampling,
+    GatewayCall,
+    ObservedToolResult,
+)
 
 EXP_OPEN, EXP_CLOSE = "<EXP>", "</EXP>"  # the markers in-loop rollouts use (trainer.templates)
 
@@ -105,6 +112,7 @@ class Episode:
     script: list[str] = field(default_factory=list)  # a scripted episode's replies, in order
     script_results: list[str] = field(default_factory=list)  # what the script's tool calls returned when recorded
     tool_arguments: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # a forced call's values
+    sampling: EpisodeSampling | None = None  # applied to every call, whatever the agent asks
 
     def start_call(self) -> int:
         index, self.next_index = self.next_index, self.next_index + 1
@@ -170,7 +178,7 @@ class Episode:
     def record(self) -> EpisodeRecord:
         return EpisodeRecord(episode_id=self.episode_id, status="open" if self.ended_reason is None else "ended",
                              ended_reason=self.ended_reason, with_experience=self.experience is not None,
-                             mode=self.mode, observed=self.observed(), metadata=self.metadata, calls=list(self.calls))
+                             mode=self.mode, sampling=self.sampling, observed=self.observed(), metadata=self.metadata, calls=list(self.calls))
 
 
 @dataclass
@@ -209,7 +217,7 @@ class EpisodeRegistry:
             mode: EpisodeMode = "forced" if request.force_tools else "scripted" if request.script else "policy"
             episode = Episode(episode_id, request.experience, dict(request.metadata), mode=mode,
                               script=list(request.script or []), script_results=list(request.script_results or []),
-                              tool_arguments=dict(request.tool_arguments or {}))
+                              tool_arguments=dict(request.tool_arguments or {}), sampling=request.sampling)
             self.open[episode_id] = episode
             self.counters.opened += 1
             return episode

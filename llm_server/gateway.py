@@ -1,7 +1,8 @@
 """The gateway: an agent's OpenAI chat calls, attributed to an episode and recorded token for token.
 
-- `POST /v1/episodes` `{"episode_id"?, "experience"?, "metadata"?, "force_tools"?, "script"?, "script_results"?}`:
-  open one (201, its record). `force_tools`: every call offering tools is constrained to a call of one of them
+- `POST /v1/episodes` `{"episode_id"?, "experience"?, "metadata"?, "force_tools"?, "script"?, "script_results"?,
+  "sampling"?}`: open one (201, its record). `sampling` `{"temperature"?, "seed"?}`: every call samples with it,
+  whatever the agent sends (a held-out evaluation at a fixed temperature). `force_tools`: every call offering tools is constrained to a call of one of them
   (exploration); `script`: the replies are given, not sampled (a reference played through the agent), their
   generated ids carried over to this run's by `script_results`. Both are off-policy.
 - `POST /v1/episodes/{id}/chat/completions`: OpenAI chat, streaming or not, tools included; an unchanged
@@ -100,6 +101,11 @@ async def recorded_chat(served: ServedModel, episodes: EpisodeRegistry, episode_
     if request.continue_final_message or not request.add_generation_prompt:
         raise ServiceError(400, "invalid_request", "continue_final_message / add_generation_prompt: an episode call "
                                                    "always starts a new assistant turn")
+    if episode.sampling is not None:  # the episode's own sampling wins over what the agent asks for
+        forced = {"temperature": episode.sampling.temperature} if episode.sampling.temperature is not None else {}
+        if episode.sampling.seed is not None:
+            forced["seed"] = episode.sampling.seed + episode.next_index
+        request = request.model_copy(update=forced)
     if episode.mode == "forced" and request.tools and request.tool_choice in (None, "auto"):
         request = request.model_copy(update={"tool_choice": "required"})
     if episode.mode == "scripted" and episode.next_index >= len(episode.script):

@@ -165,6 +165,14 @@ EPISODE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 EPISODE_HEADER = "X-Evolver-Episode"  # the alternative to the episode in the URL
 
 
+class EpisodeSampling(StrictModel):
+    """Sampling the gateway applies to every call of an episode, whatever the agent's calls ask for (a held-out
+    evaluation at a fixed temperature of an agent that sets its own)."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=100.0, description="0: greedy")
+    seed: int | None = Field(default=None, ge=0, description="call i of the episode samples with seed + i")
+
+
 class EpisodeOpen(StrictModel):
     episode_id: str | None = Field(default=None, pattern=EPISODE_ID_PATTERN,
                                    description="the id to record under (default: a new one)")
@@ -185,6 +193,8 @@ class EpisodeOpen(StrictModel):
         "with script: what the script's tool calls returned when the reference was recorded, in order: an id "
         "that run generated (an order number) is replaced in the later replies by the one this run's tools "
         "returned in its place"))
+    sampling: EpisodeSampling | None = Field(default=None, description=(
+        "the temperature (and seed) every call of the episode samples with, whatever the agent sends"))
 
     @model_validator(mode="after")
     def _one_mode(self) -> EpisodeOpen:
@@ -238,6 +248,7 @@ class EpisodeRecord(BaseModel):
     with_experience: bool = False
     # policy: sampled by the policy, what RL trains on; forced (tools forced) and scripted: off-policy.
     mode: EpisodeMode = "policy"
+    sampling: EpisodeSampling | None = Field(default=None, description="the sampling forced on every call")
     observed: list[ObservedToolResult] = Field(default_factory=list, description=(
         "the tool calls of the episode's replies whose results came back in a later call, in order"))
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -5,12 +5,13 @@ One step: the next `tasks_per_step` tasks of the JSONL file -> `rollout.n` episo
 complete groups only -> judge labels of each call when the estimator needs them -> `StepBatch` -> advantages ->
 `PolicyUpdater.update` -> the new weights to the gateway's server (`POST /v1/weights`, which waits for open
 episodes: an episode samples from one policy version) -> experience summaries and usage feedback.
+`trainer.eval`: the agent on held-out tasks before training, after the warm start and after the last step
+(`trainer.agent_evaluation`), written into the summary as an in-loop run's evaluations are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import uuid
@@ -25,8 +26,9 @@ from engine.device import resolve_device
 from engine.models import load_model
 from llm_server.client import LLMServerClient
 from trainer import lora
+from trainer.agent_evaluation import EVAL_SEED_OFFSET, HeldOut, eval_sampling, evaluate_agent, held_out_tasks
 from trainer.agent_questioning import AgentQuestioning, KeptTask, warm_start_segments
-from trainer.agents import AgentRunner, import_callable, make_agent
+from trainer.agents import AgentRunner, import_callable, make_agent, read_tasks
 from trainer.config import TrainerConfig
 from trainer.local import TaskCursor
 from trainer.mechanisms import Mechanisms
@@ -35,9 +37,10 @@ from trainer.peers import EnvPeer, OutagePolicy
 from trainer.policy import EndpointPolicy
 from trainer.records import RolloutRecords
 from trainer.resilience import EmptyStepError
-from trainer.rollout import GroupStats
+from trainer.rollout import EvalSummary, GroupStats
 from trainer.step_batch import StepBatch
 from trainer.summary import (
+    eval_table,
     loop_checks,
     mechanisms_summary,
     mixed_outcome_groups,
@@ -46,28 +49,6 @@ from trainer.summary import (
 )
 from trainer.update import PolicyUpdater
 from trainer.warm_start import fine_tune
-
-
-def read_tasks(path: str, task_id_field: str) -> list[dict[str, Any]]:
-    """The JSONL tasks; a task without an id gets its line number as one."""
-    tasks = []
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"agent.tasks: {path} is not a file")
-    for number, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"agent.tasks: {path} line {number} is not JSON: {exc}") from None
-        if not isinstance(task, dict):
-            raise ValueError(f"agent.tasks: {path} line {number} is not a JSON object")
-        task.setdefault(task_id_field, f"line-{number}")
-        tasks.append(task)
-    if not tasks:
-        raise ValueError(f"agent.tasks: {path} holds no task")
-    return tasks
 
 
 class AgentTrainer:
@@ -122,6 +103,11 @@ class AgentTrainer:
             explorer = AgentRunner(agent, self.gateway, agent_fn, env=self.env, env_url=services.env_url,
                                    task_grader=self.mechanisms.tasks)
             self.questioning = AgentQuestioning(agent.questioning, explorer, self.mechanisms.tasks.client, agent.env)
+        # Its own runner: no experience, its episodes never rollouts, its failures counted apart from training's.
+        self.evaluator = AgentRunner(agent, self.gateway, agent_fn, grader=grader, env=self.env,
+                                     env_url=services.env_url)
+        self.held_out: HeldOut | None = await held_out_tasks(agent, cfg.eval, self.env, set(self.by_id))
+        self.evaluations: dict[str, EvalSummary] = {}
         self.device = resolve_device(cfg.device, "trainer.device")
         self.warm_start_report: dict[str, Any] | None = None
         self.metrics = MetricsLog(self.out, tensorboard=cfg.tensorboard)
@@ -137,11 +123,18 @@ class AgentTrainer:
         report = await self.questioning.run(self.tasks)
         logger.info("questioning: {} explored episodes, {} observed calls, {} tasks kept", report.explored_episodes,
                     report.observed_calls, len(report.kept))
-        if self.agent_config.questioning.train_on_kept and report.kept:
+        settings = self.agent_config.questioning
+        if not settings.train_on_tasks:
+            if not report.kept:
+                raise EmptyStepError(f"agent.questioning.train_on_tasks is false (RL on the kept tasks only), and the "
+                                     f"agent's runs reached none of the tasks synthesized from "
+                                     f"{report.explored_episodes} explored episodes; nothing is left to train on")
+            self.by_id = {}
+        if settings.train_on_kept and report.kept:
             for kept in report.kept:
                 self.runner.synthetic[kept.env_task.task_id] = kept.env_task
                 self.by_id[kept.env_task.task_id] = kept.task
-            self.cursor = TaskCursor(list(self.by_id), self.config.seed)
+        self.cursor = TaskCursor(list(self.by_id), self.config.seed)
         if self.config.warm_start.enabled:
             await self.warm_start(report.kept)
 
@@ -157,6 +150,37 @@ class AgentTrainer:
         self.warm_start_report = {"source": "agent_runs", "tasks": len(kept), "samples": len(samples),
                                   "assistant_tokens": sum(sum(s.loss_mask) for s in samples), "policy_version": version,
                                   **trained}
+
+    async def evaluate(self, label: str | None = None) -> dict[str, float]:
+        """The agent on the held-out tasks (none: nothing to measure); `label` keeps the result for the summary."""
+        if self.held_out is None:
+            return {}
+        started = time.monotonic()
+        settings = self.config.eval
+        summary = await evaluate_agent(self.evaluator, self.held_out.tasks, k=settings.k,
+                                       temperature=eval_sampling(settings, self.config.rollout),
+                                       seed=self.config.seed + EVAL_SEED_OFFSET)
+        if label:
+            self.evaluations[label] = summary
+        return {**summary.metrics("eval"), "time/eval_s": time.monotonic() - started}
+
+    async def _evaluate_at_start(self, label: str, when: str, history: list[dict[str, Any]]) -> None:
+        metrics = await self.evaluate(label)
+        if metrics:
+            self.metrics.log(0, metrics)
+            history.append({"step": 0, **metrics})
+            logger.info("eval {}: avg@{} {:.3f}", when, self.config.eval.k, metrics[f"eval/avg@{self.config.eval.k}"])
+
+    def evaluation_report(self) -> dict[str, Any]:
+        """How the held-out episodes were run and how many failed (the agent's errors), beside the gateway's."""
+        if self.held_out is None:
+            return {"skipped": "no held-out tasks: give agent.eval_tasks (or agent.env, whose eval.split is used)"}
+        stats = self.evaluator.stats
+        return {"source": self.held_out.source, "tasks": len(self.held_out.tasks), "k": self.config.eval.k,
+                # forced by the gateway on every call of a held-out episode, whatever the agent asks for
+                "temperature": eval_sampling(self.config.eval, self.config.rollout), "sampling": "gateway",
+                "evaluations": list(self.evaluations), "episodes": stats.episodes,
+                "failed_episodes": stats.failed_episodes, "errors": stats.errors}
 
     async def train_step(self) -> dict[str, float]:
         cfg = self.config
@@ -202,8 +226,13 @@ class AgentTrainer:
                                               self.config.experience.inject, groups, self.config.experience.mode)
         if self.questioning is not None:
             mechanisms.setdefault("self_questioning", {})["agent"] = self.questioning.report.summary()
+        evaluated = self.evaluations
+        held_out = eval_table(evaluated.get("before"), evaluated.get("after"),
+                              split=self.held_out.split if self.held_out is not None else None,
+                              warm_start=evaluated.get("warm_start"))
         summary = {"status": "finished", "steps": self.step, "output_dir": str(self.out), "run_id": self.run_id,
-                   "dropped_groups": stats.dropped_groups, "rollouts": groups.rollouts, "agent": stats.summary(),
+                   "dropped_groups": stats.dropped_groups, "rollouts": groups.rollouts,
+                   "agent": {**stats.summary(), "eval": self.evaluation_report()}, "eval": held_out,
                    "training": training_signal(self.metrics.records()), "mechanisms": mechanisms}
         if self.warm_start_report is not None:
             summary["warm_start"] = self.warm_start_report
@@ -213,11 +242,20 @@ class AgentTrainer:
     async def run(self) -> dict[str, Any]:
         await self.setup()
         history = []
+        cfg = self.config
         try:
+            if cfg.eval.before:
+                await self._evaluate_at_start("before", "before training", history)
             if self.questioning is not None:
                 await self.question()
-            while self.step < self.config.steps:
+            if cfg.evaluates_after_warm_start:
+                await self._evaluate_at_start("warm_start", "after the warm start", history)
+            while self.step < cfg.steps:
                 metrics = await self.train_step()
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
+                    metrics.update(await self.evaluate())
+                if self.step == cfg.steps and cfg.eval.after:
+                    metrics.update(await self.evaluate("after"))
                 self.metrics.log(self.step, metrics)
                 history.append({"step": self.step, **metrics})
                 logger.info("agent step {}/{}: reward {:.3f}", self.step, self.config.steps,

@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -45,6 +46,28 @@ class AgentFailed(RuntimeError):
     recorded of it until then (None when no episode was opened)."""
 
     record: EpisodeRecord | None = None
+
+
+def read_tasks(path: str, task_id_field: str, what: str = "agent.tasks") -> list[dict[str, Any]]:
+    """The JSONL tasks of setting `what`; a task without an id gets its line number as one."""
+    tasks = []
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{what}: {path} is not a file")
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{what}: {path} line {number} is not JSON: {exc}") from None
+        if not isinstance(task, dict):
+            raise ValueError(f"{what}: {path} line {number} is not a JSON object")
+        task.setdefault(task_id_field, f"line-{number}")
+        tasks.append(task)
+    if not tasks:
+        raise ValueError(f"{what}: {path} holds no task")
+    return tasks
 
 
 def import_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -222,12 +245,12 @@ class AgentRunner:
                    metadata: dict[str, Any] | None = None, force_tools: bool = False,
                    tool_arguments: dict[str, dict[str, list[Any]]] | None = None,
                    script: list[str] | None = None, script_results: list[str] | None = None,
-                   grade: bool = True) -> Played:
+                   grade: bool = True, sampling: dict[str, Any] | None = None) -> Played:
         """One episode of the agent on `task` (its own environment instance when `agent.env` is set), graded unless
         `grade` is false; `force_tools` / `script` make it an off-policy episode (exploration, a reference played
         through the agent; `script_results`: what the reference's calls returned, so that the ids they generated
-        are this run's in the later replies). An agent that fails, or an episode cut or without a model call,
-        raises AgentFailed."""
+        are this run's in the later replies); `sampling` (`{"temperature", "seed"}`) is forced on every call of the
+        episode by the gateway. An agent that fails, or an episode cut or without a model call, raises AgentFailed."""
         task_id = self.task_id(task)
         async with self._limit:
             self.stats.episodes += 1
@@ -244,7 +267,8 @@ class AgentRunner:
                 opened = await self.gateway.open_episode(experience.text if experience else None,
                                                          {"task_id": task_id, **(metadata or {})},
                                                          force_tools=force_tools, tool_arguments=tool_arguments,
-                                                         script=script, script_results=script_results)
+                                                         script=script, script_results=script_results,
+                                                         sampling=sampling)
                 episode_id = opened.episode_id
                 returned = await asyncio.wait_for(self.agent(payload, self.gateway.episode_url(episode_id)),
                                                   self.config.timeout_s)

@@ -130,9 +130,12 @@ class EvalConfig(StrictModel):
         "warm_start.enabled"))
     after: bool = True
     split: Literal["train", "validation", "test"] = "validation"
-    tasks: int = Field(default=64, ge=1, description="held-out tasks (the first N of the split)")
+    tasks: int = Field(default=64, ge=1, description=(
+        "held-out tasks (the first N of the split; an agent run's agent.eval_tasks file instead, when given)"))
     k: int = Field(default=1, ge=1)
-    greedy: bool = True
+    greedy: bool = Field(default=True, description=(
+        "temperature 0; false: sampled at rollout.temperature (in an agent run the gateway forces it on every call "
+        "of a held-out episode, whatever the agent asks for)"))
     max_batch: int | None = Field(default=None, ge=1, description=(
         "in-process: rows generated together while evaluating, by an engine built for the evaluation and closed "
         "after it (None: the rollout engine's policy.max_batch); as many episodes run at once (at least "

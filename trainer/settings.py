@@ -150,7 +150,17 @@ class AgentQuestioningConfig(StrictModel):
         "verified synthetic tasks played through the agent at most (one of each kind in turn)"))
     train_on_kept: bool = Field(default=True, description=(
         "the tasks the agent's run reached join agent.tasks for the RL steps"))
+    train_on_tasks: bool = Field(default=True, description=(
+        "RL trains on agent.tasks too; false: on the kept tasks only, so no RL episode is graded by a human label "
+        "(agent.tasks then only seed the exploration: zero human data); needs train_on_kept"))
     job_timeout_s: float = Field(default=900.0, gt=0, description="the task manager's synthesis job must end in this")
+
+    @model_validator(mode="after")
+    def _some_rl_tasks(self) -> AgentQuestioningConfig:
+        if not (self.train_on_tasks or self.train_on_kept):
+            raise ValueError("agent.questioning: train_on_tasks and train_on_kept are both false, which leaves RL no "
+                             "task; set train_on_kept: true to train on the kept tasks only")
+        return self
 
 
 class AgentConfig(StrictModel):
@@ -172,6 +182,10 @@ class AgentConfig(StrictModel):
         "an env_service environment whose instance is created per episode (its address goes into the task under "
         "`env`) and whose evaluate grades the episode unless `grader` is set; the task id field names the "
         "environment's task"))
+    eval_tasks: str | None = Field(default=None, description=(
+        "JSONL file of held-out tasks for trainer.eval, shaped like `tasks` and graded like them (default with "
+        "`env`: the first eval.tasks task ids of the environment's eval.split); none of them may be a training "
+        "task"))
     timeout_s: float = Field(default=300.0, gt=0, description="an episode running longer fails")
     concurrency: int = Field(default=16, ge=1, description="episodes in flight at once")
     questioning: AgentQuestioningConfig | None = Field(default=None, description=(

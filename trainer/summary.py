@@ -78,8 +78,10 @@ def eval_table(before: EvalSummary | None, after: EvalSummary | None, split: str
         rows.append(row)
     # A success without a tool call is a guess on a tool-use task: the share says how much of avg@k is skill.
     called = {name: s.successes_with_tool_call() for name, s in evaluations.items()}
-    # Each task's sample outcomes and tool calls, so that a report can break results down (by kind, by task).
-    per_task = {name: {"outcomes": s.per_task, "called": s.per_task_called} for name, s in evaluations.items()}
+    # Each task's sample outcomes, tool calls and prompt digest, so that a report can break results down (by kind,
+    # by task) and pair two evaluations only where they showed the same prompt.
+    per_task = {name: {"outcomes": s.per_task, "called": s.per_task_called, "prompts": s.per_task_prompt}
+                for name, s in evaluations.items()}
     return {"rows": rows, "tasks": max(len(v) for v in runs.values()), "k": k, "split": split,
             "successes_with_tool_call": called, "per_task": per_task}
 

@@ -1,9 +1,9 @@
 """What the ablation harness (benchmarks/science/ablation.py) and its report (benchmarks/science/ablation_report.py) share: the
 rows of each protocol version, and the per-task metrics read from an evaluation's raw JSON.
 
-An evaluation is `python -m trainer.evaluate`'s JSON: `per_task` (the k scores of each task), `prompts`,
-`per_task_called` (whether each episode made a tool call), `per_task_steps`, `per_task_invalid`, and the
-harness adds `kinds` (each task's kind, for the per-kind tables).
+An evaluation is `python -m trainer.evaluate`'s JSON (or one of a run summary's, by `summary_evaluation`):
+`per_task` (the k scores of each task), `prompts`, `per_task_called` (whether each episode made a tool call),
+`per_task_steps`, `per_task_invalid`, and the harness adds `kinds` (each task's kind, for the per-kind tables).
 """
 
 from __future__ import annotations
@@ -116,6 +116,16 @@ def per_task_metric(result: dict[str, Any], metric: str, *, require_call: bool =
         raise ValueError(f"metric {metric!r}: avg or best")
     return {task: sum(s) / len(s) if metric == "avg" else max(s)
             for task, s in successes(result, require_call=require_call).items()}
+
+
+def summary_evaluation(summary: dict[str, Any], label: str) -> dict[str, Any]:
+    """One evaluation of a run's summary.json (`before`, `warm_start`, `after`; an in-loop or an agent run's) in
+    the shape of `python -m trainer.evaluate`'s JSON that the metrics here read."""
+    per_task = ((summary.get("eval") or {}).get("per_task") or {}).get(label)
+    if per_task is None:
+        raise ValueError(f"the summary of {summary.get('output_dir')} has no {label!r} evaluation")
+    return {"per_task": per_task["outcomes"], "per_task_called": per_task["called"],
+            "prompts": per_task.get("prompts", {})}
 
 
 def per_task_invalid(result: dict[str, Any]) -> dict[str, float] | None:

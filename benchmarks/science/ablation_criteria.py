@@ -118,18 +118,20 @@ def end_eval(runs: Runs, row: str, seed: int) -> dict[str, Any]:
     return data["eval_start"] if row == "base" else data["eval_end"]
 
 
-def compare(runs: Runs, low: str, high: str, metric: str = "avg", tasks: set[str] | None = None
-            ) -> dict[str, Any] | None:
+def compare(runs: Runs, low: str, high: str, metric: str = "avg", tasks: set[str] | None = None, *,
+            same_prompts: bool = True) -> dict[str, Any] | None:
     """high - low on strict `metric`, paired per task over the seeds both rows completed (optionally only
     `tasks`): the interval over tasks of the per-task seed mean, each seed's mean difference, the sd and the
-    smallest detectable difference. None when the rows share no completed seed."""
+    smallest detectable difference. None when the rows share no completed seed. `same_prompts: false` pairs two
+    agents that show a task in prompts of their own (the gateway's agent against the in-loop template)."""
     seeds = sorted(set(runs.get(low, {})) & set(runs.get(high, {})))
     if not seeds:
         return None
     per_seed: list[dict[str, float]] = []
     for seed in seeds:
         before, after = end_eval(runs, low, seed), end_eval(runs, high, seed)
-        paired(before, after, metric, require_call=True)  # same tasks, same prompts
+        if same_prompts:
+            paired(before, after, metric, require_call=True)  # same tasks, same prompts
         a = per_task_metric(after, metric, require_call=True)
         b = per_task_metric(before, metric, require_call=True)
         per_seed.append({t: a[t] - b[t] for t in a if t in b and (tasks is None or t in tasks)})

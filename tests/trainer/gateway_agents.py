@@ -112,3 +112,10 @@ async def blind_flights_agent(task: dict[str, Any], base_url: str) -> str | None
             return None
         finally:
             await client.close()
+
+
+async def short_flights_agent(task: dict[str, Any], base_url: str) -> str | None:
+    """The flights example with a short reply budget and few turns, as a test of the tiny model runs it."""
+    from examples.agents.openai_flights import agent
+
+    return await agent(task, base_url, max_tokens=24, max_turns=2)

@@ -59,7 +59,7 @@ async def test_the_langgraph_example_trains_two_steps(tiny_server: ServiceProces
         "model": "tiny", "steps": 2, "tasks_per_step": 2, "output_dir": str(tmp_path / "run"), "tensorboard": False,
         "plot": False, "progress": False, "ray": {"enabled": False}, "rollout": {"env": "flights", "n": 4},
         "optim": {"lr": 1e-3}, "policy": {"kind": "endpoint", "url": tiny_server.url, "served_model": "tiny"},
-        "services": {"env_url": flights.url},
+        "services": {"env_url": flights.url}, "eval": {"before": False, "after": False},
         "agent": {"callable": "examples.agents.langgraph_flights:agent", "tasks": str(tasks), "env": "flights",
                   "grader": "tests.trainer.gateway_agents:words_credit", "timeout_s": 120}})
     result = await AgentTrainer(config).run()
@@ -68,3 +68,27 @@ async def test_the_langgraph_example_trains_two_steps(tiny_server: ServiceProces
     assert len(history) == 2 and all(h["rollout/groups"] == 2 for h in history)
     assert all(h["rollout/reward_std"] > 0 for h in history), [h["rollout/reward_std"] for h in history]
     assert all(h["update/grad_norm"] > 0 for h in history), [h["update/grad_norm"] for h in history]
+
+
+async def test_the_flights_agent_is_evaluated_on_the_environments_held_out_split(
+        tiny_server: ServiceProcess, flights: ServiceProcess, tmp_path: Path) -> None:
+    """With `agent.env`, the held-out tasks are the first eval.tasks ids of the environment's eval.split, each
+    given to the agent as a training task of the environment is, and graded by the desk's evaluate."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"task_id": "train-t1-0000"}) + "\n")
+    config = TrainerConfig.model_validate({
+        "model": "tiny", "steps": 1, "tasks_per_step": 1, "output_dir": str(tmp_path / "run"), "tensorboard": False,
+        "plot": False, "progress": False, "ray": {"enabled": False}, "rollout": {"env": "flights", "n": 2},
+        "optim": {"lr": 1e-3}, "policy": {"kind": "endpoint", "url": tiny_server.url, "served_model": "tiny"},
+        "services": {"env_url": flights.url}, "eval": {"split": "test", "tasks": 2, "k": 2, "greedy": False},
+        "agent": {"callable": "tests.trainer.gateway_agents:short_flights_agent", "tasks": str(tasks),
+                  "env": "flights", "timeout_s": 120}})
+    result = await AgentTrainer(config).run()
+    ev, report = result["eval"], result["agent"]["eval"]
+    assert report["source"] == "flights test split" and report["failed_episodes"] == 0, report["errors"]
+    assert report["temperature"] == 1.0 and report["episodes"] == 8  # sampled at rollout.temperature
+    assert ev["split"] == "test" and ev["k"] == 2
+    for label in ("before", "after"):
+        assert ev["per_task"][label]["outcomes"] == {"test-t1-0000": [0.0, 0.0], "test-t1-0001": [0.0, 0.0]}
+    index = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "index.jsonl").open()]
+    assert [r["task_id"] for r in index] == ["train-t1-0000"] * 2

@@ -221,7 +221,8 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
                                                                tmp_path: Path) -> None:
     """`trainer.agent.questioning` in a run: forced exploration before RL (the random model's forced calls fit the
     agent's reply budget, so their results come back), an observed job on them, a warm start on the kept tasks'
-    runs, then RL on the tasks file plus the kept tasks, which the task manager grades. Forced and scripted
+    runs, then RL on the kept tasks only (`train_on_tasks: false`: the tasks file only seeds the exploration, no
+    human label grades an RL episode), which the task manager grades. Forced and scripted
     episodes are not rollouts (only the RL episodes are recorded). The summary has questioning's report beside
     the in-loop mechanism counters, and the studio shows them as it shows an in-loop run's."""
     env, tm = services
@@ -234,10 +235,11 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
         "rollout": {"env": "flights", "n": 2}, "optim": {"lr": 1e-3},
         "warm_start": {"enabled": True, "source": "synthetic", "epochs": 1},
         "policy": {"kind": "endpoint", "url": tiny_server.url, "served_model": "tiny"},
-        "services": {"env_url": env.url, "task_url": tm.url},
+        "services": {"env_url": env.url, "task_url": tm.url}, "eval": {"before": False, "after": False},
         "agent": {"callable": "tests.trainer.test_agent_questioning:budget_flights_agent", "tasks": str(tasks),
                   "env": "flights",
-                  "timeout_s": 120, "questioning": {"explore_tasks": 1, "explore_episodes": 2, "max_tasks": 4}}})
+                  "timeout_s": 120, "questioning": {"explore_tasks": 1, "explore_episodes": 2, "max_tasks": 4,
+                                                    "train_on_tasks": False}}})
     result = await AgentTrainer(config).run()
     questioning = result["mechanisms"]["self_questioning"]
     agent = questioning["agent"]
@@ -250,10 +252,10 @@ async def test_the_runner_questions_then_trains_and_reports_it(tiny_server: Serv
     assert result["agent"]["episodes"] == 4  # the RL episodes only: exploration ran on its own runner
     run_dir = tmp_path / "runs" / "gateway"
     index = [json.loads(line) for line in (run_dir / "rollouts" / "index.jsonl").open()]
-    # One task file line and at least one kept task: any two tasks of a step hold a kept one, graded by the task
-    # manager like every synthetic task (beside the scripted runs that kept them).
-    assert len(index) == 4 and {r["task_id"] for r in index} - {original}
-    assert questioning["synthetic_graded"] >= agent["kept"] + 2
+    # Kept tasks only, graded by the task manager like every synthetic task (beside the scripted runs that kept
+    # them); the task file's line only seeded the exploration.
+    assert len(index) == 4 and original not in {r["task_id"] for r in index}
+    assert questioning["synthetic_graded"] >= agent["kept"] + 4
 
     with InProcessServer(build_app(StudioSettings(runs=str(tmp_path / "runs")), token="")) as server:
         page = httpx.get(f"{server.url}/runs/gateway", timeout=30)
@@ -291,6 +293,8 @@ def test_the_example_yaml_plans_questioning_and_bad_settings_name_what_to_fix() 
         TrainerConfig.model_validate(base)
     with pytest.raises(ValueError, match="set agent.env"):
         AgentConfig(callable="m:f", tasks="t.jsonl", questioning=AgentQuestioningConfig())
+    with pytest.raises(ValueError, match="train_on_tasks and train_on_kept are both false"):
+        AgentQuestioningConfig(train_on_tasks=False, train_on_kept=False)
     with pytest.raises(ValueError, match="warm-starts only on the synthetic tasks its own runs reached"):
         TrainerConfig.model_validate({**base, "agent": {"callable": "m:f", "tasks": "t.jsonl"},
                                       "warm_start": {"enabled": True}})

@@ -163,7 +163,8 @@ def test_successes_with_a_tool_call_counts_successful_samples_only():
     assert none.successes_with_tool_call() is None and "eval/successes_with_tool_call" not in none.metrics()
     table = eval_table(none, summary)
     assert table["successes_with_tool_call"] == {"before": None, "after": 0.5}
-    assert table["per_task"]["after"] == {"outcomes": summary.per_task, "called": summary.per_task_called}
+    assert table["per_task"]["after"] == {"outcomes": summary.per_task, "called": summary.per_task_called,
+                                           "prompts": summary.per_task_prompt}
 
 
 def test_episodes_summarize_into_avg_best_and_invalid_rate_by_hand():
