@@ -110,6 +110,7 @@ def engine_usage(stats: Any) -> dict[str, Any]:
             "shared_prefix_tokens": stats.shared_prefix_tokens, "resumed_rows": stats.resumed_rows,
             "reused_prefix_tokens": stats.reused_prefix_tokens, "generated_tokens": stats.generated_tokens,
             "decode_steps": stats.decode_steps, "max_rows_in_batch": stats.max_rows_in_batch,
+            "kv_reallocations": stats.kv_reallocations,
             "prefill_s": round(stats.prefill_seconds, 3), "decode_s": round(stats.decode_seconds, 3),
             "decode_padding_share": round(1 - stats.real_columns / stats.attended_columns, 4)
             if stats.attended_columns else 0.0}

@@ -281,8 +281,9 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
                               **{k: ev[side][0][k] for k in ("prefill_tokens", "prompt_tokens", "resumed_rows",
                                                               "prefill_s", "decode_s", "turns_per_episode",
                                                               f"avg@{args.k}", "invalid_action_rate")},
-                              # None on a tree whose engine does not count the columns its decode attention reads
-                              "decode_padding_share": ev[side][0].get("decode_padding_share")}
+                              # None on a tree whose engine_usage does not report them
+                              "decode_padding_share": ev[side][0].get("decode_padding_share"),
+                              "kv_reallocations": ev[side][0].get("kv_reallocations")}
                        for side in ("before", "after")}
         out["eval"]["outcomes"] = agreement(ev["before"][0]["per_task"], ev["after"][0]["per_task"])
         out["eval"]["ratio_min"] = round(out["eval"]["after"]["wall_min_s"] / out["eval"]["before"]["wall_min_s"], 3)
