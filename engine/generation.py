@@ -99,6 +99,10 @@ class EngineStats:
     reused_prefix_tokens: int = 0  # prompt tokens those rows took from the kept cache instead of computing
     prefill_seconds: float = 0.0  # forward passes over prompts (every other row waits for them)
     decode_seconds: float = 0.0  # one-token steps of every running row, sampling included
+    # Key/value columns the decode steps' attention read: every row reads the batch's whole allocated span
+    # (`kv_slots`), and of that only its own tokens are real; the rest is padding read for nothing.
+    attended_columns: int = 0
+    real_columns: int = 0
 
     @property
     def forward_batches(self) -> int:
@@ -470,6 +474,8 @@ class Engine:
         finally:
             self._cache.end_decode()
         self.stats.decode_steps += 1
+        self.stats.attended_columns += len(self._rows) * mask.shape[-1]
+        self.stats.real_columns += sum(row.length + 1 for row in self._rows)  # its cached tokens and the one fed now
         constrained = sum(row.matcher is not None for row in self._rows)
         if 0 < constrained < len(self._rows):
             self.stats.mixed_decode_steps += 1

@@ -162,10 +162,7 @@ class LeanLlama:
         positions = cache.lengths[:rows].to(self.device)
         cos, sin = self.cos[positions][:, None], self.sin_signed[positions][:, None]  # [rows, 1, head_dim]
         group, kv_heads, head_dim = self.heads // self.kv_heads, self.kv_heads, self.head_dim
-        # The mask as an additive bias, once per step: each layer then fuses scaling and masking into one baddbmm.
-        span = mask.shape[-1]
-        bias = torch.zeros(mask.shape, dtype=self.embed.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
-        bias = bias.expand(rows, kv_heads, 1, span).reshape(rows * kv_heads, 1, span)
+        bias = self._decode_bias(mask)
         x = F.embedding(tokens.to(self.device), self.embed)  # [rows, hidden]
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.input_norm))
@@ -173,13 +170,34 @@ class LeanLlama:
             keys, values = cache.update(qk[:, self.heads:, None], qkv[:, self._qk:].view(rows, kv_heads, 1, head_dim),
                                         index)
             # Query heads folded per key/value head (as kv_slots.slot_attention): no copy of the cache.
-            scores = torch.baddbmm(bias, qk[:, :self.heads].reshape(rows * kv_heads, group, head_dim),
-                                   keys.reshape(rows * kv_heads, span, head_dim).transpose(1, 2), alpha=self.scaling)
-            attended = torch.bmm(scores.softmax(dim=-1), values.reshape(rows * kv_heads, span, head_dim))
-            x = x + layer.o(attended.view(rows, self.heads * head_dim))
+            queries = qk[:, :self.heads].reshape(rows, kv_heads, group, head_dim)
+            attended = self._decode_attention(queries, keys, values, bias)
+            x = x + layer.o(attended.reshape(rows, self.heads * head_dim))
             gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return self.lm_head(self._rms(x, self.norm))
+
+    def _decode_bias(self, mask: torch.Tensor) -> torch.Tensor:
+        """The decode mask [rows, 1, 1, span] as an additive bias [rows * kv_heads, 1, span], once per step: each
+        layer then fuses scaling and masking into one baddbmm."""
+        rows, span = mask.shape[0], mask.shape[-1]
+        bias = torch.zeros(mask.shape, dtype=self.embed.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
+        return bias.expand(rows, self.kv_heads, 1, span).reshape(rows * self.kv_heads, 1, span)
+
+    def _decode_attention(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          bias: torch.Tensor) -> torch.Tensor:
+        """queries [rows, kv_heads, group, d] over every allocated column of keys, values [rows, kv_heads, span, d].
+
+        Every row reads the whole span, its padded columns too: a slice of the column axis is not contiguous,
+        and oneDNN's batched matmul copies it first, which costs more than reading the padding; SDPA reads a
+        slice in place but did not pay either, one call per row (`benchmarks/speed/decode_attention.py`,
+        docs/performance.md).
+        """
+        rows, kv_heads, group, head_dim = queries.shape
+        span = keys.shape[2]
+        scores = torch.baddbmm(bias, queries.reshape(rows * kv_heads, group, head_dim),
+                               keys.reshape(rows * kv_heads, span, head_dim).transpose(1, 2), alpha=self.scaling)
+        return torch.bmm(scores.softmax(dim=-1), values.reshape(rows * kv_heads, span, head_dim))
 
     def prefill(self, input_ids: torch.Tensor, cache: SlotCache, last: torch.Tensor | None,
                 offset: int = 0) -> torch.Tensor | None:

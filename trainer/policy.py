@@ -104,13 +104,16 @@ class InProcessPolicy:
 
 
 def engine_usage(stats: Any) -> dict[str, Any]:
-    """Where an engine's work went (`EngineStats`): prompt tokens computed, copied or resumed, and the time
-    spent on prompts against decoding."""
+    """Where an engine's work went (`EngineStats`): prompt tokens computed, copied or resumed, the time
+    spent on prompts against decoding, and the share of the decode attention's reads that were padding."""
     return {"prompt_tokens": stats.prompt_tokens, "prefill_tokens": stats.prefill_tokens,
             "shared_prefix_tokens": stats.shared_prefix_tokens, "resumed_rows": stats.resumed_rows,
             "reused_prefix_tokens": stats.reused_prefix_tokens, "generated_tokens": stats.generated_tokens,
             "decode_steps": stats.decode_steps, "max_rows_in_batch": stats.max_rows_in_batch,
-            "prefill_s": round(stats.prefill_seconds, 3), "decode_s": round(stats.decode_seconds, 3)}
+            "kv_reallocations": stats.kv_reallocations,
+            "prefill_s": round(stats.prefill_seconds, 3), "decode_s": round(stats.decode_seconds, 3),
+            "decode_padding_share": round(1 - stats.real_columns / stats.attended_columns, 4)
+            if stats.attended_columns else 0.0}
 
 
 def engine_seconds(policy: Any) -> tuple[float, float] | None:

@@ -20,8 +20,9 @@ alternating (B A B A ...) so that drift in a shared machine hits both. The workl
 Per run: wall seconds, tokens computed per second, the load average, and the share of a bound: the FLOPs of
 the model's weight matmuls for the tokens the work needs (attention over the context left out, so the bound
 is optimistic for us) at the matrix-multiply throughput measured here first (`matmul_gflops`: bf16 for the
-engine, fp32 for the fine-tuning). Outcomes: per task avg@k of before and after, the tasks that agree, and
-the difference of the means. Prints one JSON line.
+engine, fp32 for the fine-tuning); for the evaluation also `decode_padding_share`, the share of the decode
+attention's key/value reads that were padding (`EngineStats.attended_columns`). Outcomes: per task avg@k of
+before and after, the tasks that agree, and the difference of the means. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -279,7 +280,10 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
                                           "generated_tokens"),
                               **{k: ev[side][0][k] for k in ("prefill_tokens", "prompt_tokens", "resumed_rows",
                                                               "prefill_s", "decode_s", "turns_per_episode",
-                                                              f"avg@{args.k}", "invalid_action_rate")}}
+                                                              f"avg@{args.k}", "invalid_action_rate")},
+                              # None on a tree whose engine_usage does not report them
+                              "decode_padding_share": ev[side][0].get("decode_padding_share"),
+                              "kv_reallocations": ev[side][0].get("kv_reallocations")}
                        for side in ("before", "after")}
         out["eval"]["outcomes"] = agreement(ev["before"][0]["per_task"], ev["after"][0]["per_task"])
         out["eval"]["ratio_min"] = round(out["eval"]["after"]["wall_min_s"] / out["eval"]["before"]["wall_min_s"], 3)

@@ -245,3 +245,23 @@ def test_shared_prefix_clusters() -> None:
     assert clusters == {(0, 2, 3): 35, (1,): 0, (4,): 0, (5,): 0}
     # A prompt that is all prefix keeps its last token to compute (its logits).
     assert _shared_prefixes([a, a + (1,)], 32) == [([0, 1], 39)]
+
+
+def test_decode_steps_count_the_columns_their_attention_reads(engine: Engine) -> None:
+    from engine.kv_slots import _BLOCK
+
+    short, long = _prompts(engine)[0], _prompts(engine)[3]
+    assert len(short) < len(long)
+    before = (engine.stats.decode_steps, engine.stats.attended_columns, engine.stats.real_columns)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    futures = [engine.submit(p, params) for p in (short, long)]
+    for future in futures:
+        future.result(timeout=TIMEOUT)
+    steps = engine.stats.decode_steps - before[0]
+    assert steps == 3  # one prefill for both (they joined together), then 3 steps of both rows
+    # Step t: each row holds its prompt and t fed tokens, and attends to those and the token fed now; both
+    # rows read the whole allocated span, the longer row's length rounded up to the cache's block.
+    real = sum(len(p) + t + 1 for p in (short, long) for t in range(steps))
+    attended = sum(2 * -(-(len(long) + t + 1) // _BLOCK) * _BLOCK for t in range(steps))
+    assert engine.stats.real_columns - before[2] == real
+    assert engine.stats.attended_columns - before[1] == attended

@@ -20,13 +20,17 @@ def _reference_logits(model: torch.nn.Module, sequences: list[list[int]]) -> lis
 def test_prefill_and_decode_logits_equal_the_transformers_forward(spec: str) -> None:
     model, tok = load_model(spec)
     model.eval()
-    prompts = [tok.encode(t) for t in ("the red key opens the box", "go", "take the lamp, then go north twice")]
+    # Rows of mixed lengths, one past the cache's first block of columns: every row attends over the whole
+    # allocated span, and its padded columns must not change its logits.
+    texts = ("the red key opens the box", "go", "take the lamp, then go north twice " * 20)
+    prompts = [tok.encode(t) for t in texts]
+    assert max(len(p) for p in prompts) > 128 > 4 * min(len(p) for p in prompts)
     generated = [[5, 17, 300], [42, 7, 9], [11, 12, 13]]  # fed after each prompt, one decode step each
     expected = _reference_logits(model, [p + g for p, g in zip(prompts, generated, strict=True)])
     lean = LeanLlama(model)  # fuses the projections in place: the reference ran on the unfused model
     model.set_attn_implementation(ATTENTION)
     fused = _reference_logits(model, [p + g for p, g in zip(prompts, generated, strict=True)])
-    cache = SlotCache(model.config, torch.float32, max_rows=4, max_columns=256)
+    cache = SlotCache(model.config, torch.float32, max_rows=4, max_columns=512)
     lengths = [len(p) for p in prompts]
     ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
     for i, p in enumerate(prompts):

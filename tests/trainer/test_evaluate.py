@@ -53,6 +53,7 @@ def test_checkpoint_and_its_export_score_the_same(env_url, tmp_path, capsys):
     assert engine["prefill_tokens"] + engine["shared_prefix_tokens"] <= engine["prompt_tokens"]
     assert engine["prefill_tokens"] > 0 and engine["generated_tokens"] >= TASKS * 2
     assert engine["prefill_s"] > 0 and engine["decode_s"] > 0 and engine["decode_steps"] > 0
+    assert 0 < engine["decode_padding_share"] < 1  # columns come in blocks: some padding is read, never only padding
     # Every second turn resumed from its first turn's kept cache (policy.prefix_cache_mb's default is on).
     turns = sum(sum(v) for v in from_checkpoint["per_task_steps"].values())
     assert turns > TASKS * 2 and engine["resumed_rows"] == turns - TASKS * 2
