@@ -191,18 +191,18 @@ def test_ignore_eos_runs_to_max_tokens(engine: Engine) -> None:
     assert len(forced.completions[0].token_ids) == 6 and eos in engine.eos_ids
 
 
-def test_rows_survive_the_cache_shrinking_under_them(engine: Engine) -> None:
+def test_rows_survive_the_cache_shrinking_under_them(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = _prompts(engine) * 2  # 8 rows: 6 finish after 2 tokens, then the cache shrinks to 4 slots
     lengths = [2, 2, 2, 20, 2, 2, 2, 20]
     alone = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)).result(timeout=TIMEOUT)
              for p, n in zip(prompts, lengths, strict=True)]
     before = engine.stats.kv_reallocations
+    # Every size the cache takes, recorded where it changes: a thread polling `capacity` can miss a short-lived one.
+    slots_seen = []
+    resize = engine._cache._resize
+    monkeypatch.setattr(engine._cache, "_resize", lambda rows, columns: (resize(rows, columns), slots_seen.append(rows)))
     futures = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p, n in zip(prompts, lengths,
                                                                                               strict=True)]
-    slots_seen = set()
-    while not all(f.done() for f in futures):
-        slots_seen.add(engine._cache.capacity[0])
-        time.sleep(0.0005)
     together = [f.result(timeout=TIMEOUT) for f in futures]
     time.sleep(0.05)  # the counters are copied after the step that resolved the futures
     assert 8 in slots_seen and 4 in slots_seen  # grown for the batch, shrunk when 6 rows left
