@@ -22,6 +22,7 @@ from common.embeddings import Embedder, shared_embedder
 from common.schemas import Experience, ExperienceKind
 from experience_manager.durable import DurableStore, Plan
 from experience_manager.faults import FaultInjector
+from experience_manager.index import text_key
 from experience_manager.ingest import IngestPipeline, absorb, new_experience
 from experience_manager.retrieval import Retriever
 from experience_manager.scoring import plan_feedback, plan_prune
@@ -89,7 +90,7 @@ class ExperienceEngine:
         def build() -> Plan:
             incoming = new_experience(workspace_id, candidate, self.store.embedding_model)
             index = self.store.indexes.get(workspace_id)
-            existing_id = index.by_hash.get(incoming.content_hash) if index else None
+            existing_id = index.by_text.get(text_key(incoming)) if index else None
             if existing_id is not None:
                 assert index is not None
                 updated = absorb(index.experiences[existing_id], incoming, take_text=False)
@@ -132,8 +133,6 @@ class ExperienceEngine:
         def build() -> Plan:
             index = self.store.indexes.get(workspace_id)
             upserts: list[tuple[Experience, np.ndarray | None]] = []
-            # The same text distilled from tasks of two kinds is two experiences (`ingest.new_experience`).
-            stored = {(e.content_hash, e.task_kind): e.experience_id for e in index.experiences.values()} if index else {}
             seen: set[tuple[str, str | None]] = set()
             imported, skipped = [], []
             for item, vector in zip(items, vectors, strict=True):
@@ -145,7 +144,7 @@ class ExperienceEngine:
                     data.pop("status", None)
                 data.update(workspace_id=workspace_id, content_hash=digest_, embedding_model=self.store.embedding_model)
                 data.setdefault("experience_id", f"exp_{digest_[:16]}")
-                existing = stored.get(key)
+                existing = index.by_text.get(key) if index else None
                 if key in seen or (existing is not None and existing != data["experience_id"]):
                     skipped.append(data["experience_id"])
                     continue

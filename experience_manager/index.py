@@ -28,13 +28,19 @@ def lexical_document(experience: Experience) -> str:
     return f"{experience.when_to_use} {experience.content}"
 
 
+def text_key(experience: Experience) -> tuple[str, str | None]:
+    """What makes two experiences the same one: their text and the kind of task it was distilled from."""
+    return experience.content_hash, experience.task_kind
+
+
 class WorkspaceIndex:
     def __init__(self, workspace_id: str, dimension: int) -> None:
         self.workspace_id, self.dimension = workspace_id, dimension
         self.experiences: dict[str, Experience] = {}
         self.row_of: dict[str, int] = {}
         self.ids: list[str | None] = []
-        self.by_hash: dict[str, str] = {}
+        # (content hash, task kind) -> id: the same text distilled from tasks of two kinds is two experiences
+        self.by_text: dict[tuple[str, str | None], str] = {}
         self.vectors = np.zeros((64, dimension), dtype=np.float32)
         self.active = np.zeros(64, dtype=bool)
         self.utility = np.zeros(64, dtype=np.float32)
@@ -67,14 +73,14 @@ class WorkspaceIndex:
             self._grow(row + 1)
             self.ids.append(eid)
             self.row_of[eid] = row
-        if old is not None and self.by_hash.get(old.content_hash) == eid:
-            del self.by_hash[old.content_hash]
+        if old is not None and self.by_text.get(text_key(old)) == eid:
+            del self.by_text[text_key(old)]
         if vector is not None:
             self.vectors[row] = vector
         if old is None or old.when_to_use != experience.when_to_use or old.content != experience.content:
             self.lexical.set(row, lexical_document(experience))
         self.experiences[eid] = experience
-        self.by_hash[experience.content_hash] = eid
+        self.by_text[text_key(experience)] = eid
         self.active[row] = experience.status == "active"
         self.utility[row] = experience.usage.utility
         self.version += 1
@@ -88,8 +94,8 @@ class WorkspaceIndex:
         self.active[row] = False
         self.vectors[row] = 0.0
         self.lexical.remove(row)
-        if self.by_hash.get(old.content_hash) == experience_id:
-            del self.by_hash[old.content_hash]
+        if self.by_text.get(text_key(old)) == experience_id:
+            del self.by_text[text_key(old)]
         self.version += 1
 
     def vector_of(self, experience_id: str) -> np.ndarray:

@@ -22,6 +22,7 @@ from common.schemas import Experience, Provenance
 from common.service import ServiceError
 from experience_manager.demonstration import demonstration_of
 from experience_manager.durable import DurableStore, Plan
+from experience_manager.index import text_key
 from experience_manager.scoring import cap_overflow
 from experience_manager.settings import ExperienceManagerSettings
 from experience_manager.summarize import Candidate, LLMSummarizer, heuristic_case
@@ -219,9 +220,7 @@ class IngestPipeline:
             incoming = staged.experience
             target_id, reason, cos, merge_text = None, "", 1.0, None
             if index is not None:
-                target_id = index.by_hash.get(incoming.content_hash)
-                if target_id is not None and index.experiences[target_id].task_kind != incoming.task_kind:
-                    target_id = None  # the same text of another kind: not the same experience
+                target_id = index.by_text.get(text_key(incoming))
                 reason = "exact"
                 if target_id is None:
                     for experience_id, cos in index.nearest(staged.vector, 3, task_kind=incoming.task_kind):
