@@ -27,9 +27,6 @@ from trainer.peers import EnvPeer
 from trainer.rollout import EpisodeResult, EvalSummary, prompt_digest, summarize_episodes
 from trainer.settings import AgentConfig, RolloutConfig
 
-# The in-loop evaluation's seed offset (`LocalTrainer.evaluate`): held-out samples draw apart from training's.
-EVAL_SEED_OFFSET = 17
-
 
 @dataclass
 class HeldOut:

@@ -26,7 +26,7 @@ from engine.device import resolve_device
 from engine.models import load_model
 from llm_server.client import LLMServerClient
 from trainer import lora
-from trainer.agent_evaluation import EVAL_SEED_OFFSET, HeldOut, eval_sampling, evaluate_agent, held_out_tasks
+from trainer.agent_evaluation import HeldOut, eval_sampling, evaluate_agent, held_out_tasks
 from trainer.agent_questioning import AgentQuestioning, KeptTask, warm_start_segments
 from trainer.agents import AgentRunner, import_callable, make_agent, read_tasks
 from trainer.config import TrainerConfig
@@ -37,7 +37,7 @@ from trainer.peers import EnvPeer, OutagePolicy
 from trainer.policy import EndpointPolicy
 from trainer.records import RolloutRecords
 from trainer.resilience import EmptyStepError
-from trainer.rollout import EvalSummary, GroupStats
+from trainer.rollout import EVAL_SEED_OFFSET, EvalSummary, GroupStats
 from trainer.step_batch import StepBatch
 from trainer.summary import (
     eval_table,

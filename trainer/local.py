@@ -54,6 +54,7 @@ from trainer.resilience import (
     outage_table,
 )
 from trainer.rollout import (
+    EVAL_SEED_OFFSET,
     EvalSummary,
     GroupStats,
     Rollout,
@@ -301,12 +302,12 @@ class LocalTrainer:
                        cfg.rollout.model_copy(update={"concurrency": max(cfg.rollout.concurrency,
                                                                          wide.engine.max_batch)}))
             summary = await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate, self.tokenizer,
-                                            rollout, k=cfg.eval.k, greedy=cfg.eval.greedy, seed=cfg.seed + 17,
-                                            on_rollout=progress)
+                                            rollout, k=cfg.eval.k, greedy=cfg.eval.greedy,
+                                            seed=cfg.seed + EVAL_SEED_OFFSET, on_rollout=progress)
             # With asks on, the same tasks and seeds again: "with asks" beside the plain numbers.
             with_asks = (await evaluate_policy(self.eval_tasks, self.env, (wide or self.policy).generate,
                                                self.tokenizer, rollout, k=cfg.eval.k, greedy=cfg.eval.greedy,
-                                               seed=cfg.seed + 17, on_rollout=progress,
+                                               seed=cfg.seed + EVAL_SEED_OFFSET, on_rollout=progress,
                                                asks=await self._evaluation_asks())
                          if cfg.eval.asks else None)
         finally:

@@ -502,6 +502,10 @@ class EvalSummary:
         return out
 
 
+# Added to the run's seed for held-out samples, in-loop and gateway alike: they draw apart from training's.
+EVAL_SEED_OFFSET = 17
+
+
 async def evaluate_policy(tasks: Sequence[Task], env: EnvAccess, generate: GenerateFn, tokenizer: Any,
                           config: RolloutConfig, *, k: int = 1, greedy: bool = True, seed: int = 0,
                           success_threshold: float = 1.0,
