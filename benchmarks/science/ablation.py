@@ -534,7 +534,7 @@ class Harness:
         log = run_dir.parent / f"{run_dir.name}.launcher.log"
         started = time.monotonic()
         try:
-            code = _run_launcher(conf, log, self.settings.run_timeout_min * 60)
+            code = run_launcher(conf, log, self.settings.run_timeout_min * 60)
         finally:
             # Wall time over every launcher invocation of this run, an interrupted one included (the run is
             # continued later from its checkpoint).
@@ -669,7 +669,7 @@ def _step_records(path: Path) -> dict[int, dict[str, Any]]:
     return dict(sorted(records.items()))
 
 
-def _run_launcher(conf: Path, log: Path, timeout_s: float) -> int:
+def run_launcher(conf: Path, log: Path, timeout_s: float) -> int:
     """The launcher as a child; SIGTERM or Ctrl-C here stops it cleanly (it stops its own children)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
     with log.open("ab") as sink:

@@ -45,7 +45,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.harness import REPO, load_avg  # noqa: E402
-from benchmarks.science.ablation import Harness, _run_launcher, deep_merge, load_protocol  # noqa: E402
+from benchmarks.science.ablation import Harness, deep_merge, load_protocol, run_launcher  # noqa: E402
 from benchmarks.science.ablation_common import per_task_metric, summary_evaluation  # noqa: E402
 from benchmarks.science.ablation_criteria import adds_verdict, compare  # noqa: E402
 from common.config import compose  # noqa: E402
@@ -158,7 +158,7 @@ def gateway_run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         args.runs_dir.mkdir(parents=True, exist_ok=True)
         conf.write_text(json.dumps(cfg, indent=1))  # JSON is YAML: the launcher reads it as the run's config
         started = time.monotonic()
-        code = _run_launcher(conf, log, args.run_timeout_min * 60)
+        code = run_launcher(conf, log, args.run_timeout_min * 60)
         wall = round(time.monotonic() - started, 1)
         if code != 0 or not (out / "summary.json").is_file():
             tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
