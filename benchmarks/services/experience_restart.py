@@ -15,20 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 import yaml  # noqa: E402
 
+from benchmarks.harness import REPO, load_avg  # noqa: E402
 from tests.helpers import run_service  # noqa: E402
 
 
@@ -62,7 +61,7 @@ def main() -> None:
                              "its service runs on a third copy, as the baseline")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "experience-restart.json"))
     args = parser.parse_args()
-    result = {"benchmark": "experience_restart", "store": str(args.store), "load_avg_start": os.getloadavg(),
+    result = {"benchmark": "experience_restart", "store": str(args.store), "load_avg_start": load_avg(),
               "source_journal_mb": round((args.store / "journal.jsonl").stat().st_size / 2**20, 2), "settings": {}}
     with tempfile.TemporaryDirectory() as tmp:
         runs = [("never_compacted", 0, REPO), ("compacted_default", None, REPO)]
@@ -77,7 +76,7 @@ def main() -> None:
             conf = Path(tmp) / f"{name}.yaml"
             conf.write_text(yaml.safe_dump({"experience_manager": section}))
             result["settings"][name] = restarts(store, conf, args.restarts, code)
-    result["load_avg_end"] = os.getloadavg()
+    result["load_avg_end"] = load_avg()
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
